@@ -1,0 +1,54 @@
+"""Speed benchmarks: `python benchmarks/run.py` prints each figure beside its target.
+
+1. cold start of `planner estimate` (new process each time; target < 0.3 s on 2 cores)
+2. cold `planner recommend --params 70e9 --gpus 16` (target < 0.5 s)
+3. the full space of a 1T model on 4096 GPUs (target < 2 s, >= 1e6 candidates/s)
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wall(cmd: list[str], repeats: int = 5) -> float:
+    """Median wall seconds of a fresh interpreter running `cmd`."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    py = sys.executable
+    base = wall([py, "-c", "pass"])
+    est = wall([py, "-m", "planner", "estimate", "--model", "llama-2-7b", "--gpus", "8", "--zero", "3"])
+    print(f"estimate cold start     {est:.3f} s (python itself {base:.3f} s)   target < 0.3 s   ratio {est / 0.3:.2f}")
+    rec = wall([py, "-m", "planner", "recommend", "--params", "70e9", "--gpus", "16"])
+    print(f"recommend 70e9 on 16    {rec:.3f} s                          target < 0.5 s   ratio {rec / 0.5:.2f}")
+
+    sys.path.insert(0, str(ROOT))
+    from planner import hardware, layout, model, search
+
+    spec = model.derive_shape(1e12)
+    cluster = hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 4096, 8)
+    training = layout.Training(seq_len=4096, gbs=4096, engine="megatron-deepspeed")
+    search.search(spec, cluster, training)  # warm numpy
+    start = time.perf_counter()
+    res = search.search(spec, cluster, training, max_mbs=16)
+    elapsed = time.perf_counter() - start
+    rate = res["candidates"] / elapsed
+    print(f"1T on 4096 GPUs         {elapsed:.3f} s for {res['candidates']:,} candidates "
+          f"({rate:,.0f}/s; {res['valid'].size:,} valid, {len(res['order']):,} fit)   target < 2 s, >= 1e6/s   "
+          f"ratio {elapsed / 2:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from planner.cli import main
+import sys
+sys.exit(main())

@@ -1,0 +1,575 @@
+"""Write ready-to-run launch configs for one planned layout.
+
+`emit(out_dir, model, cluster, training, layout_row)` writes, atomically:
+
+* ``ds_config.json``        DeepSpeed config (engines deepspeed and megatron-deepspeed)
+* ``accelerate_config.yaml`` Accelerate config (DEEPSPEED, FSDP or MEGATRON_LM)
+* ``launch.sh``             the launch commands (accelerate / deepspeed / torchrun), executable
+* ``megatron_args.txt``     Megatron arguments, one per line (Megatron engines, or tp/pp/cp > 1)
+
+Pure stdlib: no torch, deepspeed, yaml or accelerate import (the YAML is written by hand). The
+files are checked against DeepSpeed 0.19 and Accelerate 1.16 by tests/test_export.py, which load
+them with those libraries' own loaders.
+
+Sources of the keys (paths relative to the installed packages):
+
+* DeepSpeed: deepspeed/runtime/config.py (batch keys, optimizer, gradient_clipping, ...),
+  deepspeed/runtime/zero/config.py and zero/offload_config.py (``zero_optimization``: pydantic
+  models with ``extra='forbid'``, so every key below is one DeepSpeed declares),
+  deepspeed/runtime/precision_config.py (``bf16``/``fp16``, also ``extra='forbid'``),
+  deepspeed/runtime/activation_checkpointing/config.py (``activation_checkpointing``).
+* Accelerate: accelerate/commands/config/config_args.py (ClusterConfig fields),
+  accelerate/commands/launch.py (how ``deepspeed_config``/``fsdp_config``/``megatron_lm_config``
+  keys become launch arguments), accelerate/utils/dataclasses.py (DeepSpeedPlugin,
+  FullyShardedDataParallelPlugin).
+* Megatron-LM: megatron/training/arguments.py; Megatron-DeepSpeed: megatron/arguments.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import tempfile
+from pathlib import Path
+
+from planner.errors import InputError
+from planner.hardware import Cluster
+from planner.layout import Training, check_single, single
+from planner.model import ModelSpec
+
+DS_CONFIG = "ds_config.json"
+ACCELERATE_CONFIG = "accelerate_config.yaml"
+LAUNCH = "launch.sh"
+MEGATRON_ARGS = "megatron_args.txt"
+
+_ROW_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "offload_optimizer", "offload_params",
+             "mbs", "gas", "recompute", "sequence_parallel")
+
+# keys of `extra` that change the files; any other key is copied into launch.sh as a comment line
+EXTRA_DEFAULTS = {
+    "train_script": "train.py",          # the user's training script (accelerate / deepspeed lines)
+    "megatron_script": "pretrain_gpt.py",  # Megatron-LM / Megatron-DeepSpeed entry point
+    "nvme_path": "/local_nvme",          # DeepSpeed offload nvme_path (nvme offload only)
+    "lr": 3e-4,                          # optimizer learning-rate placeholder
+    "weight_decay": 0.1,
+    "betas": [0.9, 0.95],
+    "eps": 1e-8,
+    "steps_per_print": 10,
+    "master_port": 29500,
+    "ds_config": None,                   # dict deep-merged into ds_config.json last (escape hatch)
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# public entry point
+
+def emit(out_dir, model: ModelSpec, cluster: Cluster, training: Training, layout_row: dict,
+         extra: dict | None = None) -> list[Path]:
+    """Write the launch configs for `layout_row` (a `Layouts.row(i)` dict) into `out_dir`.
+
+    Returns the written paths in writing order. Existing files of the same names are replaced
+    atomically (temp file in `out_dir`, then os.replace); other files are left alone. Raises
+    InputError if the layout breaks a planner rule, or "--emit: ..." if `out_dir` cannot be
+    created or written.
+    """
+    row = _normalise_row(layout_row)
+    opts = dict(EXTRA_DEFAULTS)
+    opts.update(extra or {})
+    _check(model, cluster, training, row)
+
+    out = Path(out_dir).expanduser()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise InputError(f"--emit: {str(out)!r} exists and is not a directory") from None
+    except OSError as exc:
+        raise InputError(f"--emit: cannot create directory {str(out)!r}: {exc.strerror or exc}") from None
+    if not out.is_dir():
+        raise InputError(f"--emit: {str(out)!r} exists and is not a directory")
+    out = out.resolve()
+
+    files: list[tuple[str, str, int]] = []
+    ds = None
+    if training.uses_deepspeed:
+        ds = deepspeed_config(model, cluster, training, row, opts)
+        files.append((DS_CONFIG, json.dumps(ds, indent=2) + "\n", 0o644))
+    files.append((ACCELERATE_CONFIG, accelerate_yaml(model, cluster, training, row, out / DS_CONFIG), 0o644))
+    files.append((LAUNCH, launch_script(model, cluster, training, row, opts), 0o755))
+    if _wants_megatron(training, row):
+        args = megatron_args(model, training, row, ds_config_path=str(out / DS_CONFIG))
+        files.append((MEGATRON_ARGS, "".join(a + "\n" for a in args), 0o644))
+
+    written = []
+    for name, text, mode in files:
+        path = out / name
+        _atomic_write(path, text, mode)
+        written.append(path)
+    return written
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSpeed
+
+def deepspeed_config(model: ModelSpec, cluster: Cluster, training: Training, row: dict,
+                     opts: dict | None = None) -> dict:
+    """The ds_config.json dict (only keys DeepSpeed 0.19 declares)."""
+    opts = {**EXTRA_DEFAULTS, **(opts or {})}
+    zc = training.zero_config
+    stage = row["zero"]
+    mbs, gas, dp = row["mbs"], row["gas"], row["dp"]
+    cfg: dict = {
+        # deepspeed/runtime/config.py _batch_assertion: train_batch_size must equal
+        # micro x accumulation x world size, where the world size is mpu.get_data_parallel_world_size()
+        # when an mpu is passed (Megatron-DeepSpeed passes its mpu, so TP/PP/CP ranks are excluded)
+        # and dist.get_world_size() otherwise (plain DeepSpeed: tp = pp = cp = 1, so world == dp).
+        "train_batch_size": mbs * gas * dp,
+        "train_micro_batch_size_per_gpu": mbs,
+        "gradient_accumulation_steps": gas,
+        "steps_per_print": int(opts["steps_per_print"]),
+        "wall_clock_breakdown": False,
+        "gradient_clipping": 1.0,
+    }
+
+    # precision: deepspeed/runtime/precision_config.py (DeepSpeedBF16Config / DeepSpeedFP16Config)
+    bf16 = {"enabled": training.precision in ("bf16", "bf16-pure")}
+    if training.precision == "bf16-pure" and stage >= 1:
+        # no fp32 master copy: bf16 master weights/grads and bf16 Adam moments. DeepSpeed's
+        # _do_error_check allows both only with ZeRO 1-3 (at stage 0 plain bf16 is the nearest).
+        bf16["bf16_master_weights_and_grads"] = True
+        bf16["bf16_optimizer_states"] = True
+    cfg["bf16"] = bf16
+    if training.precision == "fp16":
+        # dynamic loss scaling with DeepSpeed's documented defaults (FP16_FORMAT in precision_config.py):
+        # loss_scale 0 = dynamic, initial scale 2**16, window 1000, hysteresis 2, floor 1
+        cfg["fp16"] = {"enabled": True, "auto_cast": False, "loss_scale": 0, "initial_scale_power": 16,
+                       "loss_scale_window": 1000, "hysteresis": 2, "consecutive_hysteresis": False,
+                       "min_loss_scale": 1}
+    else:
+        cfg["fp16"] = {"enabled": False}
+
+    # zero_optimization: deepspeed/runtime/zero/config.py DeepSpeedZeroConfig (extra='forbid')
+    zero: dict = {"stage": stage}
+    if stage >= 1:
+        # overlap_comm None -> DeepSpeed resolves it to (stage == 3) in overlap_comm_valid; write it resolved
+        zero["overlap_comm"] = bool(zc.overlap_comm) if zc.overlap_comm is not None else stage == 3
+        zero["contiguous_gradients"] = bool(zc.contiguous_gradients)
+        zero["reduce_bucket_size"] = int(zc.reduce_bucket_size)
+        if stage in (1, 2):
+            zero["allgather_bucket_size"] = int(zc.allgather_bucket_size)  # ZeRO-1/2 param all-gather
+        if stage == 3:
+            # the stage3_* names are pydantic aliases of prefetch_bucket_size etc. in DeepSpeedZeroConfig
+            zero["stage3_prefetch_bucket_size"] = int(zc.stage3_prefetch_bucket_size)
+            zero["stage3_max_live_parameters"] = int(zc.stage3_max_live_parameters)
+            zero["stage3_max_reuse_distance"] = int(zc.stage3_max_reuse_distance)
+            zero["stage3_param_persistence_threshold"] = int(zc.stage3_param_persistence_threshold)
+        zero["sub_group_size"] = int(zc.sub_group_size)
+        if row["offload_optimizer"] != "none":
+            # zero/offload_config.py DeepSpeedZeroOffloadOptimizerConfig: device cpu|nvme, nvme_path, pin_memory
+            zero["offload_optimizer"] = _offload(row["offload_optimizer"], opts["nvme_path"])
+        if stage == 3 and row["offload_params"] != "none":
+            # DeepSpeedZeroOffloadParamConfig (ZeRO-3 only)
+            zero["offload_param"] = _offload(row["offload_params"], opts["nvme_path"])
+    cfg["zero_optimization"] = zero
+
+    # optimizer: deepspeed/runtime/config.py DEEPSPEED_OPTIMIZERS; engine._configure_basic_optimizer
+    offload = row["offload_optimizer"] != "none"
+    if training.optimizer == "adamw":
+        # With offload_optimizer DeepSpeed builds DeepSpeedCPUAdam(adamw_mode=True) from type "AdamW"
+        # itself (engine.get_optimizer_configuration: zero_use_cpu_optimizer()); there is no separate
+        # "CPUAdam" type. Without offload the same type gives FusedAdam(adam_w_mode=True).
+        # torch_adam false keeps DeepSpeed's own kernels instead of torch.optim.AdamW.
+        cfg["optimizer"] = {"type": "AdamW", "params": {
+            "lr": float(opts["lr"]), "betas": [float(b) for b in opts["betas"]], "eps": float(opts["eps"]),
+            "weight_decay": float(opts["weight_decay"]), "torch_adam": False}}
+    elif training.optimizer == "sgd":
+        # not a DeepSpeed optimizer: the engine falls back to getattr(torch.optim, "SGD")
+        cfg["optimizer"] = {"type": "SGD", "params": {"lr": float(opts["lr"]), "momentum": 0.9,
+                                                      "weight_decay": float(opts["weight_decay"])}}
+    # adafactor / adam8bit: no DeepSpeed type; the script passes its own optimizer to
+    # deepspeed.initialize / accelerator.prepare, so no "optimizer" section.
+    if training.optimizer != "adamw" and stage >= 1:
+        # engine._do_optimizer_sanity_check asserts unless this is set for non-Adam optimizers
+        cfg["zero_allow_untested_optimizer"] = True
+    if training.optimizer in ("adafactor", "adam8bit") and offload:
+        # engine._configure_optimizer raises for a client optimizer under ZeRO-Offload unless false
+        cfg["zero_force_ds_cpu_optimizer"] = False
+
+    if row["recompute"] != "none":
+        # deepspeed/runtime/activation_checkpointing/config.py; used by deepspeed.checkpointing
+        # (Megatron-DeepSpeed --deepspeed-activation-checkpointing). partition_activations splits the
+        # saved layer inputs over the tensor-parallel group, so it only helps with tp > 1.
+        cfg["activation_checkpointing"] = {
+            "partition_activations": row["tp"] > 1,
+            "cpu_checkpointing": False,
+            "contiguous_memory_optimization": False,
+            "synchronize_checkpoint_boundary": False,
+            "profile": False,
+        }
+
+    if isinstance(opts.get("ds_config"), dict):
+        _deep_merge(cfg, opts["ds_config"])
+    return cfg
+
+
+def _offload(device: str, nvme_path) -> dict:
+    out = {"device": device, "pin_memory": True}
+    if device == "nvme":
+        out["nvme_path"] = str(nvme_path)
+    return out
+
+
+def _deep_merge(base: dict, over: dict) -> None:
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _deep_merge(base[k], v)
+        else:
+            base[k] = v
+
+
+# ---------------------------------------------------------------------------------------------
+# Accelerate
+
+def accelerate_config(model: ModelSpec, cluster: Cluster, training: Training, row: dict,
+                      ds_config_path) -> dict:
+    """The accelerate_config.yaml content as a dict (ClusterConfig fields)."""
+    nodes = cluster.num_nodes
+    mixed = {"bf16": "bf16", "bf16-pure": "bf16", "fp16": "fp16", "fp32": "no"}[training.precision]
+    cfg: dict = {"compute_environment": "LOCAL_MACHINE", "debug": False}
+    if training.uses_deepspeed:
+        cfg["distributed_type"] = "DEEPSPEED"
+        ds: dict = {
+            # accelerate/utils/launch.py exports it as ACCELERATE_DEEPSPEED_CONFIG_FILE; DeepSpeedPlugin
+            # opens it from the training process's working directory, so write it absolute.
+            "deepspeed_config_file": str(ds_config_path),
+            # DeepSpeedPlugin.zero3_init_flag: build the model under deepspeed.zero.Init (stage 3 only;
+            # Accelerate warns and ignores it for other stages)
+            "zero3_init_flag": row["zero"] == 3,
+        }
+        if nodes > 1:
+            # accelerate launch: DEEPSPEED_MULTINODE_LAUNCHERS[1] = "standard" runs torchrun on every
+            # node (the default "pdsh" needs passwordless ssh and a hostfile)
+            ds["deepspeed_multinode_launcher"] = "standard"
+        cfg["deepspeed_config"] = ds
+        # No mixed_precision key: with deepspeed_config_file, accelerate launch adds a config-file
+        # mixed_precision to ACCELERATE_CONFIG_DS_FIELDS and DeepSpeedPlugin._deepspeed_config_checks
+        # then raises ValueError. AcceleratorState.mixed_precision reads bf16/fp16 from ds_config.json.
+    elif training.engine == "fsdp":
+        cfg["distributed_type"] = "FSDP"
+        cfg["fsdp_config"] = _fsdp_config(cluster, training, row)
+        if (row["tp"] > 1 or row["cp"] > 1) and cfg["fsdp_config"]["fsdp_version"] == 2:
+            # accelerate/utils/launch.py prepare_extend_env_parallelism_config (FSDP2 only); keys are
+            # copied verbatim to launch args, so they carry the parallelism_config_ prefix
+            shard = row["dp"] if row["zero"] > 0 else 1
+            cfg["parallelism_config"] = {
+                "parallelism_config_dp_replicate_size": row["dp"] // shard,
+                "parallelism_config_dp_shard_size": shard,
+                "parallelism_config_tp_size": row["tp"],
+                "parallelism_config_cp_size": row["cp"],
+            }
+        cfg["mixed_precision"] = mixed
+    else:  # megatron
+        cfg["distributed_type"] = "MEGATRON_LM"
+        # accelerate/commands/launch.py "Megatron-LM Arguments" (megatron_lm_* names)
+        mlm = {
+            "megatron_lm_tp_degree": row["tp"],
+            "megatron_lm_pp_degree": row["pp"],
+            "megatron_lm_num_micro_batches": row["gas"],
+            "megatron_lm_sequence_parallelism": bool(row["sequence_parallel"]),
+            "megatron_lm_recompute_activations": row["recompute"] != "none",
+            "megatron_lm_use_distributed_optimizer": row["zero"] >= 1,
+            "megatron_lm_gradient_clipping": 1.0,
+        }
+        if row["recompute"] != "none":
+            mlm["megatron_lm_recompute_granularity"] = row["recompute"]
+        if row["cp"] > 1:
+            mlm["megatron_lm_context_parallel_size"] = row["cp"]
+        if row["ep"] > 1:
+            mlm["megatron_lm_expert_model_parallel_size"] = row["ep"]
+        cfg["megatron_lm_config"] = mlm
+        cfg["mixed_precision"] = mixed
+    cfg.update({
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "num_machines": nodes,
+        "num_processes": cluster.num_gpus,  # total processes over all machines (ClusterConfig)
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": False,
+    })
+    return cfg
+
+
+def _fsdp_config(cluster: Cluster, training: Training, row: dict) -> dict:
+    stage = row["zero"]
+    # FSDP2 (fully_shard) has no NO_SHARD: ZeRO 0 without tp/cp uses FSDP1 NO_SHARD (DDP-like);
+    # ZeRO 2/3 use FSDP2, where reshard_after_forward False/True is SHARD_GRAD_OP/FULL_SHARD
+    # (FullyShardedDataParallelPlugin.__post_init__ requires a bool for version 2).
+    version = 1 if stage == 0 and row["tp"] == 1 and row["cp"] == 1 else 2
+    strategy = {3: "FULL_SHARD", 2: "SHARD_GRAD_OP"}.get(stage, "NO_SHARD")
+    cfg: dict = {"fsdp_version": version}
+    if version == 1:
+        cfg["fsdp_sharding_strategy"] = strategy  # FSDP1 only; deprecated for FSDP2
+        cfg["fsdp_use_orig_params"] = True
+    else:
+        cfg["fsdp_reshard_after_forward"] = stage == 3  # FULL_SHARD if True, SHARD_GRAD_OP if False
+    cfg.update({
+        # TRANSFORMER_BASED_WRAP without class names wraps the model's _no_split_modules (transformers)
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        # FSDP CPU offload moves parameters, gradients and the optimizer step to the host; NVMe is
+        # not an FSDP option (the nearest is CPU)
+        "fsdp_offload_params": row["offload_optimizer"] != "none" or row["offload_params"] != "none",
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_cpu_ram_efficient_loading": True,
+        "fsdp_sync_module_states": True,  # required by cpu_ram_efficient_loading (utils/launch.py)
+        # FSDP checkpointing is whole-layer (full); selective recompute has no FSDP switch
+        "fsdp_activation_checkpointing": row["recompute"] == "full",
+    })
+    return cfg
+
+
+def accelerate_yaml(model, cluster, training, row, ds_config_path) -> str:
+    cfg = accelerate_config(model, cluster, training, row, ds_config_path)
+    head = ("# Accelerate config written by planner.export; load with\n"
+            "#   accelerate launch --config_file accelerate_config.yaml <script>\n")
+    return head + _to_yaml(cfg)
+
+
+_PLAIN = re.compile(r"^[A-Za-z_/][A-Za-z0-9_./-]*$")
+_YAML_SPECIAL = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "none", "~"}
+
+
+def _yaml_scalar(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)
+    s = str(v)
+    if _PLAIN.match(s) and s.lower() not in _YAML_SPECIAL:
+        return s
+    # a JSON string is a valid YAML double-quoted scalar (e.g. 'no' would otherwise load as False)
+    return json.dumps(s)
+
+
+def _to_yaml(d: dict, indent: int = 0) -> str:
+    lines = []
+    pad = "  " * indent
+    for k, v in d.items():
+        if isinstance(v, dict):
+            lines.append(f"{pad}{k}:\n" + _to_yaml(v, indent + 1) if v else f"{pad}{k}: {{}}\n")
+        elif isinstance(v, (list, tuple)):
+            lines.append(f"{pad}{k}: [" + ", ".join(_yaml_scalar(x) for x in v) + "]\n")
+        else:
+            lines.append(f"{pad}{k}: {_yaml_scalar(v)}\n")
+    return "".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Megatron
+
+def _wants_megatron(training: Training, row: dict) -> bool:
+    return training.engine in ("megatron", "megatron-deepspeed") or max(row["tp"], row["pp"], row["cp"]) > 1
+
+
+def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_path: str = DS_CONFIG) -> list[str]:
+    """Megatron arguments, one "--flag [value]" string each.
+
+    Names are Megatron-LM's (megatron/training/arguments.py); with engine megatron-deepspeed the
+    few that Megatron-DeepSpeed names differently use its names (megatron/arguments.py there).
+    """
+    mds = training.engine == "megatron-deepspeed"
+    t, p, c, e, v = row["tp"], row["pp"], row["cp"], row["ep"], row["vpp"]
+    a: list[str] = [f"--tensor-model-parallel-size {t}", f"--pipeline-model-parallel-size {p}"]
+    if v > 1:
+        a.append(f"--num-layers-per-virtual-pipeline-stage {model.layers // (p * v)}")
+    if c > 1:
+        # Megatron-LM context parallelism; Megatron-DeepSpeed's sequence split is DeepSpeed-Ulysses
+        a.append(f"--ds-sequence-parallel-size {c}" if mds else f"--context-parallel-size {c}")
+    if model.experts > 1:
+        a.append(f"--num-experts {model.experts}")
+        a.append(f"--topk {model.experts_per_token}" if mds else f"--moe-router-topk {model.experts_per_token}")
+    if e > 1:
+        a.append(f"--moe-expert-parallel-size {e}" if mds else f"--expert-model-parallel-size {e}")
+    if row["sequence_parallel"]:
+        a.append("--sequence-parallel")
+    a += [f"--micro-batch-size {row['mbs']}",
+          f"--global-batch-size {row['mbs'] * row['gas'] * row['dp']}",  # Megatron derives gas from it
+          f"--seq-length {training.seq_len}",
+          f"--max-position-embeddings {max(training.seq_len, model.max_positions)}",
+          f"--num-layers {model.layers}",
+          f"--hidden-size {model.hidden}",
+          f"--num-attention-heads {model.heads}"]
+    if model.kv_heads < model.heads:
+        a += ["--group-query-attention", f"--num-query-groups {model.kv_heads}"]
+    if model.head_dim and model.head_dim != model.hidden // model.heads:
+        a.append(f"--kv-channels {model.head_dim}")
+    a.append(f"--ffn-hidden-size {model.ffn}")
+    if model.ffn_kind == "swiglu":
+        a.append("--swiglu")
+    if training.optimizer == "sgd":
+        a.append("--optimizer sgd")
+    if mds:
+        # DeepSpeed owns ZeRO here (deepspeed.add_config_arguments + Megatron-DeepSpeed --zero-stage)
+        a += ["--deepspeed", f"--deepspeed_config {ds_config_path}", f"--zero-stage {row['zero']}"]
+        if p == 1:
+            a.append("--no-pipeline-parallel")  # plain DeepSpeed engine instead of PipelineModule
+        if row["recompute"] != "none":
+            a.append("--deepspeed-activation-checkpointing")  # uses ds_config activation_checkpointing
+    elif row["zero"] >= 1:
+        a.append("--use-distributed-optimizer")  # Megatron's ZeRO-1-like optimizer-state sharding
+    if row["recompute"] == "selective":
+        a.append("--recompute-granularity selective")
+    elif row["recompute"] == "full":
+        a += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    if training.precision in ("bf16", "bf16-pure"):
+        a.append("--bf16")
+    elif training.precision == "fp16":
+        a.append("--fp16")
+    if training.flash_attention:
+        a.append("--use-flash-attn")
+    return a
+
+
+# ---------------------------------------------------------------------------------------------
+# launch.sh
+
+def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: dict,
+                  opts: dict | None = None) -> str:
+    opts = {**EXTRA_DEFAULTS, **(opts or {})}
+    nodes = cluster.num_nodes
+    per_node = min(cluster.num_gpus, cluster.gpus_per_node)
+    # the Megatron launch lines need a Megatron engine; for an FSDP layout with tp/cp > 1
+    # megatron_args.txt only records the equivalent Megatron arguments
+    megatron = training.engine in ("megatron", "megatron-deepspeed")
+    ds = training.uses_deepspeed
+    default = "torchrun" if megatron else ("deepspeed" if ds else "accelerate")
+    q = shlex.quote
+
+    lines = [
+        "#!/usr/bin/env bash",
+        "# Launch commands written by planner.export.",
+        f"# model: {_one_line(model.name)} (L={model.layers} h={model.hidden} heads={model.heads}"
+        f" kv_heads={model.kv_heads} ffn={model.ffn})",
+        f"# cluster: {cluster.num_gpus} x {_one_line(cluster.gpu.name)}, {nodes} node(s) of {per_node}",
+        "# layout: " + " ".join(f"{k}={row[k]}" for k in _ROW_KEYS)
+        + f" gbs={row['mbs'] * row['gas'] * row['dp']}",
+        f"# training: engine={training.engine} precision={training.precision} optimizer={training.optimizer}"
+        f" seq_len={training.seq_len} flash_attention={training.flash_attention}",
+    ]
+    for k, v in (opts or {}).items():
+        if k not in EXTRA_DEFAULTS:
+            lines.append(f"# {_one_line(k)}: {_one_line(v)}")
+    lines += [
+        "#",
+        f"# Usage: [LAUNCHER=accelerate|{'deepspeed|' if ds else ''}{'torchrun' if megatron else ''}] "
+        "./launch.sh [script args]",
+        "# Multi-node: run on every node with NODE_RANK=<0..N-1> and MASTER_ADDR=<node 0>"
+        + (" (deepspeed: a hostfile of '<host> slots=<gpus>' lines instead)" if ds else "") + ".",
+        "set -euo pipefail",
+        'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+        f'TRAIN_SCRIPT="${{TRAIN_SCRIPT:-{opts["train_script"]}}}"',
+        f'LAUNCHER="${{LAUNCHER:-{default}}}"',
+        'NODE_RANK="${NODE_RANK:-0}"',
+        'MASTER_ADDR="${MASTER_ADDR:-localhost}"',
+        f'MASTER_PORT="${{MASTER_PORT:-{int(opts["master_port"])}}}"',
+    ]
+    if megatron:
+        lines.append(f'MEGATRON_SCRIPT="${{MEGATRON_SCRIPT:-{opts["megatron_script"]}}}"')
+        margs = megatron_args(model, training, row, ds_config_path="$HERE/" + DS_CONFIG)
+        lines.append("MEGATRON_ARGS=(")
+        for arg in margs:
+            flag, _, value = arg.partition(" ")
+            value = f'"{value}"' if value.startswith("$HERE") else (q(value) if value else "")
+            lines.append(f"  {flag} {value}".rstrip())
+        lines.append(")")
+    lines += ["", 'case "$LAUNCHER" in', "  accelerate)"]
+    multi = (' --machine_rank "$NODE_RANK" --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT"'
+             if nodes > 1 else "")
+    if ds and row["tp"] * row["pp"] * row["cp"] > 1:
+        # Accelerate's DeepSpeed integration is data-parallel only: it sets train_batch_size =
+        # mbs * gas * num_processes, which DeepSpeed rejects for a TP/PP/CP layout
+        lines.append("    # data parallel only: for this TP/PP/CP layout use LAUNCHER=deepspeed or torchrun")
+    lines.append(f'    exec accelerate launch --config_file "$HERE/{ACCELERATE_CONFIG}"{multi} "$TRAIN_SCRIPT" "$@"')
+    lines.append("    ;;")
+    if ds:
+        hostfile = '"${HOSTFILE:-$HERE/hostfile}"'
+        target = '"$MEGATRON_SCRIPT" "${MEGATRON_ARGS[@]}"' if megatron else \
+            f'"$TRAIN_SCRIPT" --deepspeed --deepspeed_config "$HERE/{DS_CONFIG}"'
+        lines += ["  deepspeed)",
+                  "    # --num_gpus is per node (deepspeed/launcher/runner.py)",
+                  f"    exec deepspeed --num_gpus {per_node} --num_nodes {nodes} --hostfile {hostfile}"
+                  f' --master_port "$MASTER_PORT" {target} "$@"',
+                  "    ;;"]
+    if megatron:
+        lines += ["  torchrun)",
+                  f"    exec torchrun --nproc_per_node {per_node} --nnodes {nodes} --node_rank \"$NODE_RANK\""
+                  ' --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT"'
+                  ' "$MEGATRON_SCRIPT" "${MEGATRON_ARGS[@]}" "$@"',
+                  "    ;;"]
+    lines += ['  *) echo "launch.sh: unknown LAUNCHER=$LAUNCHER" >&2; exit 2 ;;', "esac", ""]
+    return "\n".join(lines)
+
+
+def _one_line(v) -> str:
+    return " ".join(str(v).split())
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+def _normalise_row(layout_row: dict) -> dict:
+    if not isinstance(layout_row, dict):
+        raise InputError(f"--emit: layout must be a dict like Layouts.row(i), got {type(layout_row).__name__}")
+    missing = [k for k in ("tp", "pp", "dp", "zero", "mbs", "gas") if k not in layout_row]
+    if missing:
+        raise InputError(f"--emit: layout is missing {', '.join(missing)}")
+    row = {"cp": 1, "ep": 1, "vpp": 1, "offload_optimizer": "none", "offload_params": "none",
+           "recompute": "none", "sequence_parallel": False, "schedule": None, **layout_row}
+    for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "mbs", "gas"):
+        row[k] = int(row[k])
+    row["sequence_parallel"] = bool(row["sequence_parallel"])
+    for k in ("offload_optimizer", "offload_params", "recompute"):
+        row[k] = str(row[k]).lower()
+    return row
+
+
+def _check(model, cluster, training, row) -> None:
+    """The planner's own validity rules (InputError naming the flag), so no file describes an
+    impossible job."""
+    lay = single(tp=row["tp"], pp=row["pp"], dp=row["dp"], cp=row["cp"], ep=row["ep"], vpp=row["vpp"],
+                 zero=row["zero"], offload_optimizer=row["offload_optimizer"],
+                 offload_params=row["offload_params"], mbs=row["mbs"], gas=row["gas"],
+                 recompute=row["recompute"], sequence_parallel=row["sequence_parallel"],
+                 schedule=row.get("schedule"))
+    check_single(model, cluster, training, lay)
+
+
+def _atomic_write(path: Path, text: str, mode: int) -> None:
+    umask = os.umask(0)
+    os.umask(umask)
+    fd, tmp = None, None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            fd = None
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode & ~umask)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise InputError(f"--emit: cannot write {str(path)!r}: {exc.strerror or exc}") from None
+    finally:
+        if fd is not None:
+            os.close(fd)
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass

@@ -1,0 +1,116 @@
+"""The system: one GPU type, how many, how they are wired. Units converted once, on load."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from planner.errors import InputError
+from planner.model import DATA_DIR
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One accelerator type, as in data/gpus.json (every value names its datasheet there)."""
+
+    name: str
+    """Catalog name, lower case (e.g. 'h100-sxm')."""
+    memory_bytes: int
+    """Device memory the framework can allocate from."""
+    peak_flops_per_s: dict
+    """Dense peak FLOP/s per dtype: fp32, tf32, bf16, fp16, fp8 (0 where unsupported)."""
+    hbm_bytes_per_s: float
+    """Device memory bandwidth."""
+    intra_node_bytes_per_s: float
+    """GPU-GPU link bandwidth inside a node, per GPU and direction (NVLink, or PCIe without it)."""
+    inter_node_bytes_per_s: float
+    """Network bandwidth per GPU and direction between nodes."""
+    pcie_bytes_per_s: float
+    """Host link bandwidth per GPU and direction (offload traffic)."""
+    gpus_per_node: int
+    """Usual GPUs in one node of this type."""
+    host_ram_bytes_per_node: int
+    """CPU memory of one node (ZeRO-Offload capacity)."""
+    nvme_bytes_per_s_per_node: float
+    """Aggregate NVMe bandwidth per node (ZeRO-Infinity)."""
+    source: str = ""
+    """Datasheets and assumptions behind the numbers."""
+
+    def __post_init__(self):
+        for key in ("memory_bytes", "hbm_bytes_per_s", "intra_node_bytes_per_s", "inter_node_bytes_per_s",
+                    "pcie_bytes_per_s", "gpus_per_node", "host_ram_bytes_per_node", "nvme_bytes_per_s_per_node"):
+            if not getattr(self, key) > 0:
+                raise InputError(f"--{key.replace('_', '-')}: must be positive, got {getattr(self, key)!r}")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """How many GPUs of one type, and how many share a node (NVLink domain)."""
+
+    gpu: GPU
+    """The accelerator."""
+    num_gpus: int
+    """Total GPUs in the job."""
+    gpus_per_node: int
+    """GPUs per node; TP groups stay inside a node."""
+
+    def __post_init__(self):
+        if not isinstance(self.num_gpus, int) or self.num_gpus < 1:
+            raise InputError(f"--gpus: must be a positive integer, got {self.num_gpus!r}")
+        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
+            raise InputError(f"--gpus-per-node: must be a positive integer, got {self.gpus_per_node!r}")
+        if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
+            raise InputError(
+                f"--gpus: {self.num_gpus} is not a whole number of nodes of --gpus-per-node {self.gpus_per_node}"
+            )
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.num_gpus // self.gpus_per_node)
+
+
+def load_gpus(path: Path | None = None) -> dict[str, GPU]:
+    """GPU catalog from data/gpus.json, keyed by name and every alias (lower case)."""
+    with open(path or DATA_DIR / "gpus.json") as f:
+        raw = json.load(f)
+    catalog = {}
+    for e in raw["gpus"]:
+        gpu = GPU(
+            name=e["name"],
+            memory_bytes=int(e["memory_mib"] * 2**20),
+            peak_flops_per_s={k: float(v) * 1e12 for k, v in e["tflops_per_s"].items()},
+            hbm_bytes_per_s=e["hbm_gb_per_s"] * 1e9,
+            intra_node_bytes_per_s=e["intra_node_gb_per_s"] * 1e9,
+            inter_node_bytes_per_s=e["inter_node_gb_per_s"] * 1e9,
+            pcie_bytes_per_s=e["pcie_gb_per_s"] * 1e9,
+            gpus_per_node=int(e["gpus_per_node"]),
+            host_ram_bytes_per_node=int(e["host_ram_gib_per_node"] * 2**30),
+            nvme_bytes_per_s_per_node=e["nvme_gb_per_s_per_node"] * 1e9,
+            source=e["source"],
+        )
+        for key in [e["name"], *e.get("aliases", [])]:
+            catalog[key.lower()] = gpu
+    return catalog
+
+
+def lookup_gpu(name: str) -> GPU:
+    """Catalog GPU by case-insensitive name or alias."""
+    import difflib
+
+    catalog = load_gpus()
+    key = name.lower().replace("_", "-")
+    if key in catalog:
+        return catalog[key]
+    names = sorted({g.name for g in catalog.values()})
+    close = difflib.get_close_matches(key, list(catalog), n=2, cutoff=0.5)
+    hint = f" (did you mean {', '.join(catalog[c].name for c in close)}?)" if close else ""
+    raise InputError(f"--gpu: unknown GPU {name!r}{hint}; known: {', '.join(names)}")
+
+
+def with_overrides(gpu: GPU, **overrides) -> GPU:
+    """GPU with CLI overrides applied (None values ignored); validated again."""
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    return replace(gpu, **clean) if clean else gpu

@@ -1,0 +1,97 @@
+"""`planner validate`: predicted vs published throughput and memory, with the mean abs. % error.
+
+Cases come from data/references/published_runs.json (each record names its source). Nothing
+is tuned per case: every prediction uses the same catalog coefficients.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from planner import hardware, layout, memory, report
+from planner.model import DATA_DIR, ModelSpec
+
+# Where a paper leaves a layout field out we assume the Megatron-LM default and say so.
+ASSUMED_MBS = 1  # Narayanan 2021 Table 1 omits the micro-batch size; Megatron-LM's default is 1
+
+
+def load_runs(path=None) -> list[dict]:
+    with open(path or DATA_DIR / "references" / "published_runs.json") as f:
+        return json.load(f)
+
+
+def run_model(run: dict) -> ModelSpec:
+    """Megatron GPT shape of a published run (ffn 4h, LayerNorm, biases, learned positions, tied)."""
+    return ModelSpec(layers=run["layers"], hidden=run["hidden"], heads=run["heads"], kv_heads=run["kv_heads"],
+                     ffn=run["ffn"], vocab=run["vocab"], ffn_kind="gelu", norm="layernorm", bias=True,
+                     positions="learned", max_positions=run["seq_len"], tied_embeddings=True, dropout=True,
+                     name=run["id"], source=run["source"])
+
+
+def run_setup(run: dict):
+    """(model, cluster, training, layouts) of a published run with a complete layout, else None."""
+    if not run.get("layers") or run.get("tp") is None or run.get("gbs") is None:
+        return None
+    model = run_model(run)
+    cluster = hardware.Cluster(hardware.lookup_gpu("a100-80gb"), run["num_gpus"], run["gpus_per_node"])
+    zero = run["zero_stage"] or 0
+    engine = "megatron-deepspeed" if zero >= 2 else "megatron"
+    training = layout.Training(seq_len=run["seq_len"], gbs=run["gbs"], precision="fp16", engine=engine,
+                               flash_attention=bool(run["flash_attention"]))
+    mbs = run["mbs"] or ASSUMED_MBS
+    vpp = run["vpp"] or 1
+    lay = layout.single(tp=run["tp"], pp=run["pp"], dp=run["dp"], cp=run["cp"] or 1, vpp=vpp, zero=zero, mbs=mbs,
+                        gas=run["gbs"] // (mbs * run["dp"]), recompute=run["recompute"] or "none",
+                        sequence_parallel=bool(run["sequence_parallel"]))
+    return model, cluster, training, lay
+
+
+def compare() -> list[dict]:
+    """One row per published figure we can predict: id, metric, published, predicted, error."""
+    rows = []
+    for run in load_runs():
+        setup = run_setup(run)
+        if setup is None:
+            continue
+        model, cluster, training, lay = setup
+        measured = run["measured"]
+        ev = report.evaluate(model, cluster, training, lay)
+        th, step_s = ev["time"]["throughput"], float(ev["time"]["step_s"][0])
+        # Narayanan 2021 TFLOP/s count the recompute pass (eq. 3): compare hardware FLOPs
+        if "tflops_per_gpu" in measured:
+            rows.append(_row(run, "TFLOP/s per GPU (hardware)", measured["tflops_per_gpu"],
+                             float(th["hardware_tflops_per_gpu"][0])))
+        if "iter_time_s" in measured:
+            rows.append(_row(run, "iteration time s", measured["iter_time_s"], step_s))
+        if "memory_gib_activations" in measured:
+            acts, logits = memory.activations(model, training, lay, np.zeros(1, dtype=np.int64))
+            rows.append(_row(run, "activation GiB (first stage)", measured["memory_gib_activations"],
+                             float(acts[0]) / 2**30))
+    return rows
+
+
+def _row(run, metric, published, predicted) -> dict:
+    return {"id": run["id"], "metric": metric, "published": published, "predicted": predicted,
+            "error": predicted / published - 1.0, "source": run["source"].split(",")[0]}
+
+
+def mape(rows: list[dict], metric_prefix: str = "") -> float:
+    errs = [abs(r["error"]) for r in rows if r["metric"].startswith(metric_prefix)]
+    return float(np.mean(errs)) if errs else float("nan")
+
+
+def run_cli(args, out) -> int:
+    rows = compare()
+    summary = {m: mape(rows, m) for m in sorted({r["metric"] for r in rows})}
+    if args.json:
+        out.write(json.dumps({"cases": rows, "mape": mape(rows), "mape_by_metric": summary}, indent=1) + "\n")
+        return 0
+    head = ["case", "metric", "published", "predicted", "error"]
+    body = [[r["id"], r["metric"], f"{r['published']:.4g}", f"{r['predicted']:.4g}", f"{r['error']:+.1%}"] for r in rows]
+    out.write(report.table(head, body) + "\n")
+    for m, v in summary.items():
+        out.write(f"MAPE {m}: {v:.1%}\n")
+    out.write(f"MAPE all {len(rows)} figures: {mape(rows):.1%}\n")
+    return 0

@@ -1,0 +1,126 @@
+"""The command line: JSON schema, bad input, light imports, and a frozen flag surface."""
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*argv):
+    out = io.StringIO()
+    code = cli.main(list(argv), out=out)
+    return code, out.getvalue()
+
+
+def test_estimate_json_schema():
+    code, text = run("estimate", "--model", "llama-2-7b", "--gpus", "8", "--zero", "3", "--mbs", "2", "--gbs", "64",
+                     "--json")
+    assert code == 0
+    d = json.loads(text)
+    assert d["model"]["params"] == 6738415616  # Llama-2-7B published count
+    for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab"):
+        assert k in d["model"]
+    lay = d["layout"]
+    assert {"dp", "tp", "pp", "cp", "ep", "vpp", "zero", "mbs", "gbs", "gas", "recompute", "sequence_parallel",
+            "offload_optimizer", "offload_params"} <= set(lay)
+    assert (lay["dp"], lay["gas"], lay["gbs"]) == (8, 4, 64)  # 64 / (2*8)
+    mem = d["memory"]
+    assert isinstance(mem["gpu_bytes"], int) and isinstance(mem["fits"], bool)
+    assert set(mem["breakdown"]) == {"params", "grads", "optimizer", "activations", "logits", "buffers", "overhead"}
+    assert sum(mem["breakdown"].values()) == mem["gpu_bytes"]
+    assert len(mem["per_stage"]) == 1 and "cpu_bytes_per_node" in mem and "capacity_bytes" in mem
+    t = d["time"]
+    assert sum(t["breakdown"].values()) == pytest.approx(t["step_s"], rel=1e-9)
+    assert {"tokens_per_s", "samples_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu"} <= set(
+        d["throughput"])
+
+
+def test_estimate_per_stage_table_text():
+    code, text = run("estimate", "--model", "llama-3-70b", "--gpus", "16", "--tp", "8", "--pp", "2",
+                     "--gbs", "32", "--recompute", "selective", "--sequence-parallel")
+    assert code == 0
+    assert "headroom" in text and "fits" in text
+    assert text.count("\n") > 6
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["estimate", "--model", "lama-2-7b"], "--model"),
+    (["estimate", "--model", "llama-2-7b", "--gpus", "8", "--tp", "3"], "--gpus"),
+    (["estimate", "--model", "llama-2-7b", "--gpus", "6", "--tp", "3", "--dp", "2"], "--tp"),
+    (["estimate", "--model", "llama-2-7b", "--pp", "64", "--engine", "megatron"], "--pp"),
+    (["estimate", "--model", "llama-2-7b", "--dp", "4", "--mbs", "3", "--gbs", "16"], "--gbs"),
+    (["estimate", "--model", "llama-2-7b", "--mbs", "-1"], "--mbs"),
+    (["estimate", "--model", "llama-2-7b", "--mbs", "two"], "--mbs"),
+    (["estimate", "--params", "abc"], "--params"),
+    (["estimate", "--model", "llama-2-7b", "--gpu", "h1000"], "--gpu"),
+    (["estimate", "--model", "llama-2-7b", "--recompute", "sometimes"], "--recompute"),
+    (["estimate", "--model", "llama-2-7b", "--offload-params", "cpu", "--zero", "2"], "--offload-params"),
+    (["estimate", "--model", "llama-2-7b", "--pp", "2", "--zero", "2"], "--zero"),
+    (["recommend", "--params", "70e9"], "--gpus"),
+    (["recommend", "--params", "70e9", "--gpus", "0"], "--gpus"),
+])
+def test_bad_input_one_line_exit_2(argv, flag, capsys):
+    code, _ = run(*argv)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and flag in err and "Traceback" not in err
+
+
+def test_malformed_config_json(tmp_path, capsys):
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    assert run("estimate", "--model", str(bad))[0] == 2
+    assert "--model" in capsys.readouterr().err
+
+
+def test_cli_subprocess_exit_status_and_light_imports():
+    code = (
+        "import sys; from planner.cli import main; import io; main(['estimate','--params','7e9','--json'], out=io.StringIO());"
+        "main(['recommend','--params','7e9','--gpus','8','--json'], out=io.StringIO());"
+        "heavy=[m for m in ('torch','deepspeed','streamlit','scipy.optimize','transformers') if m in sys.modules];"
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+    bad = subprocess.run([sys.executable, "-m", "planner", "estimate", "--tp", "x"], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--tp" in bad.stderr
+
+
+FROZEN = {
+    "estimate": ["--allgather-bucket-size", "--cp", "--dp", "--ds-estimator", "--emit", "--engine", "--ep", "--ffn",
+                 "--ffn-kind", "--gbs", "--gpu", "--gpu-memory-gib", "--gpus", "--gpus-per-node", "--hbm-gb-per-s",
+                 "--heads", "--hidden", "--host-ram-gib", "--inter-node-gb-per-s", "--intra-node-gb-per-s", "--json",
+                 "--kv-heads", "--layers", "--mbs", "--model", "--no-contiguous-gradients", "--no-flash-attention",
+                 "--no-overlap-comm", "--nvme-gb-per-s", "--offload-optimizer", "--offload-params", "--optimizer",
+                 "--overlap-comm", "--params", "--pcie-gb-per-s", "--peak-tflops", "--pp", "--precision",
+                 "--price-per-gpu-hour", "--recompute", "--reduce-bucket-size", "--schedule", "--seq-len",
+                 "--sequence-parallel", "--stage3-max-live-parameters", "--stage3-max-reuse-distance",
+                 "--stage3-param-persistence-threshold", "--stage3-prefetch-bucket-size", "--sub-group-size",
+                 "--tied-embeddings", "--tokens", "--tp", "--vocab", "--vpp", "--zero"],
+    "recommend": ["--allgather-bucket-size", "--emit", "--engine", "--ffn", "--ffn-kind", "--gbs", "--gpu",
+                  "--gpu-memory-gib", "--gpus", "--gpus-per-node", "--hbm-gb-per-s", "--heads", "--hidden",
+                  "--host-ram-gib", "--inter-node-gb-per-s", "--intra-node-gb-per-s", "--json", "--kv-heads",
+                  "--layers", "--max-mbs", "--memory-headroom", "--model", "--no-contiguous-gradients",
+                  "--no-flash-attention", "--no-overlap-comm", "--nvme-gb-per-s", "--optimizer", "--overlap-comm",
+                  "--params", "--pcie-gb-per-s", "--peak-tflops", "--precision", "--price-per-gpu-hour",
+                  "--reduce-bucket-size", "--seq-len", "--stage3-max-live-parameters", "--stage3-max-reuse-distance",
+                  "--stage3-param-persistence-threshold", "--stage3-prefetch-bucket-size", "--sub-group-size",
+                  "--tied-embeddings", "--tokens", "--tokens-per-step", "--top", "--vocab"],
+    "validate": ["--json"],
+}
+
+
+def test_cli_surface_is_frozen():
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    surface = {name: sorted(s for a in p._actions for s in a.option_strings if s.startswith("--") and s != "--help")
+               for name, p in sub.choices.items()}
+    assert surface == FROZEN
