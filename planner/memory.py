@@ -90,10 +90,12 @@ def state_bytes_per_param(training: Training) -> tuple[float, float, float]:
     """(16/32-bit weights, gradients, optimizer incl. fp32 master) bytes per parameter.
 
     Mixed precision Adam: 2 + 2 + 12 (ZeRO paper section 3: K = 12 for fp32 master, momentum,
-    variance). Megatron keeps fp32 main grads (dist_optimizer docs: 'bf16 params + fp32 grads'
-    18 B/param); FSDP2 reduces fp32 grads into the fp32 sharded params. SGD momentum: one fp32
-    state; 8-bit Adam: two 1-byte states (Dettmers et al. 2022); Adafactor: factored second
-    moment, O(rows+cols) per matrix, taken as 8/h bytes per parameter of an h x h matrix."""
+    variance). Megatron-LM (docs/source/api-guide/dist_optimizer.md, bytes/param non-distributed
+    vs distributed over d): fp16 params + fp16 grads 20 vs 4 + 16/d (the optimizer keeps an fp32
+    grad copy with its shard), bf16 params + fp32 main grads 18 vs 6 + 12/d, fp32 16 vs 8 + 8/d.
+    FSDP2 reduces fp32 grads (torchtitan MixedPrecisionPolicy reduce_dtype float32). SGD momentum:
+    one fp32 state; 8-bit Adam: two 1-byte states (Dettmers et al. 2022); Adafactor: factored
+    second moment, O(rows+cols) per matrix (added by model_states)."""
     states = {"adamw": 8.0, "sgd": 4.0, "adam8bit": 2.0, "adafactor": 0.0}[training.optimizer]
     if training.precision == "fp32":
         weight, master = 4.0, 0.0
@@ -101,7 +103,12 @@ def state_bytes_per_param(training: Training) -> tuple[float, float, float]:
         weight, master, states = 2.0, 0.0, states / 2
     else:
         weight, master = 2.0, 4.0
-    grad = 4.0 if training.engine in ("megatron", "fsdp") and training.precision in ("bf16", "fp16") else weight
+    grad = weight
+    megatron = training.engine == "megatron"
+    if (megatron and training.precision == "bf16") or (training.engine == "fsdp" and master):
+        grad = 4.0
+    if megatron and training.precision == "fp16":
+        master += 4.0  # fp32 copy of the fp16 grads, sharded with the optimizer states
     return weight, grad, master + states
 
 

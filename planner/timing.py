@@ -14,6 +14,8 @@ appendix B); times use what the kernels really do (FlashAttention skips masked b
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 
 from planner.hardware import GPU, Cluster
@@ -113,7 +115,8 @@ def _microbatch(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
                 detail: bool = False) -> dict:
     """Seconds of one micro-batch on one rank of the slowest stage (compute, recompute, exposed TP/EP/CP)."""
     gpu = cluster.gpu
-    peak, hbm, e = peak_flops_per_s(gpu, training), gpu.hbm_bytes_per_s, _act_bytes(training)
+    peak, e = peak_flops_per_s(gpu, training), _act_bytes(training)
+    hbm = gpu.hbm_bytes_per_s * c["hbm_efficiency"]  # attainable bandwidth of memory-bound kernels
     h, q, kv, f, a, s = model.hidden, model.q_width, model.kv_width, model.ffn, model.heads, training.seq_len
     t = lay.tp.astype(np.float64)
     cp = lay.cp.astype(np.float64)
@@ -179,10 +182,17 @@ def _microbatch(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
     cp_comm = cp_fwd * (1.0 + (full | selective)) + np.maximum(2.0 * kv_pass - core_bwd, 0.0)
     tp_comm = n * (tp + cp_comm)
     out = {"compute": compute, "recompute": recompute, "tp_comm": tp_comm, "slot": compute + recompute + tp_comm}
-    if detail:  # one block's forward / backward seconds including its exposed TP communication
-        out.update(layer_fwd_s=layer_fwd + 2 * ar * (1.0 - c["tp_overlap_fraction"]),
-                   layer_bwd_s=layer_bwd + 2 * ar * (1.0 - c["tp_overlap_fraction"]))
+    if detail:  # one block's seconds with its exposed TP all-reduces (Korthikanti 2022 Table 4 quantities)
+        two_ar = 2 * ar * (1.0 - c["tp_overlap_fraction"])
+        out.update(fwd_s=layer_fwd + two_ar, bwd_s=layer_bwd + two_ar,
+                   recompute_s=np.select([full, selective], [layer_fwd + two_ar, core_fwd], 0.0))
     return out
+
+
+def layer_times(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> dict:
+    """Forward, backward and recompute seconds of one transformer block per micro-batch on one rank."""
+    mb = _microbatch(model, cluster, training, lay, coefficients("time"), detail=True)
+    return {k: mb[k] for k in ("fwd_s", "bwd_s", "recompute_s")}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,9 +210,12 @@ def step_time(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
                         lambda sub: _per_step(model, cluster, training, sub, c))
     pipe = _grouped(codes, ("tp", "pp", "dp", "cp", "ep", "gas", "mbs", "recompute", "sequence_parallel", "vpp",
                             "schedule"), lambda sub: _pipeline(model, cluster, training, sub, c))
+    # overlapped communication hides only behind the compute it overlaps with; the excess is exposed
+    busy = pipe["compute"] + pipe["recompute"]
+    dp_comm = per_step["dp_exposed"] + np.maximum(per_step["dp_hideable"] - busy, 0.0)
     breakdown = {
         "compute": pipe["compute"], "recompute": pipe["recompute"], "tp_comm": pipe["tp_comm"],
-        "dp_comm": per_step["dp_comm"], "pp_comm": pipe["pp_comm"], "pp_bubble": pipe["pp_bubble"],
+        "dp_comm": dp_comm, "pp_comm": pipe["pp_comm"], "pp_bubble": pipe["pp_bubble"],
         "offload": per_step["offload"], "optimizer": per_step["optimizer"],
         "other": np.full(lay.tp.shape, max(float(c["step_overhead_s"]), 0.0)),
     }
@@ -269,11 +282,12 @@ def _per_step(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
     # micro-step (partition_gradients), ZeRO-1/0 at the accumulation boundary; ZeRO-3/FSDP every micro-step
     every_micro = (z == 3) | ((z == 2) & (ds or training.engine == "fsdp"))
     grad_reduce = grad_reduce * np.where(every_micro, m, 1.0)
-    # overlap_comm None -> True for stage 3 (DeepSpeedZeroConfig); Megatron overlap_grad_reduce; FSDP overlaps
+    # overlap_comm None -> True for stage 3 (DeepSpeedZeroConfig); Megatron-LM --overlap-grad-reduce
+    # is off by default (megatron/training/arguments.py); FSDP overlaps reduce-scatter with backward
     if ds:
         overlap = (z == 3) if zc.overlap_comm is None else np.full(z.shape, bool(zc.overlap_comm))
     else:
-        overlap = np.ones(z.shape, dtype=bool)
+        overlap = np.full(z.shape, training.engine == "fsdp")
     hidden_frac = np.where(overlap, c["dp_overlap_fraction_with_overlap"], c["dp_overlap_fraction"])
     # ZeRO-1/2 (and Megatron's distributed optimizer): all-gather updated 16-bit params after the step
     ag_calls = np.ceil((dense + expert) / (zc.allgather_bucket_size if ds else bucket))
@@ -286,13 +300,17 @@ def _per_step(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
     z3_gather = 2.0 * m * (ring_time_s(dense * w, n_dp, bw_dp, "all_gather", lat, modules)
                            + ring_time_s(expert * w, n_edp, bw_edp, "all_gather", lat, modules))
     z3_gather = np.where(z == 3, z3_gather, 0.0)
-    dp_comm = (1 - hidden_frac) * grad_reduce + param_gather + (1 - c["zero3_gather_overlap_fraction"]) * z3_gather
+    # what overlap may hide (step_time caps it by the compute it runs under) and what stays exposed
+    zf = c["zero3_gather_overlap_fraction"]
+    dp_hideable = hidden_frac * grad_reduce + zf * z3_gather
+    dp_exposed = (1 - hidden_frac) * grad_reduce + param_gather + (1 - zf) * z3_gather
 
-    # optimizer: GPU step is memory-bound: read grads (+ once more for norm/overflow), read+write
-    # master and states, write 16-bit params (apex/DeepSpeed FusedAdam multi-tensor apply)
+    # optimizer on the GPU, memory-bound (Megatron-LM MixedPrecisionOptimizer.step, DeepSpeed alike):
+    # unscale + inf check (r+w grads), grad norm (r), FusedAdam (r grads, r+w master and states),
+    # copy to 16-bit params (w), zero the grad buffer (w): 5g + 2o + w bytes per partition parameter
     offload_opt = lay.offload_optimizer > 0
     node_gpus = min(G, cluster.num_gpus)
-    gpu_step = partition * (2 * g + 2 * o + w) / gpu.hbm_bytes_per_s
+    gpu_step = partition * (5 * g + 2 * o + w) / (gpu.hbm_bytes_per_s * c["hbm_efficiency"])
     # ZeRO-Offload (Ren et al. 2021 s.4-5): DeepSpeedCPUAdam on the node's cores shared by its GPUs
     cpu_adam = partition * node_gpus / c["cpu_adam_params_per_s"]
     optimizer = np.where(offload_opt, cpu_adam, gpu_step)
@@ -314,7 +332,7 @@ def _per_step(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
     param_up = partition * w / pcie + np.where(lay.offload_params == 2, partition * w / nvme_bw, 0.0)
     offload = offload + np.where(lay.offload_params > 0, 2.0 * m * param_up * (1 - c["zero3_gather_overlap_fraction"])
                                  + (~offload_opt) * partition * w / pcie, 0.0)
-    return {"dp_comm": dp_comm, "offload": offload, "optimizer": optimizer}
+    return {"dp_exposed": dp_exposed, "dp_hideable": dp_hideable, "offload": offload, "optimizer": optimizer}
 
 
 class _FieldCodes:
@@ -342,16 +360,16 @@ class _FieldCodes:
         return self.cache[name, compress]
 
 
-def _grouped(codes: _FieldCodes, fields: tuple, fn) -> dict:
-    """fn(sub-Layouts) evaluated once per distinct combination of `fields`, gathered back to the full
+def _grouped(codes: _FieldCodes, names: tuple, fn) -> dict:
+    """fn(sub-Layouts) evaluated once per distinct combination of fields `names`, gathered back to the full
     shape; fn must depend on those fields only (elementwise formulas give identical values)."""
     lay = codes.lay
     if lay.size == 0:
         return {k: np.zeros(lay.tp.shape) for k in fn(lay)}
     limit = max(1 << 22, 4 * lay.size)
-    compress = np.prod([float(codes(name)[1]) for name in fields]) > limit
-    key, space = codes(fields[0], compress)[0].astype(np.int64), codes(fields[0], compress)[1]
-    for name in fields[1:]:  # mixed-radix code
+    compress = np.prod([float(codes(name)[1]) for name in names]) > limit
+    key, space = codes(names[0], compress)[0].astype(np.int64), codes(names[0], compress)[1]
+    for name in names[1:]:  # mixed-radix code
         code, span = codes(name, compress)
         key *= span
         key += code
@@ -366,7 +384,7 @@ def _grouped(codes: _FieldCodes, fields: tuple, fn) -> dict:
     else:
         _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
         inverse = inverse.ravel()
-    sub = lay.take(first)
+    sub = Layouts(**{f.name: getattr(lay, f.name).ravel()[first] for f in fields(Layouts)})
     return {k: np.take(np.maximum(np.broadcast_to(v, sub.tp.shape), 0.0), inverse).reshape(lay.tp.shape)
             for k, v in fn(sub).items()}
 

@@ -200,3 +200,16 @@ def test_memory_never_falls_with_batch_or_sequence(model, kw):
     assert total(model, layout.single(**kw), longer) >= ref
     mem = memory.rank_memory(model, cluster(64), longer, layout.single(**kw))
     assert all((mem[k] >= 0).all() for k in memory.BREAKDOWN_KEYS)
+
+
+@pytest.mark.parametrize("precision, plain, fixed, sharded", [
+    ("fp16", 20, 4, 16), ("bf16", 18, 6, 12), ("fp32", 16, 8, 8)])
+def test_megatron_distributed_optimizer_bytes_per_param(precision, plain, fixed, sharded):
+    # Megatron-LM docs (api-guide/dist_optimizer): non-distributed vs distributed over d bytes/param
+    model = lookup("llama-2-7b")
+    training = layout.Training(engine="megatron", precision=precision)
+    d = 8
+    for zero, expected in ((0, plain), (1, fixed + sharded / d)):
+        st_ = memory.model_states(model, cluster(d), training, layout.single(dp=d, zero=zero), 0)
+        per_param = (st_["params"] + st_["grads"] + st_["optimizer"])[0] / model.params
+        assert per_param == pytest.approx(expected, rel=1e-9)
