@@ -182,6 +182,64 @@ def single(tp=1, pp=1, dp=1, cp=1, ep=1, vpp=1, zero=0, offload_optimizer="none"
 
 
 # ---------------------------------------------------------------------------------------------
+# evaluating a formula once per distinct combination of the fields it reads
+
+
+class FieldCodes:
+    """Layouts fields as small integer codes for grouping, computed once per field: the value itself
+    when small, else its rank among the field's distinct values."""
+
+    def __init__(self, lay: Layouts):
+        self.lay, self.cache = lay, {}
+
+    def __call__(self, name: str, compress: bool = False) -> tuple[np.ndarray, int]:
+        if (name, compress) not in self.cache:
+            col = getattr(self.lay, name).ravel()
+            low, high = int(col.min()), int(col.max())
+            if not compress and 0 <= low and high < 64:
+                code = (col, high + 1)
+            elif high - low < 1 << 20:
+                present = np.zeros(high - low + 1, dtype=bool)
+                shifted = col - low if low else col
+                present[shifted] = True
+                code = (np.take(np.cumsum(present) - 1, shifted), int(present.sum()))
+            else:
+                distinct, inverse = np.unique(col, return_inverse=True)
+                code = (inverse.ravel(), distinct.size)
+            self.cache[name, compress] = code
+        return self.cache[name, compress]
+
+
+def grouped(codes: FieldCodes, names: tuple, fn) -> dict:
+    """fn(sub-Layouts) evaluated once per distinct combination of fields `names`, gathered back to the full
+    shape; fn must depend on those fields only (elementwise formulas give identical values)."""
+    lay = codes.lay
+    if lay.size == 0:
+        return {k: np.zeros(lay.tp.shape) for k in fn(lay)}
+    limit = max(1 << 22, 4 * lay.size)
+    compress = np.prod([float(codes(name)[1]) for name in names]) > limit
+    key, space = codes(names[0], compress)[0].astype(np.int64), codes(names[0], compress)[1]
+    for name in names[1:]:  # mixed-radix code
+        code, span = codes(name, compress)
+        key *= span
+        key += code
+        space *= span
+    if space <= limit:  # dense table: O(N), no sort
+        rep = np.full(space, -1, dtype=np.int64)
+        rep[key] = np.arange(key.size)
+        distinct = np.flatnonzero(rep >= 0)
+        slot = np.empty(space, dtype=np.int64)
+        slot[distinct] = np.arange(distinct.size)
+        first, inverse = rep[distinct], np.take(slot, key)
+    else:
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        inverse = inverse.ravel()
+    sub = Layouts(**{f.name: getattr(lay, f.name).ravel()[first] for f in fields(Layouts)})
+    return {k: np.take(np.maximum(np.broadcast_to(v, sub.tp.shape), 0.0), inverse).reshape(lay.tp.shape)
+            for k, v in fn(sub).items()}
+
+
+# ---------------------------------------------------------------------------------------------
 # validity rules, vectorized; the single-layout path raises the first broken rule's message
 
 def rule_violations(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> dict:

@@ -14,7 +14,7 @@ from functools import lru_cache
 import numpy as np
 
 from planner.hardware import Cluster
-from planner.layout import Layouts, Training
+from planner.layout import FieldCodes, Layouts, Training, grouped
 from planner.model import DATA_DIR, ModelSpec
 
 BREAKDOWN_KEYS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
@@ -164,12 +164,19 @@ def model_states(model: ModelSpec, cluster: Cluster, training: Training, lay: La
 
 
 def activation_bytes_per_layer(model: ModelSpec, training: Training, lay: Layouts, recompute=None) -> np.ndarray:
+    """Bytes one transformer block keeps for backward, per micro-batch, on one rank (see _layer_terms)."""
+    recompute = lay.recompute if recompute is None else recompute
+    whole, stored, layer_input = _layer_terms(model, training, lay)
+    return np.select([recompute == 0, recompute == 1], [whole, stored], layer_input)
+
+
+def _layer_terms(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
     """Bytes one transformer block keeps for backward, per micro-batch, on one rank.
 
     With GeLU 4h MLP, MHA and dropout this is exactly Korthikanti 2022 Table 2:
     sbh(34 + 5as/h) unsplit, sbh(10 + 24/t + 5as/(ht)) with TP, sbh(34/t + 5as/(ht)) with SP,
-    minus the 5as/h term under selective recompute, and 2sbh under full recompute."""
-    recompute = lay.recompute if recompute is None else recompute
+    minus the 5as/h term under selective recompute, and 2sbh under full recompute.
+    Returns (no recompute, selective recompute, full recompute) bytes."""
     t = lay.tp.astype(np.float64)
     s = training.seq_len / lay.cp  # context parallelism splits the sequence
     b = lay.mbs
@@ -198,7 +205,7 @@ def activation_bytes_per_layer(model: ModelSpec, training: Training, lay: Layout
     stored = replicated + qkv + mlp
     full_layer = stored + core
     layer_input = e * sbh / rep  # the only tensor full recompute keeps
-    return np.select([recompute == 0, recompute == 1], [full_layer, stored], layer_input)
+    return full_layer, stored, layer_input
 
 
 def microbatches_in_flight(lay: Layouts, stage) -> np.ndarray:
@@ -223,12 +230,12 @@ def activations(model: ModelSpec, training: Training, lay: Layouts, stage) -> tu
     rep = np.where(lay.sequence_parallel > 0, t, 1.0)
     n_layers = layers_on_stage(model, lay, stage)
     in_flight = microbatches_in_flight(lay, stage)
-    kept = activation_bytes_per_layer(model, training, lay) * n_layers * in_flight
+    whole, stored, layer_input = _layer_terms(model, training, lay)
+    full, selective = lay.recompute == 2, lay.recompute == 1
+    kept = np.select([full, selective], [layer_input, stored], whole) * n_layers * in_flight
     # recomputation in backward materialises, for one block and micro-batch at a time, what it
     # dropped: the whole block under full recompute, the attention core under selective
-    whole = activation_bytes_per_layer(model, training, lay, recompute=0)
-    core = whole - activation_bytes_per_layer(model, training, lay, recompute=1)
-    working = np.select([lay.recompute == 2, lay.recompute == 1], [whole, core], 0.0)
+    working = np.select([full, selective], [whole, whole - stored], 0.0)
     first, last = stage == 0, stage == lay.pp - 1
     # embedding dropout mask (Korthikanti section 4.3), per in-flight micro-batch, first stage
     embed = first * (1.0 if model.dropout else 0.0) * s * b * model.hidden / rep * np.ceil(in_flight)
@@ -293,36 +300,66 @@ def process_groups(lay: Layouts) -> np.ndarray:
 # the rank
 
 
+STATE_FIELDS = ("tp", "pp", "dp", "cp", "ep", "zero", "offload_optimizer", "offload_params")
+ACTIVATION_FIELDS = ("tp", "pp", "cp", "mbs", "gas", "recompute", "sequence_parallel", "vpp", "schedule")
+
+
+def _stage(where, lay: Layouts):
+    """'first' / 'last' pipeline stage of each candidate, or an explicit stage array."""
+    return {"first": 0 * lay.pp, "last": lay.pp - 1}.get(where, where) if isinstance(where, str) else where
+
+
+def _states_part(model, cluster, training, lay, where) -> dict:
+    stage = _stage(where, lay)
+    states = model_states(model, cluster, training, lay, stage)
+    fwd, step = engine_buffers(model, training, lay, states, stage)
+    return {"params": states["params"], "grads": states["grads"], "optimizer": states["optimizer"],
+            "cpu": states["cpu"], "fwd_buffers": fwd, "step_buffers": step}
+
+
+def _activation_part(model, training, lay, where) -> dict:
+    acts, logits = activations(model, training, lay, _stage(where, lay))
+    return {"activations": acts, "logits": logits}
+
+
 def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, stage=None) -> dict:
-    """Peak GPU bytes of one rank of `stage` (default: the larger of the first and last stage).
+    """Peak GPU bytes of one rank of `stage` (default: the larger of the first and last stage,
+    which hold the most: embedding and most in-flight micro-batches, or output layer and logits).
 
     Returns {key: array} for BREAKDOWN_KEYS, 'total', 'cpu_per_node' and 'phase'
-    (0: forward/backward peak, 1: optimizer-step peak)."""
+    (0: forward/backward peak, 1: optimizer-step peak). Model states and activations depend on
+    different layout fields, so each is evaluated once per distinct combination of its fields."""
     if stage is None:
-        first = rank_memory(model, cluster, training, lay, 0 * lay.pp)
-        last = rank_memory(model, cluster, training, lay, lay.pp - 1)
+        codes = FieldCodes(lay)
+        first = _combine(model, cluster, training, lay, "first", codes)
+        last = _combine(model, cluster, training, lay, "last", codes)
         pick = last["total"] > first["total"]
         return {k: np.where(pick, last[k], first[k]) for k in first}
+    return _combine(model, cluster, training, lay, stage, None)
+
+
+def _combine(model, cluster, training, lay, where, codes) -> dict:
+    """Both phases of a step on one stage, their larger peak, and the overheads on top."""
+    if codes is None:
+        states = _states_part(model, cluster, training, lay, where)
+        acts = _activation_part(model, training, lay, where)
+    else:
+        states = grouped(codes, STATE_FIELDS, lambda sub: _states_part(model, cluster, training, sub, where))
+        acts = grouped(codes, ACTIVATION_FIELDS, lambda sub: _activation_part(model, training, sub, where))
     coef = coefficients("memory")
-    states = model_states(model, cluster, training, lay, stage)
-    acts, logits = activations(model, training, lay, stage)
-    fwd_buffers, step_buffers = engine_buffers(model, training, lay, states, stage)
-    fwd_peak = acts + logits + fwd_buffers
-    step_peak = step_buffers
-    phase = (step_peak > fwd_peak).astype(np.int64)
-    acts = np.where(phase, 0.0, acts)
-    logits = np.where(phase, 0.0, logits)
-    buffers = np.where(phase, step_buffers, fwd_buffers)
-    tensors = states["params"] + states["grads"] + states["optimizer"] + acts + logits + buffers
-    overhead = (coef["cuda_context_bytes"] + coef["nccl_bytes_per_group"] * process_groups(lay)
-                + coef["allocator_fragmentation"] * tensors)
+    fwd_peak = acts["activations"] + acts["logits"] + states["fwd_buffers"]
+    phase = (states["step_buffers"] > fwd_peak).astype(np.int64)
     out = {
         "params": states["params"], "grads": states["grads"], "optimizer": states["optimizer"],
-        "activations": acts, "logits": logits, "buffers": buffers, "overhead": overhead,
+        "activations": np.where(phase, 0.0, acts["activations"]), "logits": np.where(phase, 0.0, acts["logits"]),
+        "buffers": np.where(phase, states["step_buffers"], states["fwd_buffers"]),
     }
+    tensors = sum(out.values())
+    out["overhead"] = (coef["cuda_context_bytes"] + coef["nccl_bytes_per_group"] * process_groups(lay)
+                       + coef["allocator_fragmentation"] * tensors)
     out = {k: np.ceil(np.broadcast_to(v, lay.tp.shape)) for k, v in out.items()}
     out["total"] = sum(out[k] for k in BREAKDOWN_KEYS)
-    out["cpu_per_node"] = np.broadcast_to(states["cpu"] * np.minimum(cluster.gpus_per_node, cluster.num_gpus), lay.tp.shape)
+    out["cpu_per_node"] = np.broadcast_to(states["cpu"] * min(cluster.gpus_per_node, cluster.num_gpus), lay.tp.shape)
     out["phase"] = np.broadcast_to(phase, lay.tp.shape)
     return out
 

@@ -399,7 +399,7 @@ def _llama3_ffn(hidden: int) -> int:
 def derive_shape(target_params: float, **overrides) -> ModelSpec:
     """A Llama-3-style shape whose exact count is nearest `target_params`; overrides win.
 
-    Free choices: depth L in 2..256 and query heads a (hidden = 128 a, KV heads gcd(a, 8), ffn by
+    Free choices: depth L (2..256, within 1.5x of the depth a 12 L h^2 stack with h = 128 L needs) and query heads a (hidden = 128 a, KV heads gcd(a, 8), ffn by
     the Llama-3 rule, vocab 128,256, untied). Score: |log(count / target)|, plus 0.005 per halving
     of the KV heads below 8 (the family uses 8), plus 0.02 |log((h / L) / 128)| (aspect ratio).
     With L free the count is matched by depth, so 8 KV heads nearly always win; with L fixed the
@@ -458,7 +458,10 @@ def derive_shape(target_params: float, **overrides) -> ModelSpec:
         return abs(math.log(spec.params / target_params)) + kv_penalty + 0.02 * aspect
 
     best, best_score = None, math.inf
-    for layers in [fixed["layers"]] if "layers" in fixed else range(2, 257):
+    # depths near the one a 12 L h^2 block stack with h = 128 L would need (Kaplan et al. 2020 eq. 2.1)
+    depth = (target_params / (12 * _DERIVED_WIDTH_PER_LAYER**2)) ** (1 / 3)
+    depths = range(max(2, int(depth / 1.5)), min(256, int(depth * 1.5) + 2) + 1)
+    for layers in [fixed["layers"]] if "layers" in fixed else depths:
         # the count grows with the heads: bisect for the first choice at or above the target,
         # then score a window around it (wide enough to reach the nearest multiples of 8)
         lo, hi = 0, len(head_choices) - 1

@@ -23,33 +23,34 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def enumerate_layouts(model: ModelSpec, cluster: Cluster, training: Training, max_mbs: int = 16) -> Layouts:
-    """Every combination of the searched dimensions (rules are applied afterwards, vectorized).
+def enumerate_layouts(model: ModelSpec, cluster: Cluster, training: Training, max_mbs: int = 16) -> tuple:
+    """Every combination of the searched dimensions, and how many were dropped for divisibility.
 
     tp: divisors of the node size; pp: divisors of gpus/tp up to L; cp: 1-8; dp = gpus/(tp pp cp);
-    vpp: a few values; ZeRO 0-3; offload none/cpu/nvme for optimizer and params; mbs 1..max_mbs
-    (gas = gbs/(mbs dp)); recompute none/selective/full; sequence parallel off/on."""
+    vpp: a few values; mbs 1..max_mbs; ZeRO 0-3; offload none/cpu/nvme for optimizer and params;
+    recompute none/selective/full; sequence parallel off/on; ep: divisors of the expert count.
+    (tp, pp, cp, dp, mbs, vpp) combinations whose batch or layers do not divide are dropped before
+    the product (counted as 'divisibility'); every other rule is applied afterwards, vectorized."""
     g = cluster.num_gpus
-    struct = []
-    for tp in divisors(min(cluster.gpus_per_node, g)):
-        for pp in divisors(g // tp):
-            if pp > model.layers:
-                continue
-            for cp in CP_CHOICES:
-                if (g // tp // pp) % cp == 0:
-                    struct.append((tp, pp, cp, g // (tp * pp * cp)))
-    struct = np.array(struct, dtype=np.int64).reshape(-1, 4)
-    experts = [e for e in divisors(model.experts)]
-    grids = np.meshgrid(
-        np.arange(len(struct)), np.array(VPP_CHOICES), np.arange(4), np.arange(3), np.arange(3),
-        np.arange(1, max_mbs + 1), np.arange(3), np.arange(2), np.array(experts), indexing="ij", copy=False,
-    )
-    s, vpp, zero, oo, op, mbs, rc, sp, ep = (x.ravel() for x in grids)
+    struct = np.array([(tp, pp, cp, g // (tp * pp * cp))
+                       for tp in divisors(min(cluster.gpus_per_node, g)) for pp in divisors(g // tp)
+                       for cp in CP_CHOICES if (g // tp // pp) % cp == 0], dtype=np.int64).reshape(-1, 4)
+    s, mbs, vpp = (x.ravel() for x in np.meshgrid(np.arange(len(struct)), np.arange(1, max_mbs + 1),
+                                                   np.array(VPP_CHOICES), indexing="ij"))
     tp, pp, cp, dp = (struct[s, j] for j in range(4))
-    gbs = training.gbs
-    gas = np.where(gbs % (mbs * dp) == 0, gbs // (mbs * dp), 0)  # 0 marks a batch that does not divide
-    return Layouts(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, zero=zero, offload_optimizer=oo, offload_params=op,
-                   mbs=mbs, gas=gas, recompute=rc, sequence_parallel=sp, schedule=np.where(vpp > 1, 1, 0))
+    keep = (training.gbs % (mbs * dp) == 0) & (pp <= model.layers)
+    keep &= (vpp == 1) | ((pp > 1) & (model.layers % (pp * vpp) == 0))
+    experts = np.array(divisors(model.experts))
+    rest = (4, 3, 3, 3, 2, experts.size)  # zero, offload_optimizer, offload_params, recompute, sp, ep
+    dropped = int(np.count_nonzero(~keep)) * int(np.prod(rest))
+    base = np.flatnonzero(keep)
+    grids = np.meshgrid(base, *(np.arange(n) for n in rest), indexing="ij")
+    b, zero, oo, op, rc, sp, e = (x.ravel() for x in grids)
+    tp, pp, cp, dp, mbs, vpp = (a[b] for a in (tp, pp, cp, dp, mbs, vpp))
+    lay = Layouts(tp=tp, pp=pp, dp=dp, cp=cp, ep=experts[e], vpp=vpp, zero=zero, offload_optimizer=oo,
+                  offload_params=op, mbs=mbs, gas=training.gbs // (mbs * dp), recompute=rc, sequence_parallel=sp,
+                  schedule=np.where(vpp > 1, 1, 0))
+    return lay, dropped
 
 
 def first_violation(model, cluster, training, lay) -> np.ndarray:
@@ -64,16 +65,17 @@ def first_violation(model, cluster, training, lay) -> np.ndarray:
 def search(model: ModelSpec, cluster: Cluster, training: Training, headroom: float = 0.05, max_mbs: int = 16) -> dict:
     """All candidates, the ones that fit ranked by tokens/s, and rejection counts per reason."""
     start = time.perf_counter()
-    lay = enumerate_layouts(model, cluster, training, max_mbs)
+    lay, dropped = enumerate_layouts(model, cluster, training, max_mbs)
     reason, groups = first_violation(model, cluster, training, lay)
     rejected = {g: int(np.count_nonzero(reason == i)) for i, g in enumerate(groups)}
+    rejected["divisibility"] = rejected.get("divisibility", 0) + dropped
     valid = lay.take(reason < 0)
     ev = report.evaluate(model, cluster, training, valid, headroom)
     rejected["out of memory"] = int(np.count_nonzero(~ev["fits"]))
     tokens_per_s = np.where(ev["fits"], ev["time"]["throughput"]["tokens_per_s"], -np.inf)
     order = np.lexsort((ev["memory"]["total"], -tokens_per_s))
     order = order[np.isfinite(tokens_per_s[order])]
-    return {"candidates": lay.size, "valid": valid, "eval": ev, "order": order,
+    return {"candidates": lay.size + dropped, "valid": valid, "eval": ev, "order": order,
             "rejected": {k: v for k, v in rejected.items() if v}, "elapsed_s": time.perf_counter() - start}
 
 
@@ -109,7 +111,7 @@ def what_would_fit(model, cluster, training, headroom, max_mbs) -> list[str]:
     from planner.hardware import Cluster as C
 
     hints = []
-    lay = enumerate_layouts(model, cluster, training, max_mbs)
+    lay, _ = enumerate_layouts(model, cluster, training, max_mbs)
     reason, _ = first_violation(model, cluster, training, lay)
     valid = lay.take(reason < 0)
     capacity = cluster.gpu.memory_bytes * (1 - headroom)

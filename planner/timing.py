@@ -14,12 +14,10 @@ appendix B); times use what the kernels really do (FlashAttention skips masked b
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import numpy as np
 
 from planner.hardware import GPU, Cluster
-from planner.layout import Layouts, Training
+from planner.layout import FieldCodes, Layouts, Training, grouped
 from planner.memory import coefficients, layers_on_stage, rank_params, state_bytes_per_param
 from planner.model import ModelSpec
 
@@ -205,10 +203,10 @@ def step_time(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
     Each part depends on a few fields only, so it is evaluated once per distinct combination of
     those fields and gathered back (the same formulas; ~1e6 candidates in a fraction of a second)."""
     c = coefficients("time")
-    codes = _FieldCodes(lay)
-    per_step = _grouped(codes, ("tp", "pp", "dp", "cp", "ep", "gas", "zero", "offload_optimizer", "offload_params"),
+    codes = FieldCodes(lay)
+    per_step = grouped(codes, ("tp", "pp", "dp", "cp", "ep", "gas", "zero", "offload_optimizer", "offload_params"),
                         lambda sub: _per_step(model, cluster, training, sub, c))
-    pipe = _grouped(codes, ("tp", "pp", "dp", "cp", "ep", "gas", "mbs", "recompute", "sequence_parallel", "vpp",
+    pipe = grouped(codes, ("tp", "pp", "dp", "cp", "ep", "gas", "mbs", "recompute", "sequence_parallel", "vpp",
                             "schedule"), lambda sub: _pipeline(model, cluster, training, sub, c))
     # overlapped communication hides only behind the compute it overlaps with; the excess is exposed
     busy = pipe["compute"] + pipe["recompute"]
@@ -333,60 +331,6 @@ def _per_step(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
     offload = offload + np.where(lay.offload_params > 0, 2.0 * m * param_up * (1 - c["zero3_gather_overlap_fraction"])
                                  + (~offload_opt) * partition * w / pcie, 0.0)
     return {"dp_exposed": dp_exposed, "dp_hideable": dp_hideable, "offload": offload, "optimizer": optimizer}
-
-
-class _FieldCodes:
-    """Layouts fields as small integer codes for grouping, computed once per field: the value itself
-    when small, else its rank among the field's distinct values."""
-
-    def __init__(self, lay: Layouts):
-        self.lay, self.cache = lay, {}
-
-    def __call__(self, name: str, compress: bool = False) -> tuple[np.ndarray, int]:
-        if (name, compress) not in self.cache:
-            col = getattr(self.lay, name).ravel()
-            low, high = int(col.min()), int(col.max())
-            if not compress and 0 <= low and high < 64:
-                code = (col, high + 1)
-            elif high - low < 1 << 20:
-                present = np.zeros(high - low + 1, dtype=bool)
-                shifted = col - low if low else col
-                present[shifted] = True
-                code = (np.take(np.cumsum(present) - 1, shifted), int(present.sum()))
-            else:
-                distinct, inverse = np.unique(col, return_inverse=True)
-                code = (inverse.ravel(), distinct.size)
-            self.cache[name, compress] = code
-        return self.cache[name, compress]
-
-
-def _grouped(codes: _FieldCodes, names: tuple, fn) -> dict:
-    """fn(sub-Layouts) evaluated once per distinct combination of fields `names`, gathered back to the full
-    shape; fn must depend on those fields only (elementwise formulas give identical values)."""
-    lay = codes.lay
-    if lay.size == 0:
-        return {k: np.zeros(lay.tp.shape) for k in fn(lay)}
-    limit = max(1 << 22, 4 * lay.size)
-    compress = np.prod([float(codes(name)[1]) for name in names]) > limit
-    key, space = codes(names[0], compress)[0].astype(np.int64), codes(names[0], compress)[1]
-    for name in names[1:]:  # mixed-radix code
-        code, span = codes(name, compress)
-        key *= span
-        key += code
-        space *= span
-    if space <= limit:  # dense table: O(N), no sort
-        rep = np.full(space, -1, dtype=np.int64)
-        rep[key] = np.arange(key.size)
-        distinct = np.flatnonzero(rep >= 0)
-        slot = np.empty(space, dtype=np.int64)
-        slot[distinct] = np.arange(distinct.size)
-        first, inverse = rep[distinct], np.take(slot, key)
-    else:
-        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-        inverse = inverse.ravel()
-    sub = Layouts(**{f.name: getattr(lay, f.name).ravel()[first] for f in fields(Layouts)})
-    return {k: np.take(np.maximum(np.broadcast_to(v, sub.tp.shape), 0.0), inverse).reshape(lay.tp.shape)
-            for k, v in fn(sub).items()}
 
 
 def throughput(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, step_s) -> dict:
