@@ -177,14 +177,14 @@ def test_memory_never_rises_with_parallelism_or_recompute(model, kw):
         kw["tp"] = 1
     ref = total(model, layout.single(**kw))
     if kw["zero"] < 3:
-        assert total(model, layout.single(**{**kw, "zero": kw["zero"] + 1})) <= ref * (1 + 1e-9)
+        assert total(model, layout.single(**{**kw, "zero": kw["zero"] + 1})) <= ref * (1 + 1e-6)  # parts are rounded up to whole bytes
     if kw["tp"] < 8 and model.heads % (2 * kw["tp"]) == 0 and model.kv_heads % (2 * kw["tp"]) == 0:
-        assert total(model, layout.single(**{**kw, "tp": 2 * kw["tp"]})) <= ref * (1 + 1e-9)
+        assert total(model, layout.single(**{**kw, "tp": 2 * kw["tp"]})) <= ref * (1 + 1e-6)  # parts are rounded up to whole bytes
     if model.layers % (2 * kw["pp"]) == 0 and kw["gas"] >= 2 * kw["pp"]:
-        assert total(model, layout.single(**{**kw, "pp": 2 * kw["pp"]})) <= ref * (1 + 1e-9)
+        assert total(model, layout.single(**{**kw, "pp": 2 * kw["pp"]})) <= ref * (1 + 1e-6)  # parts are rounded up to whole bytes
     r = layout.RECOMPUTE.index(kw["recompute"])
     if r < 2:
-        assert total(model, layout.single(**{**kw, "recompute": layout.RECOMPUTE[r + 1]})) <= ref * (1 + 1e-9)
+        assert total(model, layout.single(**{**kw, "recompute": layout.RECOMPUTE[r + 1]})) <= ref * (1 + 1e-6)  # parts are rounded up to whole bytes
 
 
 @settings(max_examples=60, deadline=None)
