@@ -246,7 +246,7 @@ def rule_violations(model: ModelSpec, cluster: Cluster, training: Training, lay:
     """{reason: (bool array of candidates breaking it, message for one layout)}; reasons are grouped
     'divisibility', 'topology' and 'engine rule' by the search's rejection counts."""
     t, p, d, c, e, v, z = lay.tp, lay.pp, lay.dp, lay.cp, lay.ep, lay.vpp, lay.zero
-    oo, op, r, sp = lay.offload_optimizer, lay.offload_params, lay.recompute, lay.sequence_parallel
+    oo, op, _r, sp = lay.offload_optimizer, lay.offload_params, lay.recompute, lay.sequence_parallel
     ds = training.uses_deepspeed
     megatron = training.engine in ("megatron", "megatron-deepspeed")
     L = model.layers

@@ -73,7 +73,9 @@ def search(model: ModelSpec, cluster: Cluster, training: Training, headroom: flo
     ev = report.evaluate(model, cluster, training, valid, headroom)
     rejected["out of memory"] = int(np.count_nonzero(~ev["fits"]))
     tokens_per_s = np.where(ev["fits"], ev["time"]["throughput"]["tokens_per_s"], -np.inf)
-    order = np.lexsort((ev["memory"]["total"], -tokens_per_s))
+    # fastest first; among equals, the simpler layout (less offload, less recompute), then less memory
+    simpler = valid.offload_optimizer + valid.offload_params
+    order = np.lexsort((ev["memory"]["total"], valid.recompute, simpler, -np.round(tokens_per_s, 6)))
     order = order[np.isfinite(tokens_per_s[order])]
     return {"candidates": lay.size + dropped, "valid": valid, "eval": ev, "order": order,
             "rejected": {k: v for k, v in rejected.items() if v}, "elapsed_s": time.perf_counter() - start}

@@ -12,7 +12,6 @@ Fine for CI as a whole: no marker needed, the full file runs in ~25 s on one CPU
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest

@@ -1,0 +1,47 @@
+"""`planner validate` against the published runs in data/references (sources on every record).
+
+Bounds are what the model holds today with the priors of data/coefficients.json, no per-case
+tuning; a change that worsens them fails here. The figures are quoted in the README."""
+
+import io
+
+import numpy as np
+
+from planner import cli, validate
+
+ROWS = validate.compare()
+
+
+def errors(prefix, id_part=""):
+    return np.array([r["error"] for r in ROWS if r["metric"].startswith(prefix) and id_part in r["id"]])
+
+
+def test_every_comparable_record_is_compared():
+    # 22 Narayanan TFLOP/s figures, 8 Korthikanti Table 5 iteration times, 8 Figure 1 activation sizes
+    assert len(errors("TFLOP/s")) == 22 and len(errors("iteration")) == 8 and len(errors("activation")) == 8
+
+
+def test_megatron_ptd_throughput_mape():
+    ptd = np.concatenate([errors("TFLOP/s", "-t1-"), errors("TFLOP/s", "-ptd-"), errors("iteration")])
+    assert np.mean(np.abs(ptd)) < 0.10  # 8.5% today; every case optimistic (Narayanan T1/T2, Korthikanti T5)
+    assert np.max(np.abs(ptd)) < 0.16
+
+
+def test_activation_memory_mape():
+    assert np.mean(np.abs(errors("activation"))) < 0.04  # 2.4% vs Korthikanti 2022 Figure 1
+
+
+def test_zero3_trend_and_gap():
+    # Narayanan Table 2 (DeepSpeed ZeRO-3 of 2021): measured 144 > 88 > 44 TFLOP/s as GPUs double at a
+    # fixed batch; the model reproduces the fall but stays optimistic (known gap, README)
+    z = {r["id"]: r["predicted"] for r in ROWS if "zero3" in r["id"]}
+    assert z["narayanan2021-t2-zero3-174.6B-384gpu"] > z["narayanan2021-t2-zero3-174.6B-768gpu"] \
+        > z["narayanan2021-t2-zero3-174.6B-1536gpu"]
+    assert np.mean(np.abs(errors("TFLOP/s", "zero3"))) < 0.90  # 69% today
+
+
+def test_overall_mape_and_cli():
+    assert validate.mape(ROWS) < 0.20  # 16.4% over all 38 figures today
+    out = io.StringIO()
+    assert cli.main(["validate"], out=out) == 0
+    assert "MAPE all 38 figures" in out.getvalue()
