@@ -280,6 +280,9 @@ def rule_violations(model: ModelSpec, cluster: Cluster, training: Training, lay:
         "megatron_layers": (megatron & (L % p != 0), f"--pp: Megatron needs --pp dividing the layer count {L}"),
         # FSDP has no pipeline engine of its own in this planner; shard stages map to ZeRO 0/2/3
         "fsdp_rules": ((training.engine == "fsdp") & ((p > 1) | (z == 1)), "--engine fsdp: takes --pp 1 and --zero 0, 2 or 3"),
+        # FSDP2 CPUOffloadPolicy moves params, grads and optimizer step to the CPU together; no NVMe
+        "fsdp_offload": ((training.engine == "fsdp") & ((oo != op) | (oo == 2)),
+                         "--offload-optimizer/--offload-params: FSDP offloads both to cpu together (no nvme)"),
     }
     return {k: (np.broadcast_to(np.asarray(mask, dtype=bool), lay.tp.shape), msg) for k, (mask, msg) in rules.items()}
 
@@ -290,6 +293,7 @@ REASON_GROUP = {
     "tp_node": "topology", "zero_range": "engine rule", "offload_params_zero3": "engine rule",
     "offload_needs_deepspeed": "engine rule", "offload_optimizer_zero": "engine rule", "sp_needs_tp": "engine rule",
     "ds_pipe_zero": "engine rule", "ds_no_tp": "engine rule", "megatron_zero": "engine rule", "fsdp_rules": "engine rule",
+    "fsdp_offload": "engine rule",
 }
 
 

@@ -127,14 +127,20 @@ def what_would_fit(model, cluster, training, headroom, max_mbs) -> list[str]:
             continue
         other = search(model, cluster, replace(training, engine=engine), headroom, max_mbs)
         if len(other["order"]):
-            hints.append(f"--engine {engine} fits ({short(other['valid'].row(int(other['order'][0])))})")
+            hints.append(f"--engine {engine} fits ({_best(other)})")
     for factor in (2, 4, 8, 16):
         bigger = C(cluster.gpu, cluster.num_gpus * factor, cluster.gpus_per_node)
         res = search(model, bigger, training, headroom, max_mbs)
         if len(res["order"]):
-            hints.append(f"--gpus {bigger.num_gpus} fits ({short(res['valid'].row(int(res['order'][0])))})")
+            hints.append(f"--gpus {bigger.num_gpus} fits ({_best(res)})")
             break
     return hints
+
+
+def _best(result: dict) -> str:
+    """The fastest fitting layout of a search result with its memory per GPU."""
+    i = int(result["order"][0])
+    return f"{short(result['valid'].row(i))}, {result['eval']['memory']['total'][i] / 2**30:.1f} GiB per GPU"
 
 
 def run_cli(args, out) -> int:

@@ -1,0 +1,109 @@
+"""`planner recommend`: the enumerated space, the rules, the ranking and its agreement with estimate."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+from planner import cli, hardware, layout, search
+from planner.model import lookup
+
+
+def recommend(*argv):
+    out = io.StringIO()
+    code = cli.main(["recommend", *argv], out=out)
+    return code, out.getvalue()
+
+
+def test_space_size_is_the_product_of_the_searched_choices():
+    model = lookup("llama-2-7b")
+    cluster = hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 8, 8)
+    res = search.search(model, cluster, layout.Training(gbs=64, engine="megatron-deepspeed"))
+    # (tp, pp, cp, dp) with tp*pp*cp*dp = 8 = 2^3 and every factor a power of two: C(3+3, 3) = 20
+    # ways; x 16 micro-batch sizes x 6 vpp choices x 4 ZeRO x 3 x 3 offloads x 3 recompute x 2 SP
+    assert res["candidates"] == 20 * 16 * 6 * 4 * 3 * 3 * 3 * 2
+    assert sum(res["rejected"].values()) + len(res["order"]) == res["candidates"]
+
+
+def test_recommended_layouts_obey_the_rules_and_fit():
+    code, text = recommend("--model", "llama-2-13b", "--gpus", "16", "--gbs", "128", "--engine",
+                           "megatron-deepspeed", "--top", "20", "--json")
+    assert code == 0
+    d = json.loads(text)
+    assert d["candidates_evaluated"] >= sum(d["rejected"].values()) + len(d["layouts"])
+    speeds = [r["throughput"]["tokens_per_s"] for r in d["layouts"]]
+    assert speeds == sorted(speeds, reverse=True)
+    for r in d["layouts"]:
+        lay, mem = r["layout"], r["memory"]
+        assert lay["tp"] * lay["pp"] * lay["dp"] * lay["cp"] == 16
+        assert lay["mbs"] * lay["gas"] * lay["dp"] == 128
+        assert 40 % lay["tp"] == 0 and lay["tp"] <= 8  # Llama-2-13B has 40 heads; TP inside a node
+        assert not (lay["pp"] > 1 and lay["zero"] >= 2)  # DeepSpeed's pipeline engine: ZeRO 0/1 only
+        assert mem["fits"] and mem["gpu_bytes"] <= 0.95 * mem["capacity_bytes"]
+
+
+def test_recommend_agrees_with_estimate_of_the_same_layout():
+    code, text = recommend("--model", "llama-2-7b", "--gpus", "8", "--gbs", "64", "--json", "--top", "1")
+    best = json.loads(text)["layouts"][0]
+    lay = best["layout"]
+    argv = ["estimate", "--model", "llama-2-7b", "--gpus", "8", "--gbs", "64", "--json", "--engine", "deepspeed"]
+    for flag in ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "mbs"):
+        argv += [f"--{flag}", str(lay[flag])]
+    argv += ["--recompute", lay["recompute"], "--offload-optimizer", lay["offload_optimizer"],
+             "--offload-params", lay["offload_params"]] + (["--sequence-parallel"] if lay["sequence_parallel"] else [])
+    out = io.StringIO()
+    assert cli.main(argv, out=out) == 0
+    est = json.loads(out.getvalue())
+    assert est["memory"]["gpu_bytes"] == best["memory"]["gpu_bytes"]
+    assert est["time"]["step_s"] == pytest.approx(best["time"]["step_s"], rel=1e-12)
+
+
+def test_engine_rules_shape_the_answer():
+    model = lookup("llama-2-70b")
+    cluster = hardware.Cluster(hardware.lookup_gpu("a100-80gb"), 32, 8)
+    for engine in layout.ENGINES:
+        res = search.search(model, cluster, layout.Training(gbs=256, engine=engine))
+        v = res["valid"]
+        if engine == "deepspeed":
+            assert (v.tp == 1).all() and not ((v.pp > 1) & (v.zero >= 2)).any()
+        if engine == "megatron":
+            assert (v.zero <= 1).all() and (v.offload_optimizer == 0).all() and (80 % v.pp == 0).all()
+        if engine == "fsdp":
+            assert (v.pp == 1).all() and (v.zero != 1).all()
+
+
+def test_nothing_fits_says_what_would(capsys):
+    code, text = recommend("--params", "1e12", "--gpus", "8", "--engine", "megatron")
+    assert code == 2
+    assert "nothing fits" in text and "GiB per GPU" in text and "--engine deepspeed fits" in text
+
+
+def test_emit_from_recommend(tmp_path):
+    code, text = recommend("--model", "llama-2-7b", "--gpus", "8", "--gbs", "64", "--json", "--emit", str(tmp_path))
+    assert code == 0
+    emitted = json.loads(text)["layouts"][0]["emitted"]
+    cfg = json.loads((tmp_path / "ds_config.json").read_text())
+    best = json.loads(text)["layouts"][0]["layout"]
+    assert str(tmp_path / "ds_config.json") in emitted
+    assert cfg["train_batch_size"] == 64 == best["mbs"] * best["gas"] * best["dp"]
+    assert cfg["zero_optimization"]["stage"] == best["zero"]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--params", "70e9", "--gpus", "16", "--gbs", "64", "--tokens-per-step", "1e6"], "--gbs"),
+    (["--model", "llama-2-7b", "--params", "7e9", "--gpus", "8"], "--model"),
+    (["--params", "70e9", "--gpus", "12"], "--gpus"),
+    (["--params", "70e9", "--gpus", "16", "--memory-headroom", "1.5"], "--memory-headroom"),
+])
+def test_recommend_bad_input(argv, flag, capsys):
+    code, _ = recommend(*argv)
+    err = capsys.readouterr().err
+    assert code == 2 and flag in err and err.count("\n") == 1
+
+
+def test_search_is_one_vectorized_pass_over_arrays():
+    model = lookup("llama-3-8b")
+    cluster = hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 64, 8)
+    lay, dropped = search.enumerate_layouts(model, cluster, layout.Training(gbs=512))
+    assert isinstance(lay.tp, np.ndarray) and lay.tp.ndim == 1 and lay.size > 100_000
