@@ -36,6 +36,8 @@ class GPU:
     """CPU memory of one node (ZeRO-Offload capacity)."""
     nvme_bytes_per_s_per_node: float
     """Aggregate NVMe bandwidth per node (ZeRO-Infinity)."""
+    attention_efficiency: float = 0.0
+    """Fraction of the 16-bit peak FlashAttention reaches on this GPU (0: the global prior)."""
     source: str = ""
     """Datasheets and assumptions behind the numbers."""
 
@@ -89,6 +91,7 @@ def load_gpus(path: Path | None = None) -> dict[str, GPU]:
             gpus_per_node=int(e["gpus_per_node"]),
             host_ram_bytes_per_node=int(e["host_ram_gib_per_node"] * 2**30),
             nvme_bytes_per_s_per_node=e["nvme_gb_per_s_per_node"] * 1e9,
+            attention_efficiency=float(e.get("attention_efficiency", 0.0)),
             source=e["source"],
         )
         for key in [e["name"], *e.get("aliases", [])]:

@@ -135,7 +135,7 @@ def _microbatch(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
     # attention core QK^T + AV: 4*T*s*q/t FLOPs; causal FlashAttention skips the masked half
     # (Dao 2023, FlashAttention-2 s.3.1.1) and its backward runs 5 matmuls to the forward's 2 (s.3.1.2)
     core_flops = 4.0 * T * s * q / t * (0.5 if flash else 1.0)
-    core_fwd = core_flops / (peak * c["attention_efficiency"])
+    core_fwd = core_flops / (peak * (gpu.attention_efficiency or c["attention_efficiency"]))
     core_bwd = core_fwd * (2.5 if flash else 2.0)
     if not flash:
         # unfused a*s^2 score tensors per rank (Megatron FusedScaleMaskSoftmax + dropout): fwd writes S,
@@ -149,7 +149,10 @@ def _microbatch(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
     # 10sbh); the activation function (GeLU r f, w f; SwiGLU r 2f, w f) and rotary (r+w q, k) split by t
     act = (2 if model.ffn_kind == "gelu" else 3) * e * f * k
     rope = 2 * e * (q + kv) if model.positions == "rotary" else 0.0
-    elem_fwd = T * ((10 * e + 2 * drop) * h / rep + (act + rope) / t) / hbm
+    replicated = (10 * e + 2 * drop) * h
+    if training.engine in ("deepspeed", "fsdp"):
+        replicated, act, rope = _eager_elementwise_bytes(model, e)
+    elem_fwd = T * (replicated / rep + (act + rope) / t) / hbm
     elem_bwd = 1.5 * elem_fwd  # backward reads grad-out and saved input, writes grad-in: 3 tensors vs 2
     layer_fwd = gemm_fwd + core_fwd + elem_fwd
     layer_bwd = 2.0 * gemm_fwd + core_bwd + elem_bwd  # dgrad + wgrad GEMMs of each forward GEMM
@@ -185,6 +188,24 @@ def _microbatch(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
         out.update(fwd_s=layer_fwd + two_ar, bwd_s=layer_bwd + two_ar,
                    recompute_s=np.select([full, selective], [layer_fwd + two_ar, core_fwd], 0.0))
     return out
+
+
+def _eager_elementwise_bytes(model: ModelSpec, e: float) -> tuple:
+    """(replicated, activation-function, rotary) forward bytes per token of one block run as eager
+    PyTorch modules, as DeepSpeed and FSDP train Hugging Face models (transformers modeling_llama):
+    RMSNorm upcasts to fp32, squares, means, scales, downcasts and multiplies by the weight
+    (r e+w 4, r 4+w 4, r 4, r 4+w 4, r 4+w e, r e+w e = 28 + 4e per element, two per block; LayerNorm
+    is one fused kernel, 2e); two residual adds (3e each) and dropout (r e, w e, 1-byte mask);
+    act_fn(gate) * up (2e + 3e per element; GeLU 2e); apply_rotary_pos_emb on q and k
+    (q*cos, rotate_half's slice+cat, *sin, add: 2e + 2e + 2e + 3e); the attention output's
+    transpose-reshape copy (2e per q element)."""
+    h, q, kv, f = model.hidden, model.q_width, model.kv_width, model.ffn
+    norm = (28 + 4 * e) if model.norm == "rmsnorm" else 2 * e
+    drop = (2 * e + 1) * 2 if model.dropout else 0.0
+    replicated = (2 * norm + 2 * 3 * e + drop) * h
+    act = (5 * e if model.ffn_kind == "swiglu" else 2 * e) * f * model.experts_per_token
+    rope = 9 * e * (q + kv) if model.positions == "rotary" else 0.0
+    return replicated, act, rope + 2 * e * q
 
 
 def layer_times(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> dict:
