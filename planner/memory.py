@@ -257,7 +257,9 @@ def engine_buffers(model: ModelSpec, training: Training, lay: Layouts, states: d
     flattened 16-bit gradient copy and an fp32 gradient partition (2 + 20/D B/param, not 2 + 14/D).
     ZeRO-3 holds one reduce bucket, gathered parameters kept alive by the reuse distance (the whole
     model with the 1e9 defaults), persistent small parameters, and an fp32 gradient chunk of
-    min(sub_group_size, partition) at the step. FSDP: two gathered units (current + prefetch)."""
+    min(sub_group_size, partition) at the step. FSDP: two gathered units (current + prefetch).
+    allgather_bucket_size allocates nothing: runtime/utils.py all_gather_dp_groups gathers into the
+    flat 16-bit buffer with all_gather_into_tensor whenever the backend has it (NCCL does)."""
     zc = training.zero_config
     z = lay.zero
     w = 4.0 if training.precision == "fp32" else 2.0

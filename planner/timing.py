@@ -309,7 +309,9 @@ def _per_step(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
         overlap = np.full(z.shape, training.engine == "fsdp")
     hidden_frac = np.where(overlap, c["dp_overlap_fraction_with_overlap"], c["dp_overlap_fraction"])
     # ZeRO-1/2 (and Megatron's distributed optimizer): all-gather updated 16-bit params after the step
-    ag_calls = np.ceil((dense + expert) / (zc.allgather_bucket_size if ds else bucket))
+    # DeepSpeed 0.19 runtime/utils.py all_gather_dp_groups: with all_gather_into_tensor (NCCL) one call
+    # per parameter group, allgather_bucket_size unused; Megatron gathers per DDP bucket
+    ag_calls = 1.0 if ds else np.ceil((dense + expert) / bucket)
     param_gather = np.where((z == 1) | (z == 2), ring_time_s(dense * w, n_dp, bw_dp, "all_gather", lat, ag_calls)
                             + ring_time_s(expert * w, n_edp, bw_edp, "all_gather", lat, ag_calls), 0.0)
     # ZeRO-3: params gathered in forward and again in backward every micro-step (ZeRO paper s.7),
