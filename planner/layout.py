@@ -151,6 +151,12 @@ class Layouts:
     def world(self) -> np.ndarray:
         return self.tp * self.pp * self.dp * self.cp
 
+    def codes(self) -> "FieldCodes":
+        """Per-field grouping codes, computed once per Layouts and shared by memory and timing."""
+        if "_codes" not in self.__dict__:
+            self.__dict__["_codes"] = FieldCodes(self)
+        return self.__dict__["_codes"]
+
     def take(self, index) -> "Layouts":
         """The candidates at `index` (mask or integer array)."""
         return Layouts(**{k: getattr(self, k)[index] for k in _FIELDS})
@@ -248,7 +254,6 @@ def rule_violations(model: ModelSpec, cluster: Cluster, training: Training, lay:
     t, p, d, c, e, v, z = lay.tp, lay.pp, lay.dp, lay.cp, lay.ep, lay.vpp, lay.zero
     oo, op, _r, sp = lay.offload_optimizer, lay.offload_params, lay.recompute, lay.sequence_parallel
     ds = training.uses_deepspeed
-    megatron = training.engine in ("megatron", "megatron-deepspeed")
     L = model.layers
     rules = {
         "world": (t * p * d * c != cluster.num_gpus,
@@ -277,7 +282,6 @@ def rule_violations(model: ModelSpec, cluster: Cluster, training: Training, lay:
                      "--tp/--cp/--vpp: need --engine megatron-deepspeed or megatron (DeepSpeed alone has no TP)"),
         # Megatron's distributed optimizer shards optimizer states only (ZeRO-1-like)
         "megatron_zero": ((training.engine == "megatron") & (z > 1), "--zero: Megatron's distributed optimizer is 0 or 1"),
-        "megatron_layers": (megatron & (L % p != 0), f"--pp: Megatron needs --pp dividing the layer count {L}"),
         # FSDP has no pipeline engine of its own in this planner; shard stages map to ZeRO 0/2/3
         "fsdp_rules": ((training.engine == "fsdp") & ((p > 1) | (z == 1)), "--engine fsdp: takes --pp 1 and --zero 0, 2 or 3"),
         # FSDP2 CPUOffloadPolicy moves params, grads and optimizer step to the CPU together; no NVMe
@@ -289,7 +293,7 @@ def rule_violations(model: ModelSpec, cluster: Cluster, training: Training, lay:
 
 REASON_GROUP = {
     "world": "divisibility", "tp_heads": "divisibility", "pp_layers": "divisibility", "vpp_divides": "divisibility",
-    "cp_seq": "divisibility", "ep_experts": "divisibility", "batch": "divisibility", "megatron_layers": "divisibility",
+    "cp_seq": "divisibility", "ep_experts": "divisibility", "batch": "divisibility",
     "tp_node": "topology", "zero_range": "engine rule", "offload_params_zero3": "engine rule",
     "offload_needs_deepspeed": "engine rule", "offload_optimizer_zero": "engine rule", "sp_needs_tp": "engine rule",
     "ds_pipe_zero": "engine rule", "ds_no_tp": "engine rule", "megatron_zero": "engine rule", "fsdp_rules": "engine rule",

@@ -14,7 +14,7 @@ from functools import lru_cache
 import numpy as np
 
 from planner.hardware import Cluster
-from planner.layout import FieldCodes, Layouts, Training, grouped
+from planner.layout import Layouts, Training, grouped
 from planner.model import DATA_DIR, ModelSpec
 
 BREAKDOWN_KEYS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
@@ -332,7 +332,7 @@ def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
     (0: forward/backward peak, 1: optimizer-step peak). Model states and activations depend on
     different layout fields, so each is evaluated once per distinct combination of its fields."""
     if stage is None:
-        codes = FieldCodes(lay)
+        codes = lay.codes()
         first = _combine(model, cluster, training, lay, "first", codes)
         last = _combine(model, cluster, training, lay, "last", codes)
         pick = last["total"] > first["total"]

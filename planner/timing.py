@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.hardware import GPU, Cluster
-from planner.layout import FieldCodes, Layouts, Training, grouped
+from planner.layout import Layouts, Training, grouped
 from planner.memory import coefficients, layers_on_stage, rank_params, state_bytes_per_param
 from planner.model import ModelSpec
 
@@ -224,7 +224,7 @@ def step_time(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
     Each part depends on a few fields only, so it is evaluated once per distinct combination of
     those fields and gathered back (the same formulas; ~1e6 candidates in a fraction of a second)."""
     c = coefficients("time")
-    codes = FieldCodes(lay)
+    codes = lay.codes()
     per_step = grouped(codes, ("tp", "pp", "dp", "cp", "ep", "gas", "zero", "offload_optimizer", "offload_params"),
                         lambda sub: _per_step(model, cluster, training, sub, c))
     pipe = grouped(codes, ("tp", "pp", "dp", "cp", "ep", "gas", "mbs", "recompute", "sequence_parallel", "vpp",

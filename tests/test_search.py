@@ -68,7 +68,7 @@ def test_engine_rules_shape_the_answer():
         if engine == "deepspeed":
             assert (v.tp == 1).all() and not ((v.pp > 1) & (v.zero >= 2)).any()
         if engine == "megatron":
-            assert (v.zero <= 1).all() and (v.offload_optimizer == 0).all() and (80 % v.pp == 0).all()
+            assert (v.zero <= 1).all() and (v.offload_optimizer == 0).all()
         if engine == "fsdp":
             assert (v.pp == 1).all() and (v.zero != 1).all()
 
