@@ -256,7 +256,7 @@ def cmd_estimate(args, out) -> int:
     if gbs % (args.mbs * dp):
         raise InputError(f"--gbs: {gbs} is not divisible by --mbs*--dp = {args.mbs * dp}")
     model = resolve_model(args)
-    default_engine = "megatron-deepspeed" if max(tp, cp, args.vpp) > 1 else "deepspeed"
+    default_engine = "megatron" if args.vpp > 1 else "megatron-deepspeed" if max(tp, cp) > 1 else "deepspeed"
     training = resolve_training(args, gbs, default_engine)
     cluster = resolve_cluster(args, default_gpus)
     lay = Lmod.single(tp=tp, pp=pp, dp=dp, cp=cp, ep=args.ep, vpp=args.vpp, zero=args.zero,

@@ -277,6 +277,9 @@ def rule_violations(model: ModelSpec, cluster: Cluster, training: Training, lay:
         "batch": ((lay.mbs < 1) | (lay.gas < 1), "--mbs/--gbs: must be positive, with --gbs divisible by --mbs*--dp"),
         # deepspeed/runtime/pipe/engine.py: ZeRO-2/3 are incompatible with pipeline parallelism
         "ds_pipe_zero": (ds & (p > 1) & (z >= 2), "--zero: DeepSpeed's pipeline engine takes --zero 0 or 1 when --pp > 1"),
+        # deepspeed/runtime/pipe/schedule.py has TrainSchedule (1F1B) only: no interleaving, no GPipe
+        "ds_pipe_schedule": (ds & (p > 1) & ((v > 1) | (lay.schedule != 0)),
+                             "--vpp/--schedule: DeepSpeed's pipeline engine runs 1F1B only (use --engine megatron)"),
         # plain DeepSpeed (no Megatron) has no tensor/sequence/context parallel or interleaving of its own
         "ds_no_tp": ((training.engine == "deepspeed") & ((t > 1) | (c > 1) | (v > 1)),
                      "--tp/--cp/--vpp: need --engine megatron-deepspeed or megatron (DeepSpeed alone has no TP)"),
@@ -296,7 +299,7 @@ REASON_GROUP = {
     "cp_seq": "divisibility", "ep_experts": "divisibility", "batch": "divisibility",
     "tp_node": "topology", "zero_range": "engine rule", "offload_params_zero3": "engine rule",
     "offload_needs_deepspeed": "engine rule", "offload_optimizer_zero": "engine rule", "sp_needs_tp": "engine rule",
-    "ds_pipe_zero": "engine rule", "ds_no_tp": "engine rule", "megatron_zero": "engine rule", "fsdp_rules": "engine rule",
+    "ds_pipe_zero": "engine rule", "ds_pipe_schedule": "engine rule", "ds_no_tp": "engine rule", "megatron_zero": "engine rule", "fsdp_rules": "engine rule",
     "fsdp_offload": "engine rule",
 }
 
