@@ -82,6 +82,63 @@ def persistent_params_per_layer(model: ModelSpec, lay: Layouts, threshold: int) 
     return total
 
 
+def flat_param_sizes(model: ModelSpec, tp: int, pp: int, stage: int, ep: int = 1) -> np.ndarray:
+    """Local element counts of one rank's parameters in registration order (Hugging Face / Megatron:
+    embedding, then per block q, k, v, o, MLP, the two norms, then final norm and output layer),
+    the order DeepSpeed flattens them in."""
+    attn = [model.hidden * model.q_width / tp, model.hidden * model.kv_width / tp,
+            model.hidden * model.kv_width / tp, model.q_width * model.hidden / tp]
+    if model.bias or model.qkv_bias:
+        attn += [model.q_width / tp, model.kv_width / tp, model.kv_width / tp]
+    attn += [model.hidden] if model.bias else []
+    matrices = 3 if model.ffn_kind == "swiglu" else 2
+    mlp = [model.hidden * model.ffn / tp] * matrices
+    mlp += ([model.ffn / tp] * (matrices - 1) + [model.hidden]) if model.bias else []
+    router = [model.hidden * model.experts] if model.experts > 1 else []
+    norms = [model.norm_params / (2 if model.norm == "layernorm" else 1)] * (4 if model.norm == "layernorm" else 2)
+    block = attn + router + mlp * max(model.experts // ep, 1) + norms
+    n = model.layers // pp + (stage < model.layers % pp)
+    sizes = list(np.tile(block, n))
+    if stage == 0:
+        sizes = [model.vocab * model.hidden / tp] + ([model.position_params] if model.position_params else []) + sizes
+    if stage == pp - 1:
+        sizes += [model.norm_params] + ([] if model.tied_embeddings and pp == 1 else [model.vocab * model.hidden / tp])
+    return np.ceil(np.array(sizes, dtype=np.float64))
+
+
+def _worst_partition_overlap(sizes: np.ndarray, ranks: int) -> float:
+    """Largest, over ranks, of the summed full sizes of the parameters overlapping a rank's slice of
+    the flat buffer (padded to a multiple of 2 x ranks: stage_1_and_2.py round_robin / alignment)."""
+    total = sizes.sum()
+    part = np.ceil(total / (2 * ranks)) * 2  # elements per rank
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    lo = np.arange(ranks) * part
+    first = np.searchsorted(ends, lo, side="right")
+    last = np.searchsorted(starts, lo + part, side="left")
+    csum = np.concatenate([[0.0], ends])
+    return float(np.max(csum[last] - csum[first]))
+
+
+def deepspeed_grad_partition_excess(model: ModelSpec, lay: Layouts, stage) -> np.ndarray:
+    """Elements by which the worst rank's ZeRO-1/2 gradient partition exceeds rank_params/D.
+
+    DeepSpeed 0.19 stage_1_and_2.py copy_grads_in_partition sizes grads_in_partition by the full
+    numel of every parameter overlapping the rank's partition, so the parameters straddling its two
+    edges count whole (a whole embedding when an edge falls inside it). Evaluated once per distinct
+    (tp, pp, stage, D, ep)."""
+    stage = np.broadcast_to(stage, lay.tp.shape)
+    ranks = lay.dp * lay.cp
+    key = np.stack([lay.tp, lay.pp, stage, ranks, lay.ep], axis=-1).reshape(-1, 5)
+    uniq, inverse = np.unique(key, axis=0, return_inverse=True)
+    excess = np.zeros(len(uniq))
+    for j, (t, p, st, d, e) in enumerate(uniq):
+        if d > 1:
+            sizes = flat_param_sizes(model, int(t), int(p), int(st), int(e))
+            excess[j] = _worst_partition_overlap(sizes, int(d)) - sizes.sum() / d
+    return excess[inverse.ravel()].reshape(lay.tp.shape)
+
+
 # ---------------------------------------------------------------------------------------------
 # model states
 
@@ -272,6 +329,10 @@ def engine_buffers(model: ModelSpec, training: Training, lay: Layouts, states: d
     overlap_12 = bool(zc.overlap_comm) if zc.overlap_comm is not None else False
     zeros = 0.0 * rank
     if training.uses_deepspeed:
+        # the gradient partition's straddling parameters (ZeRO-1/2 with DeepSpeed's gradient hooks)
+        hooks = (z == 2) | ((z == 1) & zc.contiguous_gradients)
+        straddle = np.where(hooks & (lay.offload_optimizer == 0),
+                            deepspeed_grad_partition_excess(model, lay, stage) * w, 0.0)
         # stage_1_and_2.py setup_buckets / stage3.py __init__: torch.empty(reduce_bucket_size) whatever the model size
         contiguous = zc.contiguous_gradients | (lay.offload_optimizer > 0)  # stage_1_and_2.py: or cpu_offload
         bucket_12 = np.where(contiguous, zc.reduce_bucket_size * w * (1 + overlap_12), 0.0)
@@ -283,8 +344,8 @@ def engine_buffers(model: ModelSpec, training: Training, lay: Layouts, states: d
         persistent = persistent_params_per_layer(model, lay, zc.stage3_param_persistence_threshold) * n_layers
         fwd_3 = (working + persistent) * w + bucket_3
         step_3 = np.where(lay.offload_optimizer > 0, 0.0, np.minimum(zc.sub_group_size, partition) * 4.0)
-        fwd = np.select([z == 3, z >= 1], [fwd_3, bucket_12], zeros)
-        step = np.select([z == 3, z >= 1], [step_3, step_12], zeros)
+        fwd = np.select([z == 3, z >= 1], [fwd_3, bucket_12 + straddle], zeros)
+        step = np.select([z == 3, z >= 1], [step_3, step_12 + straddle], zeros)
     elif training.engine == "fsdp":
         fwd = np.where(z >= 2, 2 * layer_rank * w, zeros)  # FSDP2 unit + prefetch of the next one
         step = zeros
