@@ -95,15 +95,48 @@ def short(row: dict) -> str:
     return " ".join(parts)
 
 
-def binding_constraint(record: dict, headroom: float) -> str:
-    """What limits this layout: memory when little is left, else its largest exposed overhead."""
-    mem = record["memory"]
-    free = mem["capacity_bytes"] * (1 - headroom) - mem["gpu_bytes"]
-    if free < 0.1 * mem["capacity_bytes"]:
-        return f"memory ({free / 2**30:.1f} GiB left)"
-    parts = {k: v for k, v in record["time"]["breakdown"].items() if k not in ("compute",)}
+CORE_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "dp", "zero", "sequence_parallel")
+
+
+def binding_constraint(result: dict, i: int, record: dict, headroom: float) -> str:
+    """What keeps candidate i from being faster: memory, when a faster variant of the same layout
+    (less recompute, a larger micro-batch, less offload) does not fit; else its largest overhead."""
+    valid, ev = result["valid"], result["eval"]
+    speed = ev["time"]["throughput"]["tokens_per_s"]
+    same = np.ones(valid.size, dtype=bool)
+    for f in CORE_FIELDS:
+        same &= getattr(valid, f) == getattr(valid, f)[i]
+    blocked = np.flatnonzero(same & ~ev["fits"] & (speed > speed[i] * 1.001))
+    if blocked.size:
+        j = int(blocked[np.argmin(ev["memory"]["total"][blocked])])  # the faster variant nearest to fitting
+        row = valid.row(j)
+        words = {"mbs": f"mbs {row['mbs']}", "recompute": f"recompute {row['recompute']}",
+                 "offload_optimizer": f"optimizer offload {row['offload_optimizer']}",
+                 "offload_params": f"param offload {row['offload_params']}"}
+        changes = [words[f] for f in words if getattr(valid, f)[j] != getattr(valid, f)[i]]
+        need = ev["memory"]["total"][j] / 2**30
+        return f"memory: {', '.join(changes)} would be {speed[j] / speed[i] - 1:.0%} faster but needs {need:.1f} GiB"
+    parts = {k: v for k, v in record["time"]["breakdown"].items() if k != "compute"}
     worst = max(parts, key=parts.get)
     return f"{worst} ({parts[worst] / record['time']['step_s']:.0%} of step)"
+
+
+def distinct_top(result: dict, k: int) -> list[int]:
+    """The k fastest fitting candidates, dropping variants that differ only in the offload device
+    and are exactly as fast (e.g. NVMe vs CPU when the CPU Adam step hides the NVMe traffic)."""
+    valid, speed = result["valid"], result["eval"]["time"]["throughput"]["tokens_per_s"]
+    seen, picked = set(), []
+    for i in result["order"]:
+        i = int(i)
+        row = valid.row(i)
+        key = tuple(row[f] for f in (*CORE_FIELDS, "mbs", "recompute")) + (round(float(speed[i]), 3),)
+        if key in seen:
+            continue
+        seen.add(key)
+        picked.append(i)
+        if len(picked) == k:
+            break
+    return picked
 
 
 def what_would_fit(model, cluster, training, headroom, max_mbs) -> list[str]:
@@ -165,10 +198,11 @@ def run_cli(args, out) -> int:
         "optimizer": training.optimizer, "flash_attention": training.flash_attention,
         "memory_headroom": args.memory_headroom,
     }
-    valid, ev, order = result["valid"], result["eval"], result["order"]
-    records = [report.layout_record(model, cluster, training, valid, ev, int(i)) for i in order[: args.top]]
-    for rec in records:
-        rec["binding_constraint"] = binding_constraint(rec, args.memory_headroom)
+    valid, ev = result["valid"], result["eval"]
+    top = distinct_top(result, args.top)
+    records = [report.layout_record(model, cluster, training, valid, ev, i) for i in top]
+    for i, rec in zip(top, records):
+        rec["binding_constraint"] = binding_constraint(result, i, rec, args.memory_headroom)
     hints = [] if records else what_would_fit(model, cluster, training, args.memory_headroom, args.max_mbs)
     if records and args.emit:
         from planner import export
