@@ -107,3 +107,14 @@ def test_search_is_one_vectorized_pass_over_arrays():
     cluster = hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 64, 8)
     lay, dropped = search.enumerate_layouts(model, cluster, layout.Training(gbs=512))
     assert isinstance(lay.tp, np.ndarray) and lay.tp.ndim == 1 and lay.size > 100_000
+
+
+def test_binding_constraint_names_a_variant_that_does_not_fit():
+    code, text = recommend("--params", "70e9", "--gpus", "16", "--json", "--top", "3")
+    d = json.loads(text)
+    usable_gib = 0.95 * d["layouts"][0]["memory"]["capacity_bytes"] / 2**30
+    for rec in d["layouts"]:
+        msg = rec["binding_constraint"]
+        if msg.startswith("memory:"):
+            need = float(msg.rsplit("needs ", 1)[1].split(" GiB")[0])
+            assert need > usable_gib  # the faster variant it names really does not fit
