@@ -220,8 +220,8 @@ def grouped(codes: FieldCodes, names: tuple, fn) -> dict:
     """fn(sub-Layouts) evaluated once per distinct combination of fields `names`, gathered back to the full
     shape; fn must depend on those fields only (elementwise formulas give identical values)."""
     lay = codes.lay
-    if lay.size == 0:
-        return {k: np.zeros(lay.tp.shape) for k in fn(lay)}
+    if lay.size <= 64:  # too few to be worth grouping: evaluate directly
+        return {k: np.maximum(np.broadcast_to(v, lay.tp.shape), 0.0) for k, v in fn(lay).items()}
     limit = max(1 << 22, 4 * lay.size)
     compress = np.prod([float(codes(name)[1]) for name in names]) > limit
     key, space = codes(names[0], compress)[0].astype(np.int64), codes(names[0], compress)[1]
