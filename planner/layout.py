@@ -196,7 +196,7 @@ class FieldCodes:
     when small, else its rank among the field's distinct values."""
 
     def __init__(self, lay: Layouts):
-        self.lay, self.cache = lay, {}
+        self.lay, self.cache, self.groups = lay, {}, {}
 
     def __call__(self, name: str, compress: bool = False) -> tuple[np.ndarray, int]:
         if (name, compress) not in self.cache:
@@ -222,6 +222,17 @@ def grouped(codes: FieldCodes, names: tuple, fn) -> dict:
     lay = codes.lay
     if lay.size <= 64:  # too few to be worth grouping: evaluate directly
         return {k: np.maximum(np.broadcast_to(v, lay.tp.shape), 0.0) for k, v in fn(lay).items()}
+    if names not in codes.groups:
+        codes.groups[names] = _group(codes, names)
+    first, inverse = codes.groups[names]
+    sub = Layouts(**{f.name: getattr(lay, f.name).ravel()[first] for f in fields(Layouts)})
+    return {k: np.take(np.maximum(np.broadcast_to(v, sub.tp.shape), 0.0), inverse).reshape(lay.tp.shape)
+            for k, v in fn(sub).items()}
+
+
+def _group(codes: FieldCodes, names: tuple) -> tuple:
+    """(index of one representative per distinct combination of `names`, each row's combination)."""
+    lay = codes.lay
     limit = max(1 << 22, 4 * lay.size)
     compress = np.prod([float(codes(name)[1]) for name in names]) > limit
     key, space = codes(names[0], compress)[0].astype(np.int64), codes(names[0], compress)[1]
@@ -240,9 +251,7 @@ def grouped(codes: FieldCodes, names: tuple, fn) -> dict:
     else:
         _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
         inverse = inverse.ravel()
-    sub = Layouts(**{f.name: getattr(lay, f.name).ravel()[first] for f in fields(Layouts)})
-    return {k: np.take(np.maximum(np.broadcast_to(v, sub.tp.shape), 0.0), inverse).reshape(lay.tp.shape)
-            for k, v in fn(sub).items()}
+    return first, inverse
 
 
 # ---------------------------------------------------------------------------------------------

@@ -376,13 +376,14 @@ def _states_part(model, cluster, training, lay, where) -> dict:
     stage = _stage(where, lay)
     states = model_states(model, cluster, training, lay, stage)
     fwd, step = engine_buffers(model, training, lay, states, stage)
-    return {"params": states["params"], "grads": states["grads"], "optimizer": states["optimizer"],
-            "cpu": states["cpu"], "fwd_buffers": fwd, "step_buffers": step}
+    parts = {"params": states["params"], "grads": states["grads"], "optimizer": states["optimizer"],
+             "fwd_buffers": fwd, "step_buffers": step}
+    return {**{k: np.ceil(v) for k, v in parts.items()}, "cpu": states["cpu"], "groups": process_groups(lay)}
 
 
 def _activation_part(model, training, lay, where) -> dict:
     acts, logits = activations(model, training, lay, _stage(where, lay))
-    return {"activations": acts, "logits": logits}
+    return {"activations": np.ceil(acts), "logits": np.ceil(logits)}
 
 
 def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, stage=None) -> dict:
@@ -418,9 +419,9 @@ def _combine(model, cluster, training, lay, where, codes) -> dict:
         "buffers": np.where(phase, states["step_buffers"], states["fwd_buffers"]),
     }
     tensors = sum(out.values())
-    out["overhead"] = (coef["cuda_context_bytes"] + coef["nccl_bytes_per_group"] * process_groups(lay)
-                       + coef["allocator_fragmentation"] * tensors)
-    out = {k: np.ceil(np.broadcast_to(v, lay.tp.shape)) for k, v in out.items()}
+    out["overhead"] = np.ceil(coef["cuda_context_bytes"] + coef["nccl_bytes_per_group"] * states["groups"]
+                              + coef["allocator_fragmentation"] * tensors)
+    out = {k: np.broadcast_to(v, lay.tp.shape) for k, v in out.items()}
     out["total"] = sum(out[k] for k in BREAKDOWN_KEYS)
     out["cpu_per_node"] = np.broadcast_to(states["cpu"] * min(cluster.gpus_per_node, cluster.num_gpus), lay.tp.shape)
     out["phase"] = np.broadcast_to(phase, lay.tp.shape)
