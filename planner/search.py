@@ -203,6 +203,8 @@ def run_cli(args, out) -> int:
     records = [report.layout_record(model, cluster, training, valid, ev, i) for i in top]
     for i, rec in zip(top, records):
         rec["binding_constraint"] = binding_constraint(result, i, rec, args.memory_headroom)
+        if args.tokens:
+            rec["time_to_train"] = cli.train_time(args, {**rec, "training": {"seq_len": seq_len}}, cluster)
     hints = [] if records else what_would_fit(model, cluster, training, args.memory_headroom, args.max_mbs)
     if records and args.emit:
         from planner import export
@@ -229,6 +231,8 @@ def run_cli(args, out) -> int:
     if len(records) > 1:
         gap = 1 - records[1]["throughput"]["tokens_per_s"] / records[0]["throughput"]["tokens_per_s"]
         out.write(f"runner-up is {gap:.1%} slower\n")
+    if args.tokens:
+        out.write("#1 " + cli.train_time_text(records[0]["time_to_train"]) + "\n")
     out.write(rejections_text(result) + "\n")
     if args.emit:
         out.write("wrote " + ", ".join(records[0]["emitted"]) + "\n")

@@ -118,3 +118,12 @@ def test_binding_constraint_names_a_variant_that_does_not_fit():
         if msg.startswith("memory:"):
             need = float(msg.rsplit("needs ", 1)[1].split(" GiB")[0])
             assert need > usable_gib  # the faster variant it names really does not fit
+
+
+def test_recommend_time_to_train():
+    code, text = recommend("--model", "llama-2-7b", "--gpus", "8", "--gbs", "64", "--seq-len", "4096",
+                           "--tokens", "1e12", "--price-per-gpu-hour", "2", "--json", "--top", "1")
+    rec = json.loads(text)["layouts"][0]
+    steps = 1e12 / (64 * 4096)  # tokens / tokens per step
+    assert rec["time_to_train"]["days"] == pytest.approx(steps * rec["time"]["step_s"] / 86400)
+    assert rec["time_to_train"]["cost"] == pytest.approx(2 * steps * rec["time"]["step_s"] * 8 / 3600)
