@@ -191,7 +191,7 @@ def resolve_model(args):
     heads = overrides["heads"]
     overrides.setdefault("kv_heads", heads)
     kind = overrides.setdefault("ffn_kind", "swiglu")
-    overrides.setdefault("ffn", 4 * overrides["hidden"] if kind == "gelu" else M._llama3_ffn(overrides["hidden"]))
+    overrides.setdefault("ffn", 4 * overrides["hidden"] if kind == "gelu" else M.llama3_ffn(overrides["hidden"]))
     overrides.setdefault("tied_embeddings", False)
     return M.ModelSpec(name="custom", source="shape given by flags", **overrides)
 

@@ -36,7 +36,8 @@ def coefficients(section: str) -> dict:
 
 def layers_on_stage(model: ModelSpec, lay: Layouts, stage) -> np.ndarray:
     """Transformer blocks on pipeline stage `stage`: the first L mod p stages take one extra
-    (DeepSpeed PipelineModule partition_method='uniform'; Megatron requires L mod p == 0)."""
+    (DeepSpeed PipelineModule partition_method='uniform' balances blocks this way; Megatron-core
+    takes uneven stages through --decoder-first/last-pipeline-num-layers)."""
     p = lay.pp
     return model.layers // p + (stage < model.layers % p)
 

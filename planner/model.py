@@ -390,7 +390,7 @@ _DERIVED_VOCAB = 128256
 _DERIVED_WIDTH_PER_LAYER = 128.0
 
 
-def _llama3_ffn(hidden: int) -> int:
+def llama3_ffn(hidden: int) -> int:
     # Meta llama3 model.py FeedForward: int(2*4h/3), times ffn_dim_multiplier 1.3, rounded up to 1024
     raw = int(1.3 * int(2 * 4 * hidden / 3))
     return 1024 * math.ceil(raw / 1024)
@@ -436,7 +436,7 @@ def derive_shape(target_params: float, **overrides) -> ModelSpec:
             hidden=hidden,
             heads=heads,
             kv_heads=math.gcd(heads, _DERIVED_KV_HEADS),
-            ffn=_llama3_ffn(hidden),
+            ffn=llama3_ffn(hidden),
             vocab=_DERIVED_VOCAB,
             ffn_kind="swiglu",
             tied_embeddings=False,
