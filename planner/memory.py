@@ -205,14 +205,14 @@ def model_states(model: ModelSpec, cluster: Cluster, training: Training, lay: La
     offload_par = lay.offload_params > 0
     # ZeRO-Offload (Ren et al. 2021 section 4): fp32 master, states and fp32 grads live on the host;
     # the GPU keeps 16-bit params and only the reduce buckets for gradients
-    cpu_opt = np.where(offload_opt, opt_bytes + sharded(4.0, True), 0.0)
-    cpu_par = np.where(offload_par, param_bytes, 0.0)
-    nvme = (lay.offload_optimizer == 2) | (lay.offload_params == 2)
+    # NVMe (ZeRO-Infinity) keeps only staging buffers in host memory
+    cpu_opt = np.where(lay.offload_optimizer == 1, opt_bytes + sharded(4.0, True), 0.0)
+    cpu_par = np.where(lay.offload_params == 1, param_bytes, 0.0)
     return {
         "params": np.where(offload_par, 0.0, param_bytes),
         "grads": np.where(offload_opt, 0.0, grad_bytes),
         "optimizer": np.where(offload_opt, 0.0, opt_bytes),
-        "cpu": np.where(nvme, 0.0, cpu_opt + cpu_par),
+        "cpu": cpu_opt + cpu_par,
         "rank_params": dense + expert,
     }
 

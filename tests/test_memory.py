@@ -216,3 +216,18 @@ def test_megatron_distributed_optimizer_bytes_per_param(precision, plain, fixed,
         st_ = memory.model_states(model, cluster(d), training, layout.single(dp=d, zero=zero), 0)
         per_param = (st_["params"] + st_["grads"] + st_["optimizer"])[0] / model.params
         assert per_param == pytest.approx(expected, rel=1e-9)
+
+
+def test_offload_moves_states_to_the_host():
+    # ZeRO-Offload (Ren et al. 2021 s.4): fp32 master + Adam states (12 B) and fp32 grads (4 B) per
+    # parameter of the rank's partition go to the host; ZeRO-Infinity's NVMe keeps none in host RAM
+    model = lookup("llama-2-7b")
+    training = layout.Training(zero_config=layout.ZeroConfig(reduce_bucket_size=1000))
+    c = cluster(8)
+    cpu = memory.rank_memory(model, c, training, layout.single(dp=8, zero=2, offload_optimizer="cpu"))
+    assert cpu["optimizer"][0] == 0 and cpu["grads"][0] == 0
+    assert cpu["cpu_per_node"][0] == pytest.approx(16 * model.params / 8 * 8, rel=1e-9)  # 8 ranks per node
+    both = memory.rank_memory(model, c, training, layout.single(dp=8, zero=3, offload_optimizer="nvme",
+                                                                 offload_params="cpu"))
+    assert both["params"][0] == 0
+    assert both["cpu_per_node"][0] == pytest.approx(2 * model.params / 8 * 8, rel=1e-9)  # only the params
