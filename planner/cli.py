@@ -27,7 +27,10 @@ def count(text: str) -> float:
 
 
 def positive_int(text: str) -> int:
-    value = count(text)
+    try:
+        value = count(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value != int(value):
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return int(value)
