@@ -1,28 +1,31 @@
-"""`planner estimate | recommend | validate`: the command line. I/O lives here, formulas elsewhere.
+"""`planner estimate | recommend | validate`: argparse over the planning API (planner/api.py).
 
-Bad input prints one line naming the flag and exits with status 2, without a traceback.
+Flags become the API's input records; the answer is printed as text or JSON. Bad input prints
+one line naming the flag and exits with status 2, without a traceback and without writing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 
+from planner.bounds import help_text
 from planner.errors import InputError
 
 _SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 
 def count(text: str) -> float:
-    """'70e9', '70B', '7.5e9', '1.5T', '4M' -> float (positive)."""
+    """'70e9', '70B', '7.5e9', '1.5T', '4M' -> a finite positive float."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*", str(text).lower())
     if not m:
         raise argparse.ArgumentTypeError(f"expected a positive number such as 70e9 or 70B, got {text!r}")
     value = float(m.group(1)) * _SUFFIX.get(m.group(2), 1.0)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite positive number, got {text!r}")
     return value
 
 
@@ -42,21 +45,19 @@ def non_negative_int(text: str) -> int:
     return positive_int(text)
 
 
-def fraction(text: str) -> float:
+def number(text: str) -> float:
+    """A finite number (range checks live in planner/bounds.py)."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value
 
 
 def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    value = number(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
@@ -69,61 +70,61 @@ class Parser(argparse.ArgumentParser):
         raise InputError(message)
 
 
+def _h(text: str, key: str | None = None) -> str:
+    return f"{text} {help_text(key)}" if key else text
+
+
 # ---------------------------------------------------------------------------------------------
-# flag groups shared by the subcommands
+# flag groups shared by the subcommands (names frozen by tests/test_cli.py)
+
+MODEL_FLAGS = ("model", "params", "layers", "hidden", "heads", "kv_heads", "ffn", "ffn_kind", "vocab", "tied_embeddings")
+CLUSTER_FLAGS = ("gpu", "gpus", "gpus_per_node", "gpu_memory_gib", "peak_tflops", "hbm_gb_per_s", "intra_node_gb_per_s",
+                 "inter_node_gb_per_s", "pcie_gb_per_s", "host_ram_gib", "nvme_gb_per_s")
+ZERO_FLAGS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
+              "stage3_max_reuse_distance", "stage3_param_persistence_threshold", "sub_group_size")
 
 
 def add_model_flags(p):
     g = p.add_argument_group("model")
     g.add_argument("--model", help="catalog name (e.g. llama-3-70b) or a Hugging Face config.json path")
-    g.add_argument("--params", type=count, help="parameter count (70e9, 70B): derive a Llama-3-style shape")
-    g.add_argument("--layers", type=positive_int)
-    g.add_argument("--hidden", type=positive_int)
-    g.add_argument("--heads", type=positive_int)
-    g.add_argument("--kv-heads", type=positive_int)
-    g.add_argument("--ffn", type=positive_int)
+    g.add_argument("--params", type=count, help=_h("parameter count (70e9, 70B): derive a Llama-3-style shape", "params"))
+    for key in ("layers", "hidden", "heads", "kv_heads", "ffn"):
+        g.add_argument("--" + key.replace("_", "-"), type=positive_int, help=help_text(key))
     g.add_argument("--ffn-kind", choices=("gelu", "swiglu"))
-    g.add_argument("--vocab", type=positive_int)
+    g.add_argument("--vocab", type=positive_int, help=help_text("vocab"))
     g.add_argument("--tied-embeddings", action="store_true", default=None)
-    g.add_argument("--seq-len", type=positive_int, help="tokens per sequence (default 4096)")
+    g.add_argument("--seq-len", type=positive_int, help=_h("tokens per sequence (default 4096)", "seq_len"))
 
 
 def add_cluster_flags(p):
     g = p.add_argument_group("cluster")
-    g.add_argument("--gpu", default="h100-sxm",
-                   help="a100-80gb, a100-40gb, h100-sxm, h100-pcie, h200, b200, l40s, mi300x (default h100-sxm)")
-    g.add_argument("--gpus", type=positive_int, help="total GPUs")
-    g.add_argument("--gpus-per-node", type=positive_int, help="default: the GPU type's usual node size")
-    g.add_argument("--gpu-memory-gib", type=positive_float, help="override device memory")
-    g.add_argument("--peak-tflops", type=positive_float, help="override dense peak TFLOP/s of --precision")
-    g.add_argument("--hbm-gb-per-s", type=positive_float)
-    g.add_argument("--intra-node-gb-per-s", type=positive_float, help="GPU-GPU link per direction")
-    g.add_argument("--inter-node-gb-per-s", type=positive_float, help="network per GPU per direction")
-    g.add_argument("--pcie-gb-per-s", type=positive_float)
-    g.add_argument("--host-ram-gib", type=positive_float, help="CPU memory per node")
-    g.add_argument("--nvme-gb-per-s", type=positive_float, help="NVMe bandwidth per node")
+    g.add_argument("--gpu", help="a100-80gb, a100-40gb, h100-sxm, h100-pcie, h200, b200, l40s, mi300x (default h100-sxm)")
+    g.add_argument("--gpus", type=positive_int, help=_h("total GPUs", "gpus"))
+    g.add_argument("--gpus-per-node", type=positive_int, help=_h("default: the GPU type's usual node size", "gpus_per_node"))
+    for key, text in (("gpu_memory_gib", "override device memory"),
+                      ("peak_tflops", "override dense peak TFLOP/s of --precision"), ("hbm_gb_per_s", ""),
+                      ("intra_node_gb_per_s", "GPU-GPU link per direction"),
+                      ("inter_node_gb_per_s", "network per GPU per direction"), ("pcie_gb_per_s", ""),
+                      ("host_ram_gib", "CPU memory per node"), ("nvme_gb_per_s", "NVMe bandwidth per node")):
+        g.add_argument("--" + key.replace("_", "-"), type=positive_float, help=_h(text, key))
 
 
 def add_training_flags(p):
     g = p.add_argument_group("training")
-    g.add_argument("--gbs", type=positive_int, help="global batch in sequences")
-    g.add_argument("--precision", default="bf16", help="bf16, fp16, fp32, bf16-pure")
-    g.add_argument("--optimizer", default="adamw", help="adamw, sgd, adafactor, adam8bit")
+    g.add_argument("--gbs", type=positive_int, help=_h("global batch in sequences", "gbs"))
+    g.add_argument("--precision", help="bf16, fp16, fp32, bf16-pure (default bf16)")
+    g.add_argument("--optimizer", help="adamw, sgd, adafactor, adam8bit (default adamw)")
     g.add_argument("--no-flash-attention", action="store_true")
     g.add_argument("--engine", default=None, help="deepspeed, megatron-deepspeed, megatron, fsdp")
     g = p.add_argument_group("DeepSpeed buffers (zero_optimization fields)")
-    g.add_argument("--reduce-bucket-size", type=positive_int)
-    g.add_argument("--allgather-bucket-size", type=positive_int)
-    g.add_argument("--stage3-prefetch-bucket-size", type=non_negative_int)
-    g.add_argument("--stage3-max-live-parameters", type=non_negative_int)
-    g.add_argument("--stage3-max-reuse-distance", type=non_negative_int)
-    g.add_argument("--stage3-param-persistence-threshold", type=non_negative_int)
-    g.add_argument("--sub-group-size", type=positive_int)
+    for key in ZERO_FLAGS:
+        kind = positive_int if key in ("reduce_bucket_size", "allgather_bucket_size", "sub_group_size") else non_negative_int
+        g.add_argument("--" + key.replace("_", "-"), type=kind, help=help_text(key))
     g.add_argument("--overlap-comm", dest="overlap_comm", action="store_true", default=None)
     g.add_argument("--no-overlap-comm", dest="overlap_comm", action="store_false")
     g.add_argument("--no-contiguous-gradients", action="store_true")
-    g.add_argument("--tokens", type=count, help="training tokens: report days, GPU-hours and cost")
-    g.add_argument("--price-per-gpu-hour", type=positive_float)
+    g.add_argument("--tokens", type=count, help=_h("training tokens: report days, GPU-hours and cost", "tokens"))
+    g.add_argument("--price-per-gpu-hour", type=positive_float, help=help_text("price_per_gpu_hour"))
 
 
 def build_parser() -> Parser:
@@ -135,17 +136,14 @@ def build_parser() -> Parser:
     add_cluster_flags(e)
     add_training_flags(e)
     g = e.add_argument_group("layout")
-    g.add_argument("--tp", type=positive_int, default=1)
-    g.add_argument("--pp", type=positive_int, default=1)
-    g.add_argument("--dp", type=positive_int, help="default gpus/(tp*pp*cp)")
-    g.add_argument("--cp", type=positive_int, default=1)
-    g.add_argument("--ep", type=positive_int, default=1)
-    g.add_argument("--vpp", type=positive_int, default=1)
+    for key, default in (("tp", 1), ("pp", 1), ("dp", None), ("cp", 1), ("ep", 1), ("vpp", 1)):
+        text = "default gpus/(tp*pp*cp)" if key == "dp" else ""
+        g.add_argument("--" + key, type=positive_int, default=default, help=_h(text, key))
     g.add_argument("--schedule", default=None, help="1f1b, interleaved, gpipe (default: interleaved when --vpp > 1)")
     g.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
     g.add_argument("--offload-optimizer", default="none", help="none, cpu, nvme")
     g.add_argument("--offload-params", default="none", help="none, cpu, nvme")
-    g.add_argument("--mbs", type=positive_int, default=1)
+    g.add_argument("--mbs", type=positive_int, default=1, help=help_text("mbs"))
     g.add_argument("--recompute", default="none", help="none, selective, full")
     g.add_argument("--sequence-parallel", action="store_true")
     e.add_argument("--ds-estimator", action="store_true", help="also print DeepSpeed's own estimator figures")
@@ -156,11 +154,12 @@ def build_parser() -> Parser:
     add_model_flags(r)
     add_cluster_flags(r)
     add_training_flags(r)
-    r.add_argument("--tokens-per-step", type=count, help="global batch in tokens (default 4Mi = 4,194,304)")
-    r.add_argument("--top", type=positive_int, default=5)
-    r.add_argument("--memory-headroom", type=fraction, default=0.05,
-                   help="fraction of GPU memory kept free (default 0.05)")
-    r.add_argument("--max-mbs", type=positive_int, default=16)
+    r.add_argument("--tokens-per-step", type=count,
+                   help=_h("global batch in tokens (default 4Mi = 4,194,304)", "tokens_per_step"))
+    r.add_argument("--top", type=positive_int, help=_h("layouts to show (default 5)", "top"))
+    r.add_argument("--memory-headroom", type=number,
+                   help="fraction of GPU memory kept free (default 0.05) [a number >= 0 and < 1]")
+    r.add_argument("--max-mbs", type=positive_int, help=_h("largest micro-batch tried (default 16)", "max_mbs"))
     r.add_argument("--emit", metavar="DIR")
     r.add_argument("--json", action="store_true")
 
@@ -170,203 +169,85 @@ def build_parser() -> Parser:
 
 
 # ---------------------------------------------------------------------------------------------
-# turning flags into model / cluster / training
+# flags -> API inputs
 
 
-def resolve_model(args):
-    from planner import model as M
+def model_input(args):
+    from planner.inputs import ModelInput
 
-    overrides = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "ffn_kind", "vocab",
-                                               "tied_embeddings")}
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    if args.model and args.params:
-        raise InputError("--model and --params: give one of them, not both")
-    if args.model:
-        spec = M.from_hf_config(args.model) if args.model.endswith(".json") else M.lookup(args.model)
-        return M.with_overrides(spec, **overrides)
-    if args.params:
-        return M.derive_shape(args.params, **overrides)
-    needed = ("layers", "hidden", "heads", "vocab")
-    missing = [k for k in needed if k not in overrides]
-    if missing:
-        raise InputError("--model: give --model NAME|config.json, --params N, or a full shape "
-                         f"(missing {', '.join('--' + m.replace('_', '-') for m in missing)})")
-    heads = overrides["heads"]
-    overrides.setdefault("kv_heads", heads)
-    kind = overrides.setdefault("ffn_kind", "swiglu")
-    overrides.setdefault("ffn", 4 * overrides["hidden"] if kind == "gelu" else M.llama3_ffn(overrides["hidden"]))
-    overrides.setdefault("tied_embeddings", False)
-    return M.ModelSpec(name="custom", source="shape given by flags", **overrides)
+    return ModelInput(**{k: getattr(args, k) for k in MODEL_FLAGS if k != "model"},
+                      **({"name": args.model} if args.model is not None else {}))
 
 
-def resolve_cluster(args, default_gpus: int):
-    from planner import hardware as H
+def cluster_input(args):
+    from planner.inputs import ClusterInput
 
-    gpu = H.lookup_gpu(args.gpu)
-    precision = "bf16" if args.precision in ("bf16", "bf16-pure") else args.precision
-    peak = dict(gpu.peak_flops_per_s)
-    if args.peak_tflops:
-        peak[precision] = args.peak_tflops * 1e12
-    gpu = H.with_overrides(
-        gpu,
-        memory_bytes=int(args.gpu_memory_gib * 2**30) if args.gpu_memory_gib else None,
-        peak_flops_per_s=peak,
-        hbm_bytes_per_s=args.hbm_gb_per_s and args.hbm_gb_per_s * 1e9,
-        intra_node_bytes_per_s=args.intra_node_gb_per_s and args.intra_node_gb_per_s * 1e9,
-        inter_node_bytes_per_s=args.inter_node_gb_per_s and args.inter_node_gb_per_s * 1e9,
-        pcie_bytes_per_s=args.pcie_gb_per_s and args.pcie_gb_per_s * 1e9,
-        host_ram_bytes_per_node=int(args.host_ram_gib * 2**30) if args.host_ram_gib else None,
-        nvme_bytes_per_s_per_node=args.nvme_gb_per_s and args.nvme_gb_per_s * 1e9,
-    )
-    num = args.gpus or default_gpus
-    per_node = args.gpus_per_node or min(gpu.gpus_per_node, num)
-    return H.Cluster(gpu=gpu, num_gpus=num, gpus_per_node=per_node)
+    return ClusterInput(**{k: getattr(args, k) for k in CLUSTER_FLAGS})
 
 
-def resolve_training(args, gbs: int, default_engine: str):
-    from planner.layout import ZeroConfig, Training
+def training_input(args):
+    from planner.inputs import TrainingInput
 
-    zc = {k: getattr(args, k) for k in ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
-                                        "stage3_max_live_parameters", "stage3_max_reuse_distance",
-                                        "stage3_param_persistence_threshold", "sub_group_size", "overlap_comm")}
-    zc = {k: v for k, v in zc.items() if v is not None}
-    if args.no_contiguous_gradients:
-        zc["contiguous_gradients"] = False
-    return Training(seq_len=args.seq_len or 4096, gbs=gbs, precision=args.precision.lower(),
-                    optimizer=args.optimizer.lower(), flash_attention=not args.no_flash_attention,
-                    engine=(args.engine or default_engine).lower(), zero_config=ZeroConfig(**zc))
-
-
-# ---------------------------------------------------------------------------------------------
-# commands
+    return TrainingInput(seq_len=args.seq_len, gbs=args.gbs, tokens_per_step=getattr(args, "tokens_per_step", None),
+                         precision=args.precision, optimizer=args.optimizer,
+                         flash_attention=not args.no_flash_attention, engine=args.engine,
+                         overlap_comm=args.overlap_comm, contiguous_gradients=False if args.no_contiguous_gradients else None,
+                         tokens=args.tokens, price_per_gpu_hour=args.price_per_gpu_hour,
+                         **{k: getattr(args, k) for k in ZERO_FLAGS})
 
 
 def cmd_estimate(args, out) -> int:
-    from planner import layout as Lmod
-    from planner import report
+    from planner import api, report
+    from planner.inputs import LayoutInput
 
-    cp, tp, pp = args.cp, args.tp, args.pp
-    if args.dp is None:
-        if args.gpus and args.gpus % (tp * pp * cp):
-            raise InputError(f"--gpus: {args.gpus} is not divisible by --tp*--pp*--cp = {tp * pp * cp}")
-        dp = (args.gpus or tp * pp * cp) // (tp * pp * cp)
-    else:
-        dp = args.dp
-    default_gpus = tp * pp * cp * dp
-    if args.gpus and args.gpus != default_gpus:
-        raise InputError(f"--gpus: {args.gpus} != --tp*--pp*--dp*--cp = {default_gpus}")
-    gbs = args.gbs or args.mbs * dp
-    if gbs % (args.mbs * dp):
-        raise InputError(f"--gbs: {gbs} is not divisible by --mbs*--dp = {args.mbs * dp}")
-    model = resolve_model(args)
-    default_engine = "megatron" if args.vpp > 1 else "megatron-deepspeed" if max(tp, cp) > 1 else "deepspeed"
-    training = resolve_training(args, gbs, default_engine)
-    cluster = resolve_cluster(args, default_gpus)
-    lay = Lmod.single(tp=tp, pp=pp, dp=dp, cp=cp, ep=args.ep, vpp=args.vpp, zero=args.zero,
-                      offload_optimizer=args.offload_optimizer, offload_params=args.offload_params,
-                      mbs=args.mbs, gas=gbs // (args.mbs * dp), recompute=args.recompute,
-                      sequence_parallel=args.sequence_parallel, schedule=args.schedule)
-    Lmod.check_single(model, cluster, training, lay)
-    ev = report.evaluate(model, cluster, training, lay)
-    record = report.layout_record(model, cluster, training, lay, ev, 0, with_stages=True)
-    result = {"model": model.shape_dict(), "cluster": cluster_dict(cluster), "training": training_dict(training), **record}
-    result["memory"]["per_stage"] = record["memory"]["per_stage"]
-    if args.tokens:
-        result["time_to_train"] = train_time(args, result, cluster)
-    if args.ds_estimator:
-        result["deepspeed_estimator"] = ds_estimator(model, cluster)
+    layout = LayoutInput(tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, ep=args.ep, vpp=args.vpp, schedule=args.schedule,
+                         zero=args.zero, offload_optimizer=args.offload_optimizer, offload_params=args.offload_params,
+                         mbs=args.mbs, recompute=args.recompute, sequence_parallel=args.sequence_parallel)
+    e = api.estimate(model_input(args), cluster_input(args), training_input(args), layout, ds_estimator=args.ds_estimator)
+    result = e.to_json()
     if args.emit:
-        from planner import export
-        result["emitted"] = [str(p) for p in export.emit(args.emit, model, cluster, training, record["layout"])]
+        result["emitted"] = _emit(args.emit, e.model, e.cluster, e.training, e.layout)
     if args.json:
         out.write(json.dumps(result, indent=1) + "\n")
         return 0
-    out.write(describe(model, cluster, training) + "\n\n")
-    out.write(report.memory_table(result, cluster.gpu.memory_bytes) + "\n")
-    out.write(f"peak rank total {report.gib(result['memory']['gpu_bytes'])} GiB at the {result['memory']['peak_phase']} peak"
-              f"; CPU per node {report.gib(result['memory']['cpu_bytes_per_node'])} GiB"
-              f" -> {'fits' if result['memory']['fits'] else 'DOES NOT FIT'}\n\n")
-    out.write(time_text(result) + "\n")
-    if args.tokens:
-        out.write(train_time_text(result["time_to_train"]) + "\n")
-    if args.ds_estimator:
-        out.write(ds_estimator_text(result["deepspeed_estimator"]) + "\n")
+    out.write(report.estimate_text(e) + "\n")
     if args.emit:
         out.write("wrote " + ", ".join(result["emitted"]) + "\n")
     return 0
 
 
-def cluster_dict(cluster) -> dict:
-    return {"gpu": cluster.gpu.name, "num_gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node,
-            "num_nodes": cluster.num_nodes, "memory_bytes": cluster.gpu.memory_bytes}
-
-
-def training_dict(training) -> dict:
-    from dataclasses import asdict
-    return asdict(training)
-
-
-def describe(model, cluster, training) -> str:
-    return (f"model {model.name}: {model.params:,} params, L={model.layers} h={model.hidden} a={model.heads} "
-            f"kv={model.kv_heads} ffn={model.ffn} ({model.ffn_kind}) V={model.vocab}\n"
-            f"cluster {cluster.num_gpus} x {cluster.gpu.name} ({cluster.gpus_per_node} per node, "
-            f"{cluster.gpu.memory_bytes / 2**30:.1f} GiB each); seq {training.seq_len}, {training.precision}, "
-            f"{training.optimizer}, engine {training.engine}, flash attention {'on' if training.flash_attention else 'off'}")
-
-
-def time_text(record) -> str:
-    t, th = record["time"], record["throughput"]
-    parts = ", ".join(f"{k} {v:.3f}" for k, v in t["breakdown"].items() if v > 0)
-    return (f"step {t['step_s']:.3f} s ({parts})\n"
-            f"{th['tokens_per_s']:,.0f} tokens/s, {th['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU, "
-            f"MFU {th['mfu']:.1%}, HFU {th['hfu']:.1%}")
-
-
-def train_time(args, record, cluster) -> dict:
-    from planner import timing
-    tokens_per_step = record["layout"]["gbs"] * record["training"]["seq_len"]
-    return timing.time_to_train(record["time"]["step_s"], tokens_per_step, args.tokens, cluster.num_gpus,
-                                args.price_per_gpu_hour)
-
-
-def train_time_text(tt) -> str:
-    text = f"time to train: {tt['days']:.1f} days, {tt['gpu_hours']:,.0f} GPU-hours"
-    if tt.get("cost") is not None:
-        text += f", cost {tt['cost']:,.0f}"
-    return text
-
-
-def ds_estimator(model, cluster) -> dict:
-    from planner import deepspeed_estimator as D
-    rows = {}
-    kw = dict(num_gpus_per_node=cluster.gpus_per_node, num_nodes=cluster.num_nodes)
-    for off in (False, True):
-        g, c = D.zero2_model_states_bytes(model.params, cpu_offload=off, **kw)
-        rows[f"zero2_offload_{str(off).lower()}"] = {"gpu_bytes": int(g), "cpu_bytes_per_node": int(c)}
-    for off, offp in ((False, False), (True, False), (True, True)):
-        g, c = D.zero3_model_states_bytes(model.params, model.largest_layer_params, cpu_offload=off,
-                                          cpu_offload_params=offp, **kw)
-        rows[f"zero3_offload_{str(off).lower()}_params_{str(offp).lower()}"] = {"gpu_bytes": int(g),
-                                                                                 "cpu_bytes_per_node": int(c)}
-    return rows
-
-
-def ds_estimator_text(rows) -> str:
-    lines = ["DeepSpeed's own estimator (model states only; GiB per GPU / per node CPU):"]
-    lines += [f"  {k}: {v['gpu_bytes'] / 2**30:.2f} / {v['cpu_bytes_per_node'] / 2**30:.2f}" for k, v in rows.items()]
-    return "\n".join(lines)
-
-
 def cmd_recommend(args, out) -> int:
-    from planner import search
+    from planner import api, report
 
-    return search.run_cli(args, out)
+    r = api.recommend(model_input(args), cluster_input(args), training_input(args), top=args.top,
+                      memory_headroom=args.memory_headroom, max_mbs=args.max_mbs)
+    if r.layouts and args.emit:
+        r.layouts[0]["emitted"] = _emit(args.emit, r.model, r.cluster, r.training, r.layouts[0]["layout"])
+    if args.json:
+        out.write(json.dumps(r.to_json(), indent=1) + "\n")
+    else:
+        out.write(report.recommend_text(r) + "\n")
+        if r.layouts and args.emit:
+            out.write("wrote " + ", ".join(r.layouts[0]["emitted"]) + "\n")
+    if not r.layouts:
+        # the answer (with what would fit) is printed; exit 2 still comes with its one stderr line
+        raise InputError(f"--gpus: no layout fits {r.cluster.num_gpus} x {r.cluster.gpu.name}"
+                         + (f"; {r.suggestions[0]}" if r.suggestions else ""))
+    return 0
 
 
 def cmd_validate(args, out) -> int:
-    from planner import validate
+    from planner import api, report
 
-    return validate.run_cli(args, out)
+    v = api.validate()
+    out.write(json.dumps(v, indent=1) + "\n" if args.json else report.validate_text(v) + "\n")
+    return 0
+
+
+def _emit(directory, model, cluster, training, row) -> list[str]:
+    from planner import export
+
+    return [str(p) for p in export.emit(directory, model, cluster, training, row)]
 
 
 def main(argv=None, out=None) -> int:

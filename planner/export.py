@@ -28,16 +28,17 @@ Sources of the keys (paths relative to the installed packages):
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import tempfile
 from pathlib import Path
 
+from planner.data import atomic_write
+from planner.engines import Launcher
 from planner.errors import InputError
 from planner.hardware import Cluster
-from planner.layout import Training, check_single, single
+from planner.layout import Training, single
 from planner.model import ModelSpec
+from planner.rules import check_single
 
 DS_CONFIG = "ds_config.json"
 ACCELERATE_CONFIG = "accelerate_config.yaml"
@@ -74,6 +75,9 @@ def emit(out_dir, model: ModelSpec, cluster: Cluster, training: Training, layout
     InputError if the layout breaks a planner rule, or "--emit: ..." if `out_dir` cannot be
     created or written.
     """
+    if training.engine.launcher is Launcher.TORCHTITAN:
+        raise InputError("--emit: no export for --engine torchtitan yet (it takes the layout as "
+                         "--parallelism.* flags of its own trainer); use --json for the layout")
     row = _normalise_row(layout_row)
     opts = dict(EXTRA_DEFAULTS)
     opts.update(extra or {})
@@ -92,7 +96,7 @@ def emit(out_dir, model: ModelSpec, cluster: Cluster, training: Training, layout
 
     files: list[tuple[str, str, int]] = []
     ds = None
-    if training.uses_deepspeed:
+    if training.engine.deepspeed:
         ds = deepspeed_config(model, cluster, training, row, opts)
         files.append((DS_CONFIG, json.dumps(ds, indent=2) + "\n", 0o644))
     files.append((ACCELERATE_CONFIG, accelerate_yaml(model, cluster, training, row, out / DS_CONFIG), 0o644))
@@ -104,7 +108,7 @@ def emit(out_dir, model: ModelSpec, cluster: Cluster, training: Training, layout
     written = []
     for name, text, mode in files:
         path = out / name
-        _atomic_write(path, text, mode)
+        atomic_write(path, text, mode, flag="--emit")
         written.append(path)
     return written
 
@@ -237,7 +241,7 @@ def accelerate_config(model: ModelSpec, cluster: Cluster, training: Training, ro
     nodes = cluster.num_nodes
     mixed = {"bf16": "bf16", "bf16-pure": "bf16", "fp16": "fp16", "fp32": "no"}[training.precision]
     cfg: dict = {"compute_environment": "LOCAL_MACHINE", "debug": False}
-    if training.uses_deepspeed:
+    if training.engine.deepspeed:
         cfg["distributed_type"] = "DEEPSPEED"
         ds: dict = {
             # accelerate/utils/launch.py exports it as ACCELERATE_DEEPSPEED_CONFIG_FILE; DeepSpeedPlugin
@@ -255,7 +259,7 @@ def accelerate_config(model: ModelSpec, cluster: Cluster, training: Training, ro
         # No mixed_precision key: with deepspeed_config_file, accelerate launch adds a config-file
         # mixed_precision to ACCELERATE_CONFIG_DS_FIELDS and DeepSpeedPlugin._deepspeed_config_checks
         # then raises ValueError. AcceleratorState.mixed_precision reads bf16/fp16 from ds_config.json.
-    elif training.engine == "fsdp":
+    elif training.engine.launcher is Launcher.FSDP:
         cfg["distributed_type"] = "FSDP"
         cfg["fsdp_config"] = _fsdp_config(cluster, training, row)
         if (row["tp"] > 1 or row["cp"] > 1) and cfg["fsdp_config"]["fsdp_version"] == 2:
@@ -373,7 +377,7 @@ def _to_yaml(d: dict, indent: int = 0) -> str:
 # Megatron
 
 def _wants_megatron(training: Training, row: dict) -> bool:
-    return training.engine in ("megatron", "megatron-deepspeed") or max(row["tp"], row["pp"], row["cp"]) > 1
+    return training.engine.megatron or max(row["tp"], row["pp"], row["cp"]) > 1
 
 
 def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_path: str = DS_CONFIG) -> list[str]:
@@ -382,7 +386,7 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
     Names are Megatron-LM's (megatron/training/arguments.py); with engine megatron-deepspeed the
     few that Megatron-DeepSpeed names differently use its names (megatron/arguments.py there).
     """
-    mds = training.engine == "megatron-deepspeed"
+    mds = training.engine.launcher is Launcher.MEGATRON_DEEPSPEED
     t, p, c, e, v = row["tp"], row["pp"], row["cp"], row["ep"], row["vpp"]
     a: list[str] = [f"--tensor-model-parallel-size {t}", f"--pipeline-model-parallel-size {p}"]
     if v > 1:
@@ -445,8 +449,8 @@ def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: d
     per_node = min(cluster.num_gpus, cluster.gpus_per_node)
     # the Megatron launch lines need a Megatron engine; for an FSDP layout with tp/cp > 1
     # megatron_args.txt only records the equivalent Megatron arguments
-    megatron = training.engine in ("megatron", "megatron-deepspeed")
-    ds = training.uses_deepspeed
+    megatron = training.engine.megatron
+    ds = training.engine.deepspeed
     default = "torchrun" if megatron else ("deepspeed" if ds else "accelerate")
     q = shlex.quote
 
@@ -458,7 +462,7 @@ def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: d
         f"# cluster: {cluster.num_gpus} x {_one_line(cluster.gpu.name)}, {nodes} node(s) of {per_node}",
         "# layout: " + " ".join(f"{k}={row[k]}" for k in _ROW_KEYS)
         + f" gbs={row['mbs'] * row['gas'] * row['dp']}",
-        f"# training: engine={training.engine} precision={training.precision} optimizer={training.optimizer}"
+        f"# training: engine={training.engine.name} precision={training.precision} optimizer={training.optimizer}"
         f" seq_len={training.seq_len} flash_attention={training.flash_attention}",
     ]
     for k, v in (opts or {}).items():
@@ -547,29 +551,3 @@ def _check(model, cluster, training, row) -> None:
                  recompute=row["recompute"], sequence_parallel=row["sequence_parallel"],
                  schedule=row.get("schedule"))
     check_single(model, cluster, training, lay)
-
-
-def _atomic_write(path: Path, text: str, mode: int) -> None:
-    umask = os.umask(0)
-    os.umask(umask)
-    fd, tmp = None, None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            fd = None
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode & ~umask)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as exc:
-        raise InputError(f"--emit: cannot write {str(path)!r}: {exc.strerror or exc}") from None
-    finally:
-        if fd is not None:
-            os.close(fd)
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
-from pathlib import Path
 
+from planner.bounds import check
 from planner.errors import InputError
-from planner.model import DATA_DIR
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
@@ -60,10 +58,8 @@ class Cluster:
     """GPUs per node; TP groups stay inside a node."""
 
     def __post_init__(self):
-        if not isinstance(self.num_gpus, int) or self.num_gpus < 1:
-            raise InputError(f"--gpus: must be a positive integer, got {self.num_gpus!r}")
-        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
-            raise InputError(f"--gpus-per-node: must be a positive integer, got {self.gpus_per_node!r}")
+        check("gpus", self.num_gpus)
+        check("gpus_per_node", self.gpus_per_node)
         if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
             raise InputError(
                 f"--gpus: {self.num_gpus} is not a whole number of nodes of --gpus-per-node {self.gpus_per_node}"
@@ -74,12 +70,12 @@ class Cluster:
         return max(1, self.num_gpus // self.gpus_per_node)
 
 
-def load_gpus(path: Path | None = None) -> dict[str, GPU]:
+def load_gpus() -> dict[str, GPU]:
     """GPU catalog from data/gpus.json, keyed by name and every alias (lower case)."""
-    with open(path or DATA_DIR / "gpus.json") as f:
-        raw = json.load(f)
+    from planner.data import catalog as read_catalog
+
     catalog = {}
-    for e in raw["gpus"]:
+    for e in read_catalog("gpus.json")["gpus"]:
         gpu = GPU(
             name=e["name"],
             memory_bytes=int(e["memory_mib"] * 2**20),
@@ -104,7 +100,7 @@ def lookup_gpu(name: str) -> GPU:
     import difflib
 
     catalog = load_gpus()
-    key = name.lower().replace("_", "-")
+    key = str(name).lower().replace("_", "-")
     if key in catalog:
         return catalog[key]
     names = sorted({g.name for g in catalog.values()})

@@ -1,23 +1,75 @@
-"""The model: a dense (or MoE) decoder-only transformer shape and its exact parameter count.
+"""The model: a decoder-only transformer's shape and the one list of its parameter tensors.
 
-Counts are exact (every weight and bias), so they can be checked against `transformers`
-models built on the meta device and against published counts (Llama-2-7B 6,738,415,616).
+`ModelSpec.tensors()` yields every parameter tensor (name, shape, how Megatron tensor
+parallelism splits it, whether it is a routed expert's) in the order Hugging Face registers
+them. Everything else about parameters is derived from that list: the exact count (checked
+against published counts and against `named_parameters()` of transformers models built on the
+meta device), what one rank holds under TP/PP/EP, ZeRO-3's persistent parameters, the flat order
+DeepSpeed partitions, DeepSpeed's "largest layer" and the GEMMs of a block.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from functools import cached_property
+
+import numpy as np
 
 from planner.errors import InputError
-
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
 FFN_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rotary")
+ARCHITECTURES = ("llama", "gpt2", "gpt_neox")
+"""Hugging Face module layouts (names and registration order): LlamaForCausalLM (also Mistral,
+Qwen2, and Mixtral's MoE block), GPT2LMHeadModel (Conv1D, fused c_attn), GPTNeoXForCausalLM."""
+
+FIRST, BLOCK, LAST = "first", "block", "last"
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One parameter tensor as the Hugging Face model registers it."""
+
+    name: str
+    """Registration name; block tensors carry '{i}' where the layer index goes."""
+    shape: tuple
+    """Shape as in the Hugging Face module (Conv1D keeps (in, out))."""
+    tp_dim: int | None
+    """Dimension Megatron TP splits (column-parallel: outputs, row-parallel: inputs, embedding:
+    vocab; Shoeybi et al. 2019 section 3); None when every TP rank keeps it whole."""
+    expert: bool = False
+    """A routed expert's tensor (experts stacked on dim 0; expert parallelism splits them)."""
+    place: str = BLOCK
+    """'first' (embeddings), 'block' (one per layer) or 'last' (final norm, output layer)."""
+    gemm: str | None = None
+    """For weight matrices: the GEMM group ('qkv', 'o', 'fc1', 'fc2', 'router', 'logits');
+    Megatron fuses the tensors of one group into one GEMM."""
+    tied: bool = False
+    """The output layer sharing the input embedding (counted once; a second copy when pp > 1)."""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def module(self) -> str:
+        """The owning module's name (what DeepSpeed calls a layer)."""
+        return self.name.rsplit(".", 1)[0]
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One forward matrix multiply of a block (or the output layer) as an engine runs it."""
+
+    name: str
+    flops_per_token: float
+    """Forward FLOPs per token routed through it, before any TP split (2 x weight elements)."""
+    tp_split: bool
+    """Split over TP ranks (column or row parallel); the router runs whole on every rank."""
+    expert: bool
+    """One routed expert's GEMM: runs once per local expert, on the tokens routed to it."""
 
 
 @dataclass(frozen=True)
@@ -58,22 +110,27 @@ class ModelSpec:
     """MLP experts per layer (1: dense)."""
     experts_per_token: int = 1
     """Experts each token is routed to (top-k)."""
+    architecture: str = "llama"
+    """Hugging Face module layout the tensors are named and ordered by (ARCHITECTURES)."""
     name: str = "custom"
     """Catalog name or 'custom'."""
     source: str = ""
     """Where the shape comes from."""
 
     def __post_init__(self):
-        for key in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "experts", "experts_per_token"):
+        from planner.bounds import check
+
+        for key in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "experts", "experts_per_token",
+                    "max_positions", "head_dim"):
             value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InputError(f"--{key.replace('_', '-')}: must be a positive integer, got {value!r}")
-        if self.ffn_kind not in FFN_KINDS:
-            raise InputError(f"--ffn-kind: must be one of {', '.join(FFN_KINDS)}, got {self.ffn_kind!r}")
-        if self.norm not in NORM_KINDS:
-            raise InputError(f"--norm: must be one of {', '.join(NORM_KINDS)}, got {self.norm!r}")
-        if self.positions not in POSITION_KINDS:
-            raise InputError(f"--positions: must be one of {', '.join(POSITION_KINDS)}, got {self.positions!r}")
+            if not isinstance(value, int):  # a float that is whole is a user's typo, not an int
+                raise InputError(f"--{key.replace('_', '-')}: must be an integer, got {value!r}")
+            check(key, value)
+        for key, allowed in (("ffn_kind", FFN_KINDS), ("norm", NORM_KINDS), ("positions", POSITION_KINDS),
+                             ("architecture", ARCHITECTURES)):
+            if getattr(self, key) not in allowed:
+                raise InputError(f"--{key.replace('_', '-')}: must be one of {', '.join(allowed)}, "
+                                 f"got {getattr(self, key)!r}")
         if self.heads % self.kv_heads:
             raise InputError(f"--kv-heads: must divide --heads ({self.heads}), got {self.kv_heads}")
         if self.head_dim == 0 and self.hidden % self.heads:
@@ -81,7 +138,7 @@ class ModelSpec:
         if self.experts_per_token > self.experts:
             raise InputError("--experts-per-token: must not exceed the number of experts")
 
-    # ---- derived sizes -------------------------------------------------------------------
+    # ---- widths --------------------------------------------------------------------------
     @property
     def dim_per_head(self) -> int:
         return self.head_dim or self.hidden // self.heads
@@ -96,48 +153,33 @@ class ModelSpec:
         """Width of each of the key and value projection outputs g*d."""
         return self.kv_heads * self.dim_per_head
 
-    @property
-    def norm_params(self) -> int:
-        """Parameters of one normalisation layer (LayerNorm: weight+bias; RMSNorm: weight)."""
-        return 2 * self.hidden if self.norm == "layernorm" else self.hidden
+    # ---- the tensor list -----------------------------------------------------------------
+    def tensors(self) -> list[Tensor]:
+        """Every parameter tensor in Hugging Face registration order, blocks expanded (names with
+        their layer index). The tied output layer is listed, marked `tied`."""
+        out = [t for t in self._tensors if t.place == FIRST]
+        for i in range(self.layers):
+            out += [replace(t, name=t.name.format(i=i)) for t in self._tensors if t.place == BLOCK]
+        return out + [t for t in self._tensors if t.place == LAST]
 
-    # ---- parameter counts (elements) -----------------------------------------------------
-    def attention_params(self) -> tuple[int, int]:
-        """(parameters split by TP, parameters replicated on every TP rank) of one attention block.
+    @cached_property
+    def _tensors(self) -> tuple[Tensor, ...]:
+        """First-stage tensors, one block (names with '{i}') and last-stage tensors, in order."""
+        return tuple({"llama": _llama, "gpt2": _gpt2, "gpt_neox": _gpt_neox}[self.architecture](self))
 
-        Megatron column-parallel q/k/v (weights and biases split), row-parallel output
-        projection (weight split, bias replicated): Shoeybi et al. 2019, section 3.
-        """
-        h, q, kv = self.hidden, self.q_width, self.kv_width
-        split = h * q + 2 * h * kv + q * h
-        if self.bias or self.qkv_bias:
-            split += q + 2 * kv
-        replicated = h if self.bias else 0
-        return split, replicated
+    def block_tensors(self) -> tuple[Tensor, ...]:
+        return tuple(t for t in self._tensors if t.place == BLOCK)
 
-    def mlp_params(self) -> tuple[int, int]:
-        """(TP-split, TP-replicated) parameters of one expert's MLP (column then row parallel)."""
-        h, f = self.hidden, self.ffn
-        matrices = 3 if self.ffn_kind == "swiglu" else 2  # SwiGLU: gate, up, down (Shazeer 2020)
-        split = matrices * h * f
-        if self.bias:
-            split += (matrices - 1) * f
-        replicated = h if self.bias else 0
-        return split, replicated
-
-    def layer_params_split(self) -> tuple[int, int]:
-        """(TP-split, TP-replicated) parameters of one transformer block, all experts included."""
-        attn_split, attn_rep = self.attention_params()
-        mlp_split, mlp_rep = self.mlp_params()
-        router = self.hidden * self.experts if self.experts > 1 else 0
-        split = attn_split + self.experts * mlp_split
-        replicated = attn_rep + self.experts * mlp_rep + 2 * self.norm_params + router
-        return split, replicated
+    # ---- counts derived from the list ----------------------------------------------------
+    @cached_property
+    def sums(self) -> "ParamSums":
+        """Element sums of the list by place and TP/EP treatment (what vectorized formulas read)."""
+        return ParamSums.of(self._tensors)
 
     @property
     def layer_params(self) -> int:
-        """Parameters of one transformer block."""
-        return sum(self.layer_params_split())
+        """Parameters of one transformer block, all experts included."""
+        return sum(t.numel for t in self.block_tensors())
 
     @property
     def embedding_params(self) -> int:
@@ -145,39 +187,56 @@ class ModelSpec:
         return self.vocab * self.hidden
 
     @property
-    def position_params(self) -> int:
-        """Learned absolute position embedding (replicated under TP)."""
-        return self.max_positions * self.hidden if self.positions == "learned" else 0
-
-    @property
-    def output_params(self) -> int:
-        """Output projection V*h when not tied to the input embedding."""
-        return 0 if self.tied_embeddings else self.vocab * self.hidden
-
-    @property
     def params(self) -> int:
         """Exact total parameter count (tied matrices counted once)."""
-        return (
-            self.layers * self.layer_params
-            + self.embedding_params
-            + self.position_params
-            + self.norm_params  # final norm
-            + self.output_params
-        )
+        s = self.sums
+        return self.layers * s.block_total + s.first_total + s.last_total
 
     @property
     def active_params(self) -> int:
-        """Parameters touched per token (MoE: only top-k experts' MLPs)."""
-        mlp_split, mlp_rep = self.mlp_params()
-        inactive = self.layers * (self.experts - self.experts_per_token) * (mlp_split + mlp_rep)
-        return self.params - inactive
+        """Parameters touched per token (MoE: only the top-k experts' tensors)."""
+        expert = sum(t.numel for t in self.block_tensors() if t.expert)
+        return self.params - self.layers * expert * (self.experts - self.experts_per_token) // self.experts
 
     @property
     def largest_layer_params(self) -> int:
-        """Largest single parameter tensor (DeepSpeed estimators' `largest_layer_params`)."""
-        h = self.hidden
-        candidates = [self.vocab * h, h * self.q_width, h * self.ffn, self.max_positions * h]
-        return max(candidates)
+        """Parameters of the largest module (its own tensors): DeepSpeed's `largest_layer_params`
+        (stage3.py estimate_zero3_model_states_mem_needs_all_live: max over model.modules() of
+        sum(p.numel() for p in m.parameters(recurse=False)))."""
+        per_module: dict[str, int] = {}
+        for t in self._tensors:
+            if not t.tied:
+                per_module[t.module] = per_module.get(t.module, 0) + t.numel
+        return max(per_module.values())
+
+    def gemms(self, fused: bool) -> list[Gemm]:
+        """A block's forward GEMMs as the engine runs them: one per weight matrix (Hugging Face
+        modules), or the tensors of one group fused into one GEMM (Megatron-core attention.py
+        linear_qkv, mlp.py linear_fc1 for gated units)."""
+        groups: dict[str, Gemm] = {}
+        for t in self.block_tensors():
+            if t.gemm is None:
+                continue
+            elements = t.numel // (self.experts if t.expert else 1)
+            key = t.gemm if fused else t.name
+            if key in groups:
+                g = groups[key]
+                groups[key] = replace(g, flops_per_token=g.flops_per_token + 2.0 * elements)
+            else:
+                groups[key] = Gemm(t.gemm, 2.0 * elements, t.tp_dim is not None, t.expert)
+        return list(groups.values())
+
+    def flat_local_sizes(self, tp: int, pp: int, stage: int, ep: int = 1) -> np.ndarray:
+        """Elements of one rank's tensors in registration order: the flat buffer DeepSpeed ZeRO-1/2
+        partitions (stage_1_and_2.py flattens each param group in model order)."""
+        n = self.layers // pp + (stage < self.layers % pp)
+        block = [local_numel(t, tp, self.experts, ep) for t in self.block_tensors()]
+        sizes = [local_numel(t, tp, self.experts, ep) for t in self._tensors if t.place == FIRST] if stage == 0 else []
+        sizes += block * n
+        if stage == pp - 1:
+            sizes += [local_numel(t, tp, self.experts, ep) for t in self._tensors
+                      if t.place == LAST and (not t.tied or pp > 1)]
+        return np.ceil(np.array(sizes, dtype=np.float64))
 
     def shape_dict(self) -> dict:
         d = asdict(self)
@@ -185,301 +244,183 @@ class ModelSpec:
         return d
 
 
+def local_numel(t: Tensor, tp, experts: int = 1, ep=1):
+    """Elements of `t` one rank holds: split by tp along tp_dim, routed experts split by ep."""
+    n = t.numel / tp if t.tp_dim is not None else t.numel
+    return n * (max(experts // ep, 1) / experts) if t.expert else n
+
+
+@dataclass(frozen=True)
+class ParamSums:
+    """Element sums of the tensor list, grouped the way TP, EP and PP treat them."""
+
+    block_split: int
+    """Dense block tensors split by TP."""
+    block_replicated: int
+    """Dense block tensors every TP rank holds whole (norms, row-parallel biases, router)."""
+    expert_split: int
+    """Routed experts' tensors split by (expert) TP, all experts of one block."""
+    expert_replicated: int
+    """Routed experts' tensors not split by TP (row-parallel biases), all experts."""
+    first_split: int
+    """First-stage tensors split by TP (vocab-parallel embedding)."""
+    first_replicated: int
+    """First-stage tensors kept whole (learned position embedding)."""
+    last_replicated: int
+    """Final norm."""
+    output: int
+    """Output layer V*h, vocab-parallel (0 counted in totals when tied)."""
+    tied: bool
+
+    @classmethod
+    def of(cls, tensors) -> "ParamSums":
+        def total(place, split, expert=False):
+            return sum(t.numel for t in tensors if t.place == place and (t.tp_dim is not None) == split
+                       and t.expert == expert and t.gemm != "logits")
+
+        out = [t for t in tensors if t.gemm == "logits"]
+        return cls(block_split=total(BLOCK, True), block_replicated=total(BLOCK, False),
+                   expert_split=total(BLOCK, True, True), expert_replicated=total(BLOCK, False, True),
+                   first_split=total(FIRST, True), first_replicated=total(FIRST, False),
+                   last_replicated=total(LAST, False), output=out[0].numel if out else 0,
+                   tied=bool(out and out[0].tied))
+
+    @property
+    def block_total(self) -> int:
+        return self.block_split + self.block_replicated + self.expert_split + self.expert_replicated
+
+    @property
+    def first_total(self) -> int:
+        return self.first_split + self.first_replicated
+
+    @property
+    def last_total(self) -> int:
+        return self.last_replicated + (0 if self.tied else self.output)
+
+
+# ---------------------------------------------------------------------------------------------
+# the Hugging Face module layouts (transformers modeling_llama / modeling_mixtral,
+# modeling_gpt2, modeling_gpt_neox: parameters in __init__ order)
+
+
+def _linear(name, out_features, in_features, tp_dim, bias, gemm=None, bias_split=None):
+    """nn.Linear: weight (out, in), then bias (out,); a column-parallel bias splits with the weight."""
+    w = Tensor(f"{name}.weight", (out_features, in_features), tp_dim, gemm=gemm)
+    b = Tensor(f"{name}.bias", (out_features,), 0 if (bias_split if bias_split is not None else tp_dim == 0) else None)
+    return [w, b] if bias else [w]
+
+
+def _norm(name, m: ModelSpec, place=BLOCK):
+    out = [Tensor(f"{name}.weight", (m.hidden,), None, place=place)]
+    return out + ([Tensor(f"{name}.bias", (m.hidden,), None, place=place)] if m.norm == "layernorm" else [])
+
+
+def _mlp_llama(m: ModelSpec, p: str) -> list[Tensor]:
+    h, f = m.hidden, m.ffn
+    if m.experts > 1:  # transformers 5 MixtralSparseMoeBlock: router, then the stacked experts
+        E = m.experts
+        up = 2 * f if m.ffn_kind == "swiglu" else f
+        out = [Tensor(f"{p}mlp.gate.weight", (E, h), None, gemm="router"),
+               Tensor(f"{p}mlp.experts.gate_up_proj" if m.ffn_kind == "swiglu" else f"{p}mlp.experts.up_proj",
+                      (E, up, h), 1, expert=True, gemm="fc1"),
+               Tensor(f"{p}mlp.experts.down_proj", (E, h, f), 2, expert=True, gemm="fc2")]
+        if m.bias:
+            out += [Tensor(f"{p}mlp.experts.gate_up_proj_bias", (E, up), 1, expert=True),
+                    Tensor(f"{p}mlp.experts.down_proj_bias", (E, h), None, expert=True)]
+        return out
+    out = _linear(f"{p}mlp.gate_proj", f, h, 0, m.bias, "fc1") if m.ffn_kind == "swiglu" else []
+    out += _linear(f"{p}mlp.up_proj", f, h, 0, m.bias, "fc1")
+    return out + _linear(f"{p}mlp.down_proj", h, f, 1, m.bias, "fc2")
+
+
+def _llama(m: ModelSpec) -> list[Tensor]:
+    h, q, kv = m.hidden, m.q_width, m.kv_width
+    p = "model.layers.{i}."
+    qkv_bias = m.bias or m.qkv_bias
+    block = (_linear(p + "self_attn.q_proj", q, h, 0, qkv_bias, "qkv") + _linear(p + "self_attn.k_proj", kv, h, 0, qkv_bias, "qkv")
+             + _linear(p + "self_attn.v_proj", kv, h, 0, qkv_bias, "qkv") + _linear(p + "self_attn.o_proj", h, q, 1, m.bias, "o")
+             + _mlp_llama(m, p) + _norm(p + "input_layernorm", m) + _norm(p + "post_attention_layernorm", m))
+    first = [Tensor("model.embed_tokens.weight", (m.vocab, h), 0, place=FIRST)]
+    if m.positions == "learned":
+        first.append(Tensor("model.embed_positions.weight", (m.max_positions, h), None, place=FIRST))
+    last = _norm("model.norm", m, LAST) + [_output(m)]
+    return first + block + last
+
+
+def _gpt2(m: ModelSpec) -> list[Tensor]:
+    # Conv1D keeps weights as (in, out): column-parallel splits dim 1, row-parallel dim 0
+    h, q, kv, f = m.hidden, m.q_width, m.kv_width, m.ffn
+    up = 2 * f if m.ffn_kind == "swiglu" else f
+    p = "transformer.h.{i}."
+
+    def conv(name, n_in, n_out, column, gemm):
+        w = Tensor(f"{name}.weight", (n_in, n_out), 1 if column else 0, gemm=gemm)
+        return [w, Tensor(f"{name}.bias", (n_out,), 0 if column else None)] if m.bias else [w]
+
+    block = (_norm(p + "ln_1", m) + conv(p + "attn.c_attn", h, q + 2 * kv, True, "qkv") + conv(p + "attn.c_proj", q, h, False, "o")
+             + _norm(p + "ln_2", m) + conv(p + "mlp.c_fc", h, up, True, "fc1") + conv(p + "mlp.c_proj", f, h, False, "fc2"))
+    first = [Tensor("transformer.wte.weight", (m.vocab, h), 0, place=FIRST)]
+    if m.positions == "learned":
+        first.append(Tensor("transformer.wpe.weight", (m.max_positions, h), None, place=FIRST))
+    return first + block + _norm("transformer.ln_f", m, LAST) + [_output(m)]
+
+
+def _gpt_neox(m: ModelSpec) -> list[Tensor]:
+    h, q, kv, f = m.hidden, m.q_width, m.kv_width, m.ffn
+    up = 2 * f if m.ffn_kind == "swiglu" else f
+    p = "gpt_neox.layers.{i}."
+    block = (_norm(p + "input_layernorm", m) + _norm(p + "post_attention_layernorm", m)
+             + _linear(p + "attention.query_key_value", q + 2 * kv, h, 0, m.bias or m.qkv_bias, "qkv")
+             + _linear(p + "attention.dense", h, q, 1, m.bias, "o")
+             + _linear(p + "mlp.dense_h_to_4h", up, h, 0, m.bias, "fc1") + _linear(p + "mlp.dense_4h_to_h", h, f, 1, m.bias, "fc2"))
+    first = [Tensor("gpt_neox.embed_in.weight", (m.vocab, h), 0, place=FIRST)]
+    if m.positions == "learned":
+        first.append(Tensor("gpt_neox.embed_positions.weight", (m.max_positions, h), None, place=FIRST))
+    return first + block + _norm("gpt_neox.final_layer_norm", m, LAST) + [_output(m)]
+
+
+def _output(m: ModelSpec) -> Tensor:
+    return Tensor("lm_head.weight", (m.vocab, m.hidden), 0, place=LAST, gemm="logits", tied=m.tied_embeddings)
+
+
 # ---------------------------------------------------------------------------------------------
 # catalog
 
 
-def load_catalog(path: Path | None = None) -> dict[str, ModelSpec]:
+def load_catalog() -> dict[str, ModelSpec]:
     """Models in data/models.json, keyed by lower-case name."""
-    path = path or DATA_DIR / "models.json"
-    with open(path) as f:
-        raw = json.load(f)
-    catalog = {}
-    for entry in raw["models"]:
-        entry = {k: v for k, v in entry.items() if k not in ("published_params", "aliases")}
+    from planner.data import catalog
+
+    out = {}
+    for entry in catalog("models.json")["models"]:
+        entry = {k: v for k, v in entry.items() if k not in ("published_params", "published_source", "aliases")}
         spec = ModelSpec(**entry)
-        catalog[spec.name.lower()] = spec
-    return catalog
+        out[spec.name.lower()] = spec
+    return out
 
 
-def published_params(path: Path | None = None) -> dict[str, int]:
+def published_params() -> dict[str, int]:
     """Published exact parameter counts from data/models.json (where the source gives one)."""
-    path = path or DATA_DIR / "models.json"
-    with open(path) as f:
-        raw = json.load(f)
-    return {e["name"].lower(): e["published_params"] for e in raw["models"] if e.get("published_params")}
+    from planner.data import catalog
+
+    return {e["name"].lower(): e["published_params"] for e in catalog("models.json")["models"]
+            if e.get("published_params")}
 
 
 def lookup(name: str) -> ModelSpec:
     """Catalog model by case-insensitive name; unknown names suggest close matches."""
     import difflib
 
-    catalog = load_catalog()
-    key = name.lower()
-    if key in catalog:
-        return catalog[key]
-    close = difflib.get_close_matches(key, list(catalog), n=3, cutoff=0.4)
-    hint = f" (did you mean {', '.join(catalog[c].name for c in close)}?)" if close else ""
+    models = load_catalog()
+    key = str(name).lower()
+    if key in models:
+        return models[key]
+    close = difflib.get_close_matches(key, list(models), n=3, cutoff=0.4)
+    hint = f" (did you mean {', '.join(models[c].name for c in close)}?)" if close else ""
     raise InputError(
-        f"--model: unknown model {name!r}{hint}; known: {', '.join(sorted(s.name for s in catalog.values()))}, "
+        f"--model: unknown model {name!r}{hint}; known: {', '.join(sorted(s.name for s in models.values()))}, "
         "or a path to a Hugging Face config.json"
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Hugging Face config.json
-
-
-def from_hf_config(path: str | Path) -> ModelSpec:
-    """Read a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen2, GPT-2, GPT-NeoX) offline.
-
-    Follows `transformers`' modeling code (the ground truth for the count): core shape fields are
-    required; optional ones take the defaults of the family's transformers config class
-    (Mistral/Mixtral: 8 KV heads; Qwen2: 32; Mixtral: 8 experts, top-2; GPT-2: tied, n_inner 4h).
-    Bias layouts ModelSpec cannot express (Llama attention_bias without mlp_bias or the reverse,
-    GPT-NeoX attention_bias false with its always-biased MLP) give the nearest shape and say, in
-    `source`, how many bias parameters the count leaves out.
-    """
-    where = str(path)
-    try:
-        with open(path) as f:
-            cfg = json.load(f)
-    except FileNotFoundError:
-        raise InputError(f"--model: no such file {where!r}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"--model: {where!r} is not valid JSON ({exc})") from None
-    except OSError as exc:
-        raise InputError(f"--model: cannot read {where!r} ({exc.strerror or exc})") from None
-    if not isinstance(cfg, dict):
-        raise InputError(f"--model: {where!r} must hold a JSON object")
-    kind = str(cfg.get("model_type", "")).lower()
-
-    def integer(*keys, default=None):
-        """First present, non-null field among `keys` (aliases) as an int; KeyError if required."""
-        for key in keys:
-            if cfg.get(key) is not None:
-                value = cfg[key]
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-                    raise ValueError(f"{key} must be an integer, got {value!r}")
-                return int(value)
-        if default is None:
-            raise KeyError(keys[0])
-        return default
-
-    def flag(key, default):
-        value = cfg.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise ValueError(f"{key} must be true or false, got {value!r}")
-        return value
-
-    def rate(key, default):
-        value = cfg.get(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{key} must be a number, got {value!r}")
-        return float(value)
-
-    name = str(cfg.get("_name_or_path") or kind)
-    source = f"Hugging Face config {where}"
-    try:
-        if kind in ("llama", "mistral", "qwen2", "mixtral"):
-            layers = integer("num_hidden_layers")
-            hidden = integer("hidden_size")
-            heads = integer("num_attention_heads")
-            ffn = integer("intermediate_size")
-            # transformers' config defaults when the key is absent (null means "same as heads")
-            kv_default = {"llama": heads, "mistral": 8, "mixtral": 8, "qwen2": 32}[kind]
-            kv_heads = integer("num_key_value_heads", default=heads) if "num_key_value_heads" in cfg else kv_default
-            # only LlamaAttention/LlamaMLP read attention_bias/mlp_bias; Mistral/Mixtral have no
-            # biases at all, Qwen2 always has q/k/v biases (and no others)
-            attn_bias = kind == "llama" and flag("attention_bias", False)
-            mlp_bias = kind == "llama" and flag("mlp_bias", False)
-            if attn_bias and not mlp_bias:
-                source += f"; approximate: o_proj biases not modelled ({layers * hidden} parameters)"
-            elif mlp_bias and not attn_bias:
-                source += f"; approximate: MLP biases not modelled ({layers * (2 * ffn + hidden)} parameters)"
-            experts = integer("num_local_experts", "num_experts", default=8) if kind == "mixtral" else 1
-            top_k = integer("num_experts_per_tok", default=2) if kind == "mixtral" else 1
-            spec = dict(
-                layers=layers,
-                hidden=hidden,
-                heads=heads,
-                kv_heads=kv_heads,
-                ffn=ffn,
-                vocab=integer("vocab_size"),
-                ffn_kind="swiglu",
-                norm="rmsnorm",
-                bias=attn_bias and mlp_bias,
-                qkv_bias=kind == "qwen2" or attn_bias,
-                positions="rotary",
-                tied_embeddings=flag("tie_word_embeddings", False),
-                head_dim=integer("head_dim", default=0),
-                experts=experts,
-                experts_per_token=top_k,
-            )
-        elif kind == "gpt2":
-            # GPT2Config.attribute_map: hidden_size, num_hidden_layers, num_attention_heads, max_position_embeddings
-            hidden = integer("n_embd", "hidden_size")
-            heads = integer("n_head", "num_attention_heads")
-            spec = dict(
-                layers=integer("n_layer", "num_hidden_layers"),
-                hidden=hidden,
-                heads=heads,
-                kv_heads=heads,
-                ffn=integer("n_inner", default=4 * hidden),
-                vocab=integer("vocab_size"),
-                ffn_kind="gelu",
-                norm="layernorm",
-                bias=True,
-                positions="learned",
-                max_positions=integer("n_positions", "max_position_embeddings"),
-                tied_embeddings=flag("tie_word_embeddings", True),
-                dropout=rate("attn_pdrop", 0.1) > 0,
-            )
-        elif kind == "gpt_neox":
-            layers = integer("num_hidden_layers")
-            hidden = integer("hidden_size")
-            heads = integer("num_attention_heads")
-            ffn = integer("intermediate_size")
-            attn_bias = flag("attention_bias", True)  # GPTNeoXMLP's two linears always carry biases
-            if not attn_bias:
-                source += f"; approximate: MLP biases not modelled ({layers * (ffn + hidden)} parameters)"
-            spec = dict(
-                layers=layers,
-                hidden=hidden,
-                heads=heads,
-                kv_heads=heads,
-                ffn=ffn,
-                vocab=integer("vocab_size"),
-                ffn_kind="gelu",
-                norm="layernorm",
-                bias=attn_bias,
-                positions="rotary",
-                tied_embeddings=flag("tie_word_embeddings", False),
-                dropout=max(rate("attention_dropout", 0.0), rate("hidden_dropout", 0.0)) > 0,
-            )
-        else:
-            raise InputError(
-                f"--model: model_type {kind!r} in {where!r} is not supported; "
-                "supported: llama, mistral, mixtral, qwen2, gpt2, gpt_neox"
-            )
-    except KeyError as exc:
-        raise InputError(f"--model: {where!r} lacks the field {exc.args[0]!r} for model_type {kind!r}") from None
-    except (TypeError, ValueError, OverflowError) as exc:
-        if isinstance(exc, InputError):
-            raise
-        raise InputError(f"--model: {where!r} has a malformed field ({exc})") from None
-    try:
-        return ModelSpec(name=name, source=source, **spec)
-    except InputError as exc:
-        raise InputError(f"--model: {where!r} describes an invalid shape ({exc})") from None
-
-
-# ---------------------------------------------------------------------------------------------
-# --params: derive a plausible shape
-
-# Llama-3 family rule (Meta llama3 model.py): head_dim 128, 8 KV heads, ffn = 1.3 * 8h/3 rounded up
-# to a multiple of 1024, vocab 128,256. Width per layer from Llama-2/3 (h/L = 128 at 7-13B,
-# 102 at 70B, 130 at 405B): we target h/L = 128 and pick the depth whose count is nearest.
-_DERIVED_HEAD_DIM = 128
-_DERIVED_KV_HEADS = 8
-_DERIVED_VOCAB = 128256
-_DERIVED_WIDTH_PER_LAYER = 128.0
-
-
-def llama3_ffn(hidden: int) -> int:
-    # Meta llama3 model.py FeedForward: int(2*4h/3), times ffn_dim_multiplier 1.3, rounded up to 1024
-    raw = int(1.3 * int(2 * 4 * hidden / 3))
-    return 1024 * math.ceil(raw / 1024)
-
-
-def derive_shape(target_params: float, **overrides) -> ModelSpec:
-    """A Llama-3-style shape whose exact count is nearest `target_params`; overrides win.
-
-    Free choices: depth L (2..256, within 1.5x of the depth a 12 L h^2 stack with h = 128 L needs) and query heads a (hidden = 128 a, KV heads gcd(a, 8), ffn by
-    the Llama-3 rule, vocab 128,256, untied). Score: |log(count / target)|, plus 0.005 per halving
-    of the KV heads below 8 (the family uses 8), plus 0.02 |log((h / L) / 128)| (aspect ratio).
-    With L free the count is matched by depth, so 8 KV heads nearly always win; with L fixed the
-    width is searched in steps of 128, so the count stays within ~2.5% (fewer KV heads if needed).
-    Overrides are ModelSpec shape fields (None values ignored); a fixed `kv_heads` restricts the
-    heads to its multiples, a fixed `head_dim` replaces 128 as the width per head.
-    """
-    if not target_params > 0:
-        raise InputError(f"--params: must be a positive number, got {target_params!r}")
-    fixed = {k: v for k, v in overrides.items() if v is not None}
-    from dataclasses import fields as dataclass_fields
-
-    shape_fields = {f.name for f in dataclass_fields(ModelSpec)} - {"name", "source"}
-    unknown = sorted(set(fixed) - shape_fields)
-    if unknown:
-        raise TypeError(f"derive_shape() got unexpected shape fields {unknown}")
-    per_head = fixed.get("head_dim") or _DERIVED_HEAD_DIM
-    max_heads = 1024
-    if "heads" in fixed:
-        head_choices = [fixed["heads"]]
-    elif "hidden" in fixed:
-        head_choices = [max(1, fixed["hidden"] // per_head)]
-    elif "kv_heads" in fixed:
-        head_choices = list(range(fixed["kv_heads"], max_heads + 1, fixed["kv_heads"]))
-    else:
-        head_choices = list(range(1, max_heads + 1))
-    last_error: InputError | None = None
-
-    def make(layers: int, heads: int) -> ModelSpec | None:
-        nonlocal last_error
-        hidden = fixed.get("hidden", heads * per_head)
-        fields = dict(
-            layers=layers,
-            hidden=hidden,
-            heads=heads,
-            kv_heads=math.gcd(heads, _DERIVED_KV_HEADS),
-            ffn=llama3_ffn(hidden),
-            vocab=_DERIVED_VOCAB,
-            ffn_kind="swiglu",
-            tied_embeddings=False,
-        )
-        fields.update({k: v for k, v in fixed.items() if k not in ("layers", "hidden", "heads")})
-        try:
-            return ModelSpec(
-                name=f"derived-{target_params:.3g}",
-                source="derived from --params by the Llama-3 family rule (planner/model.py)",
-                **fields,
-            )
-        except InputError as exc:
-            last_error = exc
-            return None
-
-    def score(spec: ModelSpec) -> float:
-        kv_penalty = 0.0 if "kv_heads" in fixed else 0.005 * math.log2(_DERIVED_KV_HEADS / spec.kv_heads)
-        aspect = abs(math.log(spec.hidden / spec.layers / _DERIVED_WIDTH_PER_LAYER))
-        return abs(math.log(spec.params / target_params)) + kv_penalty + 0.02 * aspect
-
-    best, best_score = None, math.inf
-    # depths near the one a 12 L h^2 block stack with h = 128 L would need (Kaplan et al. 2020 eq. 2.1)
-    depth = (target_params / (12 * _DERIVED_WIDTH_PER_LAYER**2)) ** (1 / 3)
-    depths = range(max(2, int(depth / 1.5)), min(256, int(depth * 1.5) + 2) + 1)
-    for layers in [fixed["layers"]] if "layers" in fixed else depths:
-        # the count grows with the heads: bisect for the first choice at or above the target,
-        # then score a window around it (wide enough to reach the nearest multiples of 8)
-        lo, hi = 0, len(head_choices) - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            spec = make(layers, head_choices[mid])
-            if spec is not None and spec.params >= target_params:
-                hi = mid
-            else:
-                lo = mid + 1
-        for i in range(max(0, lo - 8), min(len(head_choices), lo + 9)):
-            spec = make(layers, head_choices[i])
-            if spec is not None and score(spec) < best_score:
-                best, best_score = spec, score(spec)
-    if best is None:
-        detail = f" ({last_error})" if last_error else ""
-        raise InputError(f"--params: no shape satisfies the given overrides{detail}")
-    return best
 
 
 def with_overrides(spec: ModelSpec, **overrides) -> ModelSpec:
@@ -489,5 +430,4 @@ def with_overrides(spec: ModelSpec, **overrides) -> ModelSpec:
         return spec
     if "heads" in clean and "kv_heads" not in clean and spec.kv_heads == spec.heads:
         clean["kv_heads"] = clean["heads"]
-    return replace(spec, name=spec.name if not clean else f"{spec.name}+overrides", **clean)
-
+    return replace(spec, name=f"{spec.name}+overrides", **clean)

@@ -1,80 +1,113 @@
-"""Evaluate layouts and turn the arrays into the JSON records and text tables users read."""
+"""The answers as text: tables and lines users read (the JSON comes from the answers' to_json)."""
 
 from __future__ import annotations
 
-import numpy as np
-
-from planner import memory, timing
-from planner.hardware import Cluster
-from planner.layout import Layouts, Training
-from planner.model import ModelSpec
+from planner.memory import BREAKDOWN_KEYS
+from planner.search import short
 
 GiB = 2**30
-
-
-def evaluate(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, headroom: float = 0.0) -> dict:
-    """Memory (peak rank) and step time of every candidate, in one vectorized pass."""
-    mem = memory.rank_memory(model, cluster, training, lay)
-    capacity = cluster.gpu.memory_bytes * (1.0 - headroom)
-    cpu_ok = mem["cpu_per_node"] <= cluster.gpu.host_ram_bytes_per_node
-    fits = (mem["total"] <= capacity) & cpu_ok
-    return {"memory": mem, "time": timing.step_time(model, cluster, training, lay), "fits": fits, "cpu_fits": cpu_ok}
-
-
-def _pick(tree, i):
-    if isinstance(tree, dict):
-        return {k: _pick(v, i) for k, v in tree.items()}
-    return float(np.asarray(tree).flat[i]) if np.ndim(tree) else float(tree)
-
-
-def layout_record(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, ev: dict, i: int,
-                  with_stages: bool = False) -> dict:
-    """One candidate as {layout, memory, time, throughput} (the `planner estimate --json` keys)."""
-    mem = ev["memory"]
-    record = {
-        "layout": lay.row(i),
-        "memory": {
-            "gpu_bytes": int(mem["total"][i]),
-            "cpu_bytes_per_node": int(mem["cpu_per_node"][i]),
-            "capacity_bytes": int(cluster.gpu.memory_bytes),
-            "headroom_bytes": int(cluster.gpu.memory_bytes - mem["total"][i]),
-            "fits": bool(ev["fits"][i]),
-            "peak_phase": "optimizer step" if mem["phase"][i] else "forward/backward",
-            "breakdown": {k: int(mem[k][i]) for k in memory.BREAKDOWN_KEYS},
-        },
-    }
-    time = ev["time"]
-    record["time"] = {"step_s": _pick(time["step_s"], i), "breakdown": _pick(time["breakdown"], i)}
-    record["throughput"] = _pick(time["throughput"], i)
-    if with_stages:
-        one = lay.take(np.array([i]))
-        record["memory"]["per_stage"] = [
-            {"stage": s, "gpu_bytes": int(row["total"]), "cpu_bytes_per_node": int(row["cpu_per_node"]),
-             "breakdown": {k: int(row[k]) for k in memory.BREAKDOWN_KEYS}}
-            for s, row in enumerate(memory.per_stage(model, cluster, training, one))
-        ]
-    return record
 
 
 def gib(x: float) -> str:
     return f"{x / GiB:.2f}"
 
 
-def memory_table(record: dict, capacity_bytes: int) -> str:
-    """Per-stage memory table with each part, total, capacity, headroom and fit."""
-    stages = record["memory"]["per_stage"]
-    keys = memory.BREAKDOWN_KEYS
-    head = ["stage", *keys, "total", "capacity", "headroom", "fits"]
-    rows = []
-    for st in stages:
-        total = st["gpu_bytes"]
-        rows.append([str(st["stage"]), *(gib(st["breakdown"][k]) for k in keys), gib(total), gib(capacity_bytes),
-                     gib(capacity_bytes - total), "yes" if total <= capacity_bytes else "NO"])
-    return table(head, rows) + "\n(GiB per GPU; every rank of a stage holds the same)"
-
-
 def table(head: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[j]) for r in rows)) if rows else len(h) for j, h in enumerate(head)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def describe(model, cluster, training) -> str:
+    return (f"model {model.name}: {model.params:,} params, L={model.layers} h={model.hidden} a={model.heads} "
+            f"kv={model.kv_heads} ffn={model.ffn} ({model.ffn_kind}) V={model.vocab}\n"
+            f"cluster {cluster.num_gpus} x {cluster.gpu.name} ({cluster.gpus_per_node} per node, "
+            f"{cluster.gpu.memory_bytes / 2**30:.1f} GiB each); seq {training.seq_len}, {training.precision}, "
+            f"{training.optimizer}, engine {training.engine.name}, "
+            f"flash attention {'on' if training.flash_attention else 'off'}")
+
+
+def memory_table(memory: dict) -> str:
+    """Per-stage memory table with each part, total, capacity, headroom and fit."""
+    capacity = memory["capacity_bytes"]
+    head = ["stage", *BREAKDOWN_KEYS, "total", "capacity", "headroom", "fits"]
+    rows = []
+    for st in memory["per_stage"]:
+        total = st["gpu_bytes"]
+        rows.append([str(st["stage"]), *(gib(st["breakdown"][k]) for k in BREAKDOWN_KEYS), gib(total), gib(capacity),
+                     gib(capacity - total), "yes" if total <= capacity else "NO"])
+    return table(head, rows) + "\n(GiB per GPU; every rank of a stage holds the same)"
+
+
+def time_text(record: dict) -> str:
+    t, th = record["time"], record["throughput"]
+    parts = ", ".join(f"{k} {v:.3f}" for k, v in t["breakdown"].items() if v > 0)
+    return (f"step {t['step_s']:.3f} s ({parts})\n"
+            f"{th['tokens_per_s']:,.0f} tokens/s, {th['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU, "
+            f"MFU {th['mfu']:.1%}, HFU {th['hfu']:.1%}")
+
+
+def train_time_text(tt: dict) -> str:
+    text = f"time to train: {tt['days']:.1f} days, {tt['gpu_hours']:,.0f} GPU-hours"
+    if tt.get("cost") is not None:
+        text += f", cost {tt['cost']:,.0f}"
+    return text
+
+
+def ds_estimator_text(rows: dict) -> str:
+    lines = ["DeepSpeed's own estimator (model states only; GiB per GPU / per node CPU):"]
+    lines += [f"  {k}: {v['gpu_bytes'] / 2**30:.2f} / {v['cpu_bytes_per_node'] / 2**30:.2f}" for k, v in rows.items()]
+    return "\n".join(lines)
+
+
+def estimate_text(e) -> str:
+    """`planner estimate` without --json."""
+    mem = e.memory
+    lines = [describe(e.model, e.cluster, e.training), "", memory_table(mem),
+             f"peak rank total {gib(mem['gpu_bytes'])} GiB at the {mem['peak_phase']} peak"
+             f"; CPU per node {gib(mem['cpu_bytes_per_node'])} GiB -> {'fits' if mem['fits'] else 'DOES NOT FIT'}", "",
+             time_text(e.record)]
+    if e.time_to_train:
+        lines.append(train_time_text(e.time_to_train))
+    if e.deepspeed_estimator:
+        lines.append(ds_estimator_text(e.deepspeed_estimator))
+    return "\n".join(lines)
+
+
+def rejections_text(r) -> str:
+    rej = ", ".join(f"{k} {v:,}" for k, v in sorted(r.rejected.items(), key=lambda kv: -kv[1]))
+    return f"{r.candidates_evaluated:,} candidates evaluated in {r.elapsed_s:.2f} s; rejected: {rej or 'none'}"
+
+
+def recommend_text(r) -> str:
+    """`planner recommend` without --json."""
+    lines = ["assumed: " + ", ".join(f"{k} {v}" for k, v in r.assumptions.items()),
+             describe(r.model, r.cluster, r.training), ""]
+    if not r.layouts:
+        return "\n".join(lines + ["nothing fits. " + "; ".join(r.suggestions), rejections_text(r)])
+    head = ["#", "layout", "GiB/GPU", "free", "step s", "tokens/s", "MFU", "binding constraint"]
+    rows = []
+    for k, rec in enumerate(r.layouts, 1):
+        mem, th = rec["memory"], rec["throughput"]
+        rows.append([str(k), short(rec["layout"]), gib(mem["gpu_bytes"]), gib(mem["headroom_bytes"]),
+                     f"{rec['time']['step_s']:.2f}", f"{th['tokens_per_s']:,.0f}", f"{th['mfu']:.1%}",
+                     rec["binding_constraint"]])
+    lines.append(table(head, rows))
+    if len(r.layouts) > 1:
+        gap = 1 - r.layouts[1]["throughput"]["tokens_per_s"] / r.layouts[0]["throughput"]["tokens_per_s"]
+        lines.append(f"runner-up is {gap:.1%} slower")
+    if r.layouts[0].get("time_to_train"):
+        lines.append("#1 " + train_time_text(r.layouts[0]["time_to_train"]))
+    lines.append(rejections_text(r))
+    return "\n".join(lines)
+
+
+def validate_text(v: dict) -> str:
+    rows = v["cases"]
+    head = ["case", "metric", "published", "predicted", "error"]
+    body = [[r["id"], r["metric"], f"{r['published']:.4g}", f"{r['predicted']:.4g}", f"{r['error']:+.1%}"] for r in rows]
+    lines = [table(head, body)]
+    lines += [f"MAPE {m}: {x:.1%}" for m, x in v["mape_by_metric"].items()]
+    lines.append(f"MAPE all {len(rows)} figures: {v['mape']:.1%}")
     return "\n".join(lines)

@@ -6,20 +6,19 @@ is tuned per case: every prediction uses the same catalog coefficients.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
-from planner import hardware, layout, memory, report
-from planner.model import DATA_DIR, ModelSpec
+from planner import activations, hardware, layout, search
+from planner.model import ModelSpec
 
 # Where a paper leaves a layout field out we assume the Megatron-LM default and say so.
 ASSUMED_MBS = 1  # Narayanan 2021 Table 1 omits the micro-batch size; Megatron-LM's default is 1
 
 
-def load_runs(path=None) -> list[dict]:
-    with open(path or DATA_DIR / "references" / "published_runs.json") as f:
-        return json.load(f)
+def load_runs() -> list[dict]:
+    from planner.data import catalog
+
+    return catalog("references/published_runs.json")
 
 
 def run_model(run: dict) -> ModelSpec:
@@ -27,7 +26,7 @@ def run_model(run: dict) -> ModelSpec:
     return ModelSpec(layers=run["layers"], hidden=run["hidden"], heads=run["heads"], kv_heads=run["kv_heads"],
                      ffn=run["ffn"], vocab=run["vocab"], ffn_kind="gelu", norm="layernorm", bias=True,
                      positions="learned", max_positions=run["seq_len"], tied_embeddings=True, dropout=True,
-                     name=run["id"], source=run["source"])
+                     architecture="gpt2", name=run["id"], source=run["source"])
 
 
 def run_setup(run: dict):
@@ -57,7 +56,7 @@ def compare() -> list[dict]:
             continue
         model, cluster, training, lay = setup
         measured = run["measured"]
-        ev = report.evaluate(model, cluster, training, lay)
+        ev = search.evaluate(model, cluster, training, lay)
         th, step_s = ev["time"]["throughput"], float(ev["time"]["step_s"][0])
         # Narayanan 2021 TFLOP/s count the recompute pass (eq. 3): compare hardware FLOPs
         if "tflops_per_gpu" in measured:
@@ -66,7 +65,7 @@ def compare() -> list[dict]:
         if "iter_time_s" in measured:
             rows.append(_row(run, "iteration time s", measured["iter_time_s"], step_s))
         if "memory_gib_activations" in measured:
-            acts, logits = memory.activations(model, training, lay, np.zeros(1, dtype=np.int64))
+            acts = activations.stage_activation_bytes(model, training, lay, np.zeros(1, dtype=np.int64))
             rows.append(_row(run, "activation GiB (first stage)", measured["memory_gib_activations"],
                              float(acts[0]) / 2**30))
     return rows
@@ -80,18 +79,3 @@ def _row(run, metric, published, predicted) -> dict:
 def mape(rows: list[dict], metric_prefix: str = "") -> float:
     errs = [abs(r["error"]) for r in rows if r["metric"].startswith(metric_prefix)]
     return float(np.mean(errs)) if errs else float("nan")
-
-
-def run_cli(args, out) -> int:
-    rows = compare()
-    summary = {m: mape(rows, m) for m in sorted({r["metric"] for r in rows})}
-    if args.json:
-        out.write(json.dumps({"cases": rows, "mape": mape(rows), "mape_by_metric": summary}, indent=1) + "\n")
-        return 0
-    head = ["case", "metric", "published", "predicted", "error"]
-    body = [[r["id"], r["metric"], f"{r['published']:.4g}", f"{r['predicted']:.4g}", f"{r['error']:+.1%}"] for r in rows]
-    out.write(report.table(head, body) + "\n")
-    for m, v in summary.items():
-        out.write(f"MAPE {m}: {v:.1%}\n")
-    out.write(f"MAPE all {len(rows)} figures: {mape(rows):.1%}\n")
-    return 0

@@ -1,0 +1,170 @@
+"""Activation memory: the one list of tensors a transformer block saves for backward, and what
+each recompute policy, pipeline stage and the output layer add to it.
+
+After Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models")
+section 4, generalized tensor by tensor to GQA, SwiGLU, RMSNorm, MoE and FlashAttention; with
+GeLU 4h MLP, multi-head attention and dropout the list sums to their Table 2 exactly:
+sbh(34 + 5as/h) unsplit, sbh(10 + 24/t + 5as/(ht)) with TP, sbh(34/t + 5as/(ht)) with SP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.engines import SelectivePolicy
+from planner.layout import Layouts, Training
+from planner.model import ModelSpec
+from planner.options import Recompute
+from planner.pipeline import layers_on_stage, microbatches_in_flight
+
+# how a saved tensor divides over the TP ranks
+TP, SP = "tp", "sp"
+"""TP: split by t (inside the tensor-parallel region); SP: split by t only under sequence
+parallelism (the 'replicated' LayerNorm/dropout region, Korthikanti section 4.2.2)."""
+
+
+@dataclass(frozen=True)
+class Saved:
+    """One tensor a block keeps for its backward, per token of one micro-batch."""
+
+    name: str
+    bytes_per_token: float
+    """Bytes per token before any TP split."""
+    split: str
+    """TP or SP."""
+    core: bool = False
+    """Attention-core internals that selective recompute drops (Korthikanti section 5)."""
+
+
+def saved_tensors(model: ModelSpec, training: Training, seq: float) -> list[Saved]:
+    """What one block saves for backward, per token, with `seq` keys per query (the attention
+    scores per token). Megatron-LM's kernels: fused SwiGLU saves the [gate|up] fc1 output (2f)
+    and the fc2 input (f) (core/fusions/fused_bias_swiglu.py save_for_backward); FlashAttention
+    keeps its output and an fp32 log-sum-exp per head (Dao 2023 section 3.1) instead of the
+    a s^2 scores; dropout keeps 1-byte masks."""
+    e = training.precision.element_bytes
+    h, q, kv, f, a = model.hidden, model.q_width, model.kv_width, model.ffn, model.heads
+    dropout = model.dropout
+    out = [
+        Saved("attention norm input", e * h, SP),
+        Saved("qkv input", e * h, SP),
+        Saved("q", e * q, TP), Saved("k", e * kv, TP), Saved("v", e * kv, TP),
+    ]
+    if training.flash_attention:
+        out.append(Saved("flash log-sum-exp (fp32)", 4.0 * a, TP, core=True))
+    else:
+        out.append(Saved("softmax output", e * a * seq, TP, core=True))
+        if dropout:
+            out += [Saved("attention dropout mask", 1.0 * a * seq, TP, core=True),
+                    Saved("attention dropout output", e * a * seq, TP, core=True)]
+    out.append(Saved("output-projection input", e * q, TP))
+    if dropout:
+        out.append(Saved("attention-output dropout mask", 1.0 * h, SP))
+    out += [Saved("mlp norm input", e * h, SP), Saved("mlp input", e * h, SP)]
+    k = model.experts_per_token  # each token's activations in its top-k experts
+    if model.ffn_kind == "swiglu":
+        out += [Saved("fc1 output [gate|up]", k * e * 2 * f, TP), Saved("fc2 input", k * e * f, TP)]
+    else:
+        out += [Saved("activation input", k * e * f, TP), Saved("fc2 input", k * e * f, TP)]
+    if dropout:
+        out.append(Saved("mlp dropout mask", 1.0 * h, SP))
+    return out
+
+
+def layer_bytes(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
+    """(every saved tensor, without the attention core, the block input alone) bytes of one block
+    for one micro-batch on one rank: what no, selective and full recompute keep."""
+    t = lay.tp.astype(np.float64)
+    s = training.seq_len / lay.cp  # context parallelism splits the sequence
+    tokens = s * lay.mbs
+    sp = np.where(lay.sequence_parallel > 0, t, 1.0)
+    whole, stored = 0.0, 0.0
+    for x in saved_tensors(model, training, s):
+        part = tokens * x.bytes_per_token / (t if x.split == TP else sp)
+        whole = whole + part
+        stored = stored + (0.0 if x.core else part)
+    layer_input = tokens * training.precision.element_bytes * model.hidden / sp  # all full recompute keeps
+    return whole, stored, layer_input
+
+
+def op_sac_bytes(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
+    """What torchtitan's op-level selective checkpointing keeps of one block per micro-batch
+    (torchtitan 0.3.0 distributed/activation_checkpoint.py SelectiveAC: the checkpointed block's
+    input, and the outputs of the ops on its save list: matmuls, but every second one recomputed
+    (mm_count % 2 == 0), attention kernels with their log-sum-exp, reduce_scatter outputs). In the
+    Llama block the matmuls run wq, wk, wv, wo, w1, w3, w2, so wq, wv, w1 and w2's outputs are kept;
+    w2's output is the row-parallel partial sum, whole under TP; with SP the two reduce-scatters'
+    outputs are kept too. Read from the code; measured in the calibrate issue."""
+    e, t = training.precision.element_bytes, lay.tp.astype(np.float64)
+    sp = np.where(lay.sequence_parallel > 0, t, 1.0)
+    tokens = training.seq_len / lay.cp * lay.mbs
+    h, q, kv, f = model.hidden, model.q_width, model.kv_width, model.ffn
+    per_token = (e * h / sp + e * (2 * q + kv) / t + 4.0 * model.heads / t
+                 + model.experts_per_token * e * f / t + e * h + (sp > 1) * 2 * e * h / t)
+    return tokens * per_token
+
+
+def kept_per_layer(model: ModelSpec, training: Training, lay: Layouts, recompute=None) -> np.ndarray:
+    """Bytes one block keeps for backward per micro-batch under the layout's recompute policy
+    (what 'selective' keeps is the engine's policy)."""
+    recompute = lay.recompute if recompute is None else recompute
+    whole, stored, layer_input = layer_bytes(model, training, lay)
+    if training.engine.selective_policy is SelectivePolicy.OP_SAC:
+        stored = op_sac_bytes(model, training, lay)
+    return np.select([recompute == Recompute.NONE, recompute == Recompute.SELECTIVE], [whole, stored], layer_input)
+
+
+def recompute_working_bytes(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
+    """Recomputation in backward materialises, for one block and micro-batch at a time, what it
+    dropped: the whole block under full recompute, what selective recompute did not keep."""
+    whole = layer_bytes(model, training, lay)[0]
+    selective = whole - kept_per_layer(model, training, lay, Recompute.SELECTIVE + 0 * lay.recompute)
+    return np.select([lay.recompute == Recompute.FULL, lay.recompute == Recompute.SELECTIVE],
+                     [whole, np.maximum(selective, 0.0)], 0.0)
+
+
+def embedding_dropout_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+    """First stage: the embedding dropout's 1-byte mask per in-flight micro-batch (Korthikanti
+    section 4.3)."""
+    if not model.dropout:
+        return 0.0 * lay.tp
+    tokens = training.seq_len / lay.cp * lay.mbs
+    sp = np.where(lay.sequence_parallel > 0, lay.tp, 1.0)
+    in_flight = microbatches_in_flight(lay.pp, lay.vpp, lay.gas, lay.schedule, stage)
+    return (stage == 0) * tokens * model.hidden / sp * np.ceil(in_flight)
+
+
+def head_input_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+    """Last stage: the final norm's input and the output layer's input, one micro-batch
+    (Korthikanti section 4.3: the output layer's activations are kept for the micro-batch in its
+    backward)."""
+    tokens = training.seq_len / lay.cp * lay.mbs
+    sp = np.where(lay.sequence_parallel > 0, lay.tp, 1.0)
+    return (stage == lay.pp - 1) * 2 * training.precision.element_bytes * tokens * model.hidden / sp
+
+
+def logits_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, bytes_per_element: float) -> np.ndarray:
+    """Last stage: the vocab-parallel logits of one micro-batch, split by t, at `bytes_per_element`
+    per logit (Megatron-core tensor_parallel/cross_entropy.py: 16-bit logits, their fp32 copy and
+    the fp32 softmax it saves for backward: 2 + 4 + 4). An engine computing the loss over sequence
+    chunks holds one chunk's logits and an fp32 gradient buffer of the hidden states (torchtitan
+    components/loss.py ChunkedLossWrapper: GradAccumulator(dtype=torch.float32) of [B, L, D])."""
+    tokens = training.seq_len / lay.cp * lay.mbs
+    chunks = training.engine.loss_chunks
+    held = bytes_per_element * tokens / chunks * model.vocab / lay.tp
+    if chunks > 1:
+        held = held + 4.0 * tokens * model.hidden
+    return (stage == lay.pp - 1) * held
+
+
+def stage_activation_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+    """Activation bytes on one rank of `stage` at its backward peak: what each block keeps, times
+    its blocks and the micro-batches in flight, plus the recompute working set and the
+    first/last-stage extras."""
+    n_layers = layers_on_stage(model.layers, lay.pp, stage, training.engine.pipeline_edge_layers)
+    in_flight = microbatches_in_flight(lay.pp, lay.vpp, lay.gas, lay.schedule, stage)
+    kept = kept_per_layer(model, training, lay) * n_layers * in_flight
+    return (kept + recompute_working_bytes(model, training, lay)
+            + embedding_dropout_bytes(model, training, lay, stage) + head_input_bytes(model, training, lay, stage))

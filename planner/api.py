@@ -1,0 +1,288 @@
+"""The planning API: `estimate` one layout, `recommend` the fastest that fits, `validate` against
+published runs. Plain typed functions: the CLI, the Streamlit app and calibrate/ all call these.
+
+    from planner import api
+    e = api.estimate("llama-3-70b", {"gpus": 16}, layout={"tp": 8, "pp": 2, "recompute": "selective"})
+    e.memory["gpu_bytes"], e.time["step_s"], e.to_json()
+    r = api.recommend(70e9, {"gpus": 16})
+    r.layouts[0]["layout"], r.assumptions
+
+Inputs are given by value (planner/inputs.py); every default applied is reported back in the
+answer's `defaults`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner import memory, rules, search
+from planner.errors import InputError
+from planner.hardware import Cluster
+from planner.inputs import (DEFAULTS, ClusterInput, LayoutInput, ModelInput, TrainingInput, coerce, resolve_model,
+                            with_gpus)
+from planner.layout import Layouts, Training, single
+from planner.model import ModelSpec
+from planner.timing import time_to_train
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Memory and step time of one layout."""
+
+    model: ModelSpec
+    cluster: Cluster
+    training: Training
+    record: dict
+    """{layout, memory (with per_stage), time, throughput} as in the JSON answer."""
+    defaults: dict
+    """Each input the planner filled in, with the value it used."""
+    time_to_train: dict | None = None
+    deepspeed_estimator: dict | None = None
+
+    @property
+    def layout(self) -> dict:
+        return self.record["layout"]
+
+    @property
+    def memory(self) -> dict:
+        return self.record["memory"]
+
+    @property
+    def time(self) -> dict:
+        return self.record["time"]
+
+    @property
+    def throughput(self) -> dict:
+        return self.record["throughput"]
+
+    def to_json(self) -> dict:
+        """The `planner estimate --json` object (schema frozen by tests/test_cli.py)."""
+        out = {"model": self.model.shape_dict(), "cluster": cluster_dict(self.cluster),
+               "training": self.training.as_dict(), **self.record, "defaults": self.defaults}
+        if self.time_to_train is not None:
+            out["time_to_train"] = self.time_to_train
+        if self.deepspeed_estimator is not None:
+            out["deepspeed_estimator"] = self.deepspeed_estimator
+        return out
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The fastest layouts that fit, and what the search rejected."""
+
+    model: ModelSpec
+    cluster: Cluster
+    training: Training
+    assumptions: dict
+    """The inputs every layout shares, given or defaulted."""
+    defaults: dict
+    candidates_evaluated: int
+    rejected: dict
+    """{reason: count} over the whole space."""
+    layouts: list
+    """Records as in Estimate.record (without per_stage), with binding_constraint, fastest first."""
+    suggestions: list = field(default_factory=list)
+    """When nothing fits: what would."""
+    elapsed_s: float = 0.0
+
+    def to_json(self) -> dict:
+        """The `planner recommend --json` object."""
+        return {"model": self.model.shape_dict(), "assumptions": self.assumptions, "defaults": self.defaults,
+                "candidates_evaluated": self.candidates_evaluated, "rejected": self.rejected,
+                "layouts": self.layouts, "suggestions": self.suggestions}
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def default_engine(lay: LayoutInput) -> str:
+    """estimate without --engine: megatron when interleaving, megatron-deepspeed with TP or CP,
+    else deepspeed."""
+    return "megatron" if lay.vpp > 1 else "megatron-deepspeed" if max(lay.tp, lay.cp) > 1 else DEFAULTS["engine"]
+
+
+def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: bool = False) -> Estimate:
+    """Memory (every pipeline stage) and step time of one layout.
+
+    model: a ModelSpec, ModelInput, catalog name, config.json path or dict, or a parameter count;
+    cluster, training, layout: ClusterInput/TrainingInput/LayoutInput or dicts of their fields."""
+    cin = coerce(cluster, ClusterInput, "--gpus")
+    tin = coerce(training, TrainingInput, "--engine")
+    lin = coerce(layout, LayoutInput, "--tp")
+    defaults = {}
+    tp, pp, cp, mbs = lin.tp, lin.pp, lin.cp, lin.mbs
+    if lin.dp is None:
+        if cin.gpus and cin.gpus % (tp * pp * cp):
+            raise InputError(f"--gpus: {cin.gpus} is not divisible by --tp*--pp*--cp = {tp * pp * cp}")
+        dp = (cin.gpus or tp * pp * cp) // (tp * pp * cp)
+        defaults["dp"] = dp
+    else:
+        dp = lin.dp
+    world = tp * pp * cp * dp
+    if cin.gpus and cin.gpus != world:
+        raise InputError(f"--gpus: {cin.gpus} != --tp*--pp*--dp*--cp = {world}")
+    if not cin.gpus:
+        defaults["gpus"] = world
+    gbs = tin.gbs or mbs * dp
+    if gbs % (mbs * dp):
+        raise InputError(f"--gbs: {gbs} is not divisible by --mbs*--dp = {mbs * dp}")
+    if tin.gbs is None:
+        defaults["gbs"] = gbs
+    spec = resolve_model(model)
+    engine = tin.engine or default_engine(lin)
+    if tin.engine is None:
+        defaults["engine"] = engine
+    train = tin.resolve(gbs, engine)
+    defaults.update(_training_defaults(tin, cin))
+    clus = cin.resolve(train.precision, world)
+    lay = single(tp=tp, pp=pp, dp=dp, cp=cp, ep=lin.ep, vpp=lin.vpp, zero=lin.zero,
+                 offload_optimizer=lin.offload_optimizer, offload_params=lin.offload_params, mbs=mbs,
+                 gas=gbs // (mbs * dp), recompute=lin.recompute, sequence_parallel=lin.sequence_parallel,
+                 schedule=lin.schedule)
+    rules.check_single(spec, clus, train, lay)
+    ev = search.evaluate(spec, clus, train, lay)
+    record = layout_record(clus, lay, ev, 0)
+    record["memory"]["per_stage"] = stage_records(spec, clus, train, lay)
+    tt = None
+    if tin.tokens:
+        tt = _time_to_train(record["time"]["step_s"], gbs * train.seq_len, tin, clus)
+    dse = deepspeed_estimator_rows(spec, clus) if ds_estimator else None
+    return Estimate(spec, clus, train, record, defaults, tt, dse)
+
+
+def recommend(model, cluster=None, training=None, *, top: int | None = None, memory_headroom: float | None = None,
+              max_mbs: int | None = None) -> Recommendation:
+    """The `top` fastest layouts that fit (with `memory_headroom` of GPU memory kept free), searched
+    over every TP/PP/VPP/CP/DP/EP degree, ZeRO stage, offload, micro-batch up to `max_mbs`,
+    recompute and sequence parallelism the engine allows."""
+    from planner.bounds import check
+
+    cin = coerce(cluster, ClusterInput, "--gpus")
+    tin = coerce(training, TrainingInput, "--engine")
+    given = {"top": top, "memory_headroom": memory_headroom, "max_mbs": max_mbs}
+    defaults = {k: DEFAULTS[k] for k, v in given.items() if v is None}
+    top, headroom, max_mbs = (check(k, DEFAULTS[k] if v is None else v) for k, v in given.items())
+    spec = resolve_model(model)
+    seq_len = tin.seq_len or DEFAULTS["seq_len"]
+    tokens = tin.tokens_per_step or DEFAULTS["tokens_per_step"]
+    gbs = tin.gbs or max(1, int(round(tokens / seq_len)))
+    if tin.gbs is None:
+        defaults["gbs"] = gbs
+        if tin.tokens_per_step is None:
+            defaults["tokens_per_step"] = tokens
+    if cin.gpus is None:
+        raise InputError("--gpus: required for recommend (total GPUs, e.g. --gpus 16)")
+    clus = cin.resolve(tin.precision or DEFAULTS["precision"], cin.gpus)
+    train = tin.resolve(gbs, tin.engine or DEFAULTS["engine"])
+    if tin.engine is None:
+        defaults["engine"] = train.engine.name
+    defaults.update(_training_defaults(tin, cin))
+    result = search.search(spec, clus, train, headroom, max_mbs)
+    assumptions = {
+        "gpu": clus.gpu.name, "gpus_per_node": clus.gpus_per_node, "seq_len": train.seq_len, "gbs": gbs,
+        "tokens_per_step": gbs * train.seq_len, "engine": train.engine.name, "precision": str(train.precision),
+        "optimizer": str(train.optimizer), "flash_attention": train.flash_attention, "memory_headroom": headroom,
+    }
+    valid, ev = result["valid"], result["eval"]
+    records = []
+    for i in search.distinct_top(result, top):
+        rec = layout_record(clus, valid, ev, i)
+        rec["binding_constraint"] = search.binding_constraint(result, i, rec["time"]["breakdown"], rec["time"]["step_s"])
+        if tin.tokens:
+            rec["time_to_train"] = _time_to_train(rec["time"]["step_s"], gbs * train.seq_len, tin, clus)
+        records.append(rec)
+    hints = [] if records else search.what_would_fit(spec, clus, train, headroom, max_mbs)
+    return Recommendation(spec, clus, train, assumptions, defaults, result["candidates"], result["rejected"],
+                          records, hints, result["elapsed_s"])
+
+
+def _training_defaults(tin: TrainingInput, cin: ClusterInput) -> dict:
+    out = {}
+    for key, value in (("gpu", cin.gpu), ("seq_len", tin.seq_len), ("precision", tin.precision),
+                       ("optimizer", tin.optimizer)):
+        if value is None:
+            out[key] = DEFAULTS[key]
+    return out
+
+
+def _time_to_train(step_s: float, tokens_per_step: int, tin: TrainingInput, clus: Cluster) -> dict:
+    tt = time_to_train(step_s, tokens_per_step, tin.tokens, clus.num_gpus, tin.price_per_gpu_hour)
+    return {k: (None if v is None else float(v)) for k, v in tt.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# answers as JSON records
+
+
+def _pick(tree, i):
+    if isinstance(tree, dict):
+        return {k: _pick(v, i) for k, v in tree.items()}
+    return float(np.asarray(tree).flat[i]) if np.ndim(tree) else float(tree)
+
+
+def layout_record(cluster: Cluster, lay: Layouts, ev: dict, i: int) -> dict:
+    """Candidate i as {layout, memory, time, throughput} (the `planner estimate --json` keys)."""
+    mem = ev["memory"]
+    parts = {k: int(mem[k][i]) for k in memory.BREAKDOWN_KEYS}
+    total = sum(parts.values())  # = the float total below 2**53 bytes; past it the parts still add up exactly
+    return {
+        "layout": lay.row(i),
+        "memory": {
+            "gpu_bytes": total,
+            "cpu_bytes_per_node": int(mem["cpu_per_node"][i]),
+            "capacity_bytes": int(cluster.gpu.memory_bytes),
+            "headroom_bytes": int(cluster.gpu.memory_bytes) - total,
+            "fits": bool(ev["fits"][i]),
+            "peak_phase": "optimizer step" if mem["phase"][i] else "forward/backward",
+            "breakdown": parts,
+        },
+        "time": {"step_s": _pick(ev["time"]["step_s"], i), "breakdown": _pick(ev["time"]["breakdown"], i)},
+        "throughput": _pick(ev["time"]["throughput"], i),
+    }
+
+
+def stage_records(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> list:
+    """Memory of every pipeline stage of a one-layout `lay`."""
+    out = []
+    for s, row in enumerate(memory.per_stage(model, cluster, training, lay)):
+        parts = {k: int(row[k]) for k in memory.BREAKDOWN_KEYS}
+        out.append({"stage": s, "gpu_bytes": sum(parts.values()), "cpu_bytes_per_node": int(row["cpu_per_node"]),
+                    "breakdown": parts})
+    return out
+
+
+def cluster_dict(cluster: Cluster) -> dict:
+    return {"gpu": cluster.gpu.name, "num_gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node,
+            "num_nodes": cluster.num_nodes, "memory_bytes": cluster.gpu.memory_bytes}
+
+
+def deepspeed_estimator_rows(model: ModelSpec, cluster: Cluster) -> dict:
+    """DeepSpeed's own estimate_zero2/3_model_states_mem_needs figures (planner/deepspeed_estimator.py)."""
+    from planner import deepspeed_estimator as D
+
+    rows = {}
+    kw = dict(num_gpus_per_node=cluster.gpus_per_node, num_nodes=cluster.num_nodes)
+    for off in (False, True):
+        g, c = D.zero2_model_states_bytes(model.params, cpu_offload=off, **kw)
+        rows[f"zero2_offload_{str(off).lower()}"] = {"gpu_bytes": int(g), "cpu_bytes_per_node": int(c)}
+    for off, offp in ((False, False), (True, False), (True, True)):
+        g, c = D.zero3_model_states_bytes(model.params, model.largest_layer_params, cpu_offload=off,
+                                          cpu_offload_params=offp, **kw)
+        rows[f"zero3_offload_{str(off).lower()}_params_{str(offp).lower()}"] = {"gpu_bytes": int(g),
+                                                                                 "cpu_bytes_per_node": int(c)}
+    return rows
+
+
+def validate() -> dict:
+    """Predicted vs published runs (planner/validate.py): {'cases', 'mape', 'mape_by_metric'}."""
+    from planner import validate as V
+
+    rows = V.compare()
+    return {"cases": rows, "mape": V.mape(rows),
+            "mape_by_metric": {m: V.mape(rows, m) for m in sorted({r["metric"] for r in rows})}}
+
+
+__all__ = ["estimate", "recommend", "validate", "Estimate", "Recommendation", "ModelInput", "ClusterInput",
+           "TrainingInput", "LayoutInput", "DEFAULTS", "with_gpus"]

@@ -1,0 +1,148 @@
+"""Work of one micro-batch on one rank: FLOPs, and the seconds of each kind of kernel.
+
+Each function is one mechanism over `Layouts` arrays and returns seconds per transformer block
+(or per micro-batch for the output layer). FLOP counts follow the paper convention (full,
+non-causal s^2 attention; Narayanan et al. 2021 eq. 3, PaLM appendix B); times follow what the
+kernels do (FlashAttention skips the masked half).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.hardware import Cluster
+from planner.layout import Layouts, Training
+from planner.model import ModelSpec
+from planner.options import Recompute
+
+
+def peak_flops_per_s(cluster: Cluster, training: Training) -> float:
+    """Dense peak of the GEMM dtype (bf16-pure computes in bf16; fp32 without TF32, PyTorch default)."""
+    return cluster.gpu.peak_flops_per_s[training.precision.gemm_dtype]
+
+
+def hbm_bytes_per_s(cluster: Cluster, c: dict) -> float:
+    """Attainable bandwidth of memory-bound kernels (a calibrated fraction of the datasheet)."""
+    return cluster.gpu.hbm_bytes_per_s * c["hbm_efficiency"]
+
+
+def tokens_per_microbatch(training: Training, lay: Layouts) -> np.ndarray:
+    """Tokens of one micro-batch on one rank: context parallelism splits the sequence."""
+    return lay.mbs * training.seq_len / lay.cp
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOPs
+
+
+def flops_per_step(model: ModelSpec, training: Training, lay: Layouts) -> dict:
+    """Model FLOPs (fwd + 2x bwd, no recompute) and hardware FLOPs (plus the recomputed forward)
+    of one step of the whole job, summed over the model's GEMM list; equals Narayanan 2021 eq. 3
+    for GPT shapes."""
+    gemm = sum(g.flops_per_token * (model.experts_per_token if g.expert else 1) for g in model.gemms(fused=True))
+    # QK^T and AV: 2*s*q each per token, full s^2 as in Narayanan eq. 3 and PaLM appendix B (12*L*h*s)
+    core = 4.0 * training.seq_len * model.q_width
+    logits = 2.0 * model.hidden * model.vocab
+    tokens = (lay.gbs * training.seq_len).astype(np.float64)
+    model_flops = 3.0 * tokens * (model.layers * (gemm + core) + logits)  # backward = 2x forward
+    # Korthikanti 2022 section 6.3: full recompute reruns the block forward, selective the attention core
+    extra = np.select([lay.recompute == Recompute.FULL, lay.recompute == Recompute.SELECTIVE], [gemm + core, core], 0.0)
+    return {"model_flops": model_flops, "hardware_flops": model_flops + tokens * model.layers * extra}
+
+
+# ---------------------------------------------------------------------------------------------
+# seconds per block, per micro-batch
+
+
+def gemm_fwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+    """Forward GEMMs of one block. Each GEMM runs at eff = emax F/(F + F_half) of peak, so its time
+    is (F + F_half)/(peak emax) (small-matrix fall-off, data/coefficients.json). TP splits all but
+    the router; each local expert runs its own GEMMs on T k ep/E routed tokens (Lepikhin et al.
+    2020, GShard), i.e. T k FLOPs-worth in total."""
+    rate, f_half = peak_flops_per_s(cluster, training) * c["gemm_efficiency_max"], c["gemm_half_efficiency_flops"]
+    T, t = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64)
+    local_experts = np.maximum(model.experts // lay.ep, 1)
+    seconds = 0.0
+    for g in model.gemms(fused=training.engine.fused_gemms):
+        flops = T * g.flops_per_token * (model.experts_per_token if g.expert else 1) / (t if g.tp_split else 1.0)
+        seconds = seconds + (flops + f_half * (local_experts if g.expert else 1)) / rate
+    return seconds
+
+
+def attention_core_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> tuple:
+    """(forward, backward) of QK^T, softmax and AV of one block: 4 T s q/t FLOPs forward. Causal
+    FlashAttention skips the masked half (Dao 2023, FlashAttention-2 section 3.1.1) and its
+    backward runs 5 matmuls to the forward's 2 (section 3.1.2), at the GPU's measured
+    utilization. Unfused attention also moves the a s^2 score tensors through HBM: forward writes
+    S, softmax reads and writes it, AV reads P (4e) [+ dropout r/w and 1-byte mask]; backward
+    writes dP, softmax-grad reads dP and P and writes dS, two GEMMs read dS, dV reads P (7e)
+    (Megatron FusedScaleMaskSoftmax + dropout)."""
+    gpu, e = cluster.gpu, training.precision.element_bytes
+    s, flash = training.seq_len, training.flash_attention
+    T, t = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64)
+    flops = 4.0 * T * s * model.q_width / t * (0.5 if flash else 1.0)
+    fwd = flops / (peak_flops_per_s(cluster, training) * (gpu.attention_efficiency or c["attention_efficiency"]))
+    bwd = fwd * (2.5 if flash else 2.0)
+    if not flash:
+        drop = 1.0 if model.dropout else 0.0
+        scores = lay.mbs * (model.heads / t) * (s / lay.cp) * s
+        hbm = hbm_bytes_per_s(cluster, c)
+        fwd = fwd + scores * (4 * e + drop * (2 * e + 1)) / hbm
+        bwd = bwd + scores * (7 * e + drop * (2 * e + 1)) / hbm
+    return fwd, bwd
+
+
+def fused_elementwise_bytes(model: ModelSpec, e: float) -> tuple:
+    """(replicated, activation-function, rotary) forward bytes per token of one block with
+    Megatron's fused kernels: 2 norms (r+w) + 2 residual adds with bias-dropout (r x, r residual,
+    w, 1-byte mask) in the replicated region (Korthikanti Table 2's 10sbh); the activation
+    function (GeLU r f, w f; SwiGLU r 2f, w f) and rotary (r+w q, k) inside the TP region."""
+    act = (2 if model.ffn_kind == "gelu" else 3) * e * model.ffn * model.experts_per_token
+    rope = 2 * e * (model.q_width + model.kv_width) if model.positions == "rotary" else 0.0
+    drop = 1.0 if model.dropout else 0.0
+    return (10 * e + 2 * drop) * model.hidden, act, rope
+
+
+def eager_elementwise_bytes(model: ModelSpec, e: float) -> tuple:
+    """(replicated, activation-function, rotary) forward bytes per token of one block run as eager
+    PyTorch modules, as DeepSpeed and FSDP train Hugging Face models (transformers modeling_llama):
+    RMSNorm upcasts to fp32, squares, means, scales, downcasts and multiplies by the weight
+    (r e+w 4, r 4+w 4, r 4, r 4+w 4, r 4+w e, r e+w e = 28 + 4e per element, two per block; LayerNorm
+    is one fused kernel, 2e); two residual adds (3e each) and dropout (r e, w e, 1-byte mask);
+    act_fn(gate) * up (2e + 3e per element; GeLU 2e); apply_rotary_pos_emb on q and k
+    (q*cos, rotate_half's slice+cat, *sin, add: 2e + 2e + 2e + 3e); the attention output's
+    transpose-reshape copy (2e per q element)."""
+    h, q, kv, f = model.hidden, model.q_width, model.kv_width, model.ffn
+    norm = (28 + 4 * e) if model.norm == "rmsnorm" else 2 * e
+    drop = (2 * e + 1) * 2 if model.dropout else 0.0
+    replicated = (2 * norm + 2 * 3 * e + drop) * h
+    act = (5 * e if model.ffn_kind == "swiglu" else 2 * e) * f * model.experts_per_token
+    rope = 9 * e * (q + kv) if model.positions == "rotary" else 0.0
+    return replicated, act, rope + 2 * e * q
+
+
+def elementwise_fwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+    """Memory-bound elementwise kernels of one block's forward at attainable HBM bandwidth; the
+    replicated region splits over t under sequence parallelism (Korthikanti 2022 section 4.2.2)."""
+    e = training.precision.element_bytes
+    bytes_of = eager_elementwise_bytes if training.engine.eager_elementwise else fused_elementwise_bytes
+    replicated, act, rope = bytes_of(model, e)
+    t = lay.tp.astype(np.float64)
+    sp = np.where(lay.sequence_parallel > 0, t, 1.0)
+    return tokens_per_microbatch(training, lay) * (replicated / sp + (act + rope) / t) / hbm_bytes_per_s(cluster, c)
+
+
+def elementwise_bwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+    """Backward of the elementwise kernels: each reads the gradient of its output and its saved
+    input and writes the gradient of its input, three tensors to the forward's two (1.5x)."""
+    return 1.5 * elementwise_fwd_s(model, cluster, training, lay, c)
+
+
+def head_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+    """Output layer of one micro-batch on the last stage: the vocab-parallel logits GEMM (V/t)
+    forward and its two backward GEMMs, and the fp32 cross entropy (Megatron
+    vocab_parallel_cross_entropy: upcast e->4, max, exp, sum, grad, downcast: 2e + 32 bytes/logit)."""
+    rate, f_half = peak_flops_per_s(cluster, training) * c["gemm_efficiency_max"], c["gemm_half_efficiency_flops"]
+    T, t, e = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64), training.precision.element_bytes
+    logits = (2.0 * T * model.hidden * model.vocab / t + f_half) / rate
+    return 3.0 * logits + T * model.vocab / t * (2 * e + 32) / hbm_bytes_per_s(cluster, c)

@@ -1,0 +1,340 @@
+"""Training engines as data: one frozen record per engine, each field read from the engine's code.
+
+Formulas never compare engine names: they read these fields. The search's engine rules are
+generated from the same records (planner/rules.py), so adding an engine is adding a record.
+Versions read: DeepSpeed 0.19.8, Megatron-Core / Megatron-LM 0.19.2 (megatron-core wheel),
+PyTorch 2.13 (FSDP2 `fully_shard`, `torch.distributed.pipelining`), torchtitan 0.3.0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.options import Offload, Schedule, Word
+
+
+class GradBuckets(Word):
+    """How gradient reduction is split into collective calls."""
+
+    REDUCE_BUCKET = "reduce_bucket_size"
+    """DeepSpeed: one call per `reduce_bucket_size` elements (stage_1_and_2.py reduce_ipg_grads)."""
+    PER_BLOCK = "per_block"
+    """FSDP2: one reduce-scatter per fully_shard unit, i.e. per transformer block."""
+    MEGATRON_DDP = "megatron_ddp"
+    """Megatron-core DDP: buckets of max(40M, 1M x dp) parameters (distributed_data_parallel.py)."""
+
+
+class Buffers(Word):
+    """Which engine's communication and sharding buffers a rank holds beyond model states."""
+
+    DEEPSPEED = "deepspeed"
+    """ZeRO reduce buckets, step-time gradient copies, ZeRO-3 live parameters (memory.py)."""
+    FSDP = "fsdp"
+    """The unsharded parameters of the current and the prefetched FSDP unit."""
+    NONE = "none"
+    """Megatron: gradients live in the contiguous grad buffer (counted as gradients)."""
+
+
+class SelectivePolicy(Word):
+    """What --recompute selective keeps (planner/activations.py)."""
+
+    CORE_ATTENTION = "core_attention"
+    """Megatron recompute_granularity='selective' (recompute_modules ['core_attn']): everything but
+    the attention core's internals (Korthikanti et al. 2022 section 5)."""
+    OP_SAC = "op_sac"
+    """torchtitan's op-level selective activation checkpointing: the block's input and the outputs
+    of the ops on its save list, every other matmul (activation_checkpoint.py SelectiveAC)."""
+
+
+class Launcher(Word):
+    """Which configs planner/export.py writes and how its launch script starts the job."""
+
+    DEEPSPEED = "deepspeed"
+    """ds_config.json; `deepspeed` or `accelerate launch` with a DeepSpeed plugin."""
+    MEGATRON_DEEPSPEED = "megatron-deepspeed"
+    """ds_config.json and Megatron-DeepSpeed's arguments (its own names for a few)."""
+    MEGATRON = "megatron"
+    """Megatron-LM arguments, torchrun."""
+    FSDP = "fsdp"
+    """An Accelerate FSDP config."""
+    TORCHTITAN = "torchtitan"
+    """torchtitan's own trainer (no export yet)."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What one training engine allows, holds and does."""
+
+    name: str
+    """The --engine word."""
+    summary: str
+    """One line for --help and the README."""
+    # ---- which layouts it runs -----------------------------------------------------------
+    zero_stages: tuple
+    """--zero values it has (Megatron's distributed optimizer is 1; FSDP shards 0/2/3)."""
+    tensor_parallel: bool
+    """Megatron-style tensor, sequence and context parallelism of its own."""
+    pipeline_zero_stages: tuple
+    """ZeRO stages allowed with pp > 1; () means no pipeline engine."""
+    pipeline_schedules: tuple
+    """Schedules its pipeline engine runs."""
+    pipeline_edge_layers: int
+    """Blocks' worth the first and last stages give up for the embedding and the output layer."""
+    pipeline_defers_grad_reduction: bool
+    """With pp > 1, gradients stay unsharded (in the reduce dtype) and parameters gathered across
+    the micro-batches, reduced once after the schedule (torch.distributed.pipelining stage.py
+    backward_maybe_with_nosync: set_requires_gradient_sync(False), set_reshard_after_backward(False);
+    perform_reduce_grad after the last backward)."""
+    offload_devices: tuple
+    """Devices optimizer states (and ZeRO-3 parameters) can be offloaded to."""
+    offload_together: bool
+    """Parameters and optimizer offload together (FSDP2 CPUOffloadPolicy moves both)."""
+    # ---- what a rank holds -----------------------------------------------------------------
+    buffers: Buffers
+    """Engine buffers beyond weights, gradients and optimizer states."""
+    fp32_grads: bool
+    """Gradients kept and reduced in fp32 under mixed precision (Megatron-LM main_grad for bf16,
+    FSDP2 MixedPrecisionPolicy reduce_dtype=float32 as torchtitan sets it)."""
+    fp16_grad_copy: bool
+    """fp16 training keeps an fp32 copy of the gradients, sharded with the optimizer."""
+    fp32_full_weights: bool
+    """fp32 training keeps full fp32 weights and a separate fp32 master partition (ZeRO-1/2)."""
+    grads_sharded_backward: tuple
+    """ZeRO stages whose gradients are sharded while backward runs (the others hold the full
+    gradient until the reduction at the accumulation boundary)."""
+    grads_sharded_step: tuple
+    """ZeRO stages whose gradients are sharded at the optimizer step."""
+    accumulation_copy: tuple
+    """ZeRO stages that, from the second micro-batch of a step on, hold a fresh gradient partition
+    beside the accumulated one during each backward."""
+    # ---- how it runs -------------------------------------------------------------------------
+    fused_gemms: bool
+    """q|k|v and gate|up run as one GEMM each (Megatron linear_qkv, linear_fc1)."""
+    eager_elementwise: bool
+    """Norms, rotary, activations and residual adds run as eager PyTorch kernels (Hugging Face
+    modules) instead of fused kernels."""
+    grad_buckets: GradBuckets
+    """How the gradient reduction is split into calls."""
+    all_reduce_stages: tuple
+    """ZeRO stages whose gradient reduction is an all-reduce (the others reduce-scatter)."""
+    reduce_every_micro_step: tuple
+    """ZeRO stages that reduce gradients after every micro-batch's backward (the others reduce
+    once per step, at the accumulation boundary)."""
+    overlap_default: tuple
+    """ZeRO stages whose gradient reduction overlaps backward by default."""
+    overlap_flag: bool
+    """--overlap-comm / --no-overlap-comm (DeepSpeed's overlap_comm) applies."""
+    param_gather_per_bucket: bool
+    """ZeRO-1/2 parameter all-gather after the step: one call per bucket (else one per group)."""
+    zero3_fetch_per_block: bool
+    """ZeRO-3 gathers one unit per block (FSDP) rather than one per submodule (DeepSpeed)."""
+    p2p_split_over_tp: bool
+    """Pipeline sends split over the TP ranks' links (Megatron scatter/gather) even without SP."""
+    selective_policy: SelectivePolicy
+    """What --recompute selective keeps."""
+    loss_chunks: int
+    """The loss is computed over this many sequence chunks, each chunk's logits freed before the next
+    (1: the whole micro-batch's logits at once)."""
+    launcher: Launcher
+    """Launch script style of planner/export.py."""
+
+    @property
+    def pipeline(self) -> bool:
+        return bool(self.pipeline_zero_stages)
+
+    @property
+    def deepspeed(self) -> bool:
+        """Runs on the DeepSpeed engine (writes a ds_config.json)."""
+        return self.launcher in (Launcher.DEEPSPEED, Launcher.MEGATRON_DEEPSPEED)
+
+    @property
+    def megatron(self) -> bool:
+        """Runs Megatron's model code (takes Megatron arguments)."""
+        return self.launcher in (Launcher.MEGATRON, Launcher.MEGATRON_DEEPSPEED)
+
+
+_DS_COMMON = dict(
+    zero_stages=(0, 1, 2, 3),
+    # deepspeed/runtime/pipe/engine.py PipelineEngine.__init__: "ZeRO-2 and ZeRO-3 are incompatible
+    # with pipeline parallelism"; runtime/pipe/schedule.py TrainSchedule is 1F1B (no interleaving)
+    pipeline_zero_stages=(0, 1),
+    pipeline_schedules=(Schedule.ONE_F_ONE_B,),
+    pipeline_edge_layers=0,
+    pipeline_defers_grad_reduction=False,  # pipe/engine.py reduces after the schedule, counted as ZeRO-0/1 grads
+    # runtime/zero/offload_config.py: offload_optimizer device cpu|nvme (stages 1-3), offload_param stage 3
+    offload_devices=(Offload.CPU, Offload.NVME),
+    offload_together=False,
+    buffers=Buffers.DEEPSPEED,
+    fp32_grads=False,  # engine.py communication_data_type: bf16/fp16 gradients reduced in 16 bits
+    fp16_grad_copy=False,
+    fp32_full_weights=True,  # stage_1_and_2.py keeps bit16_groups_flat (fp32 here) + fp32 master partition
+    # stage_1_and_2.py process_gradients reduces in the hook only for partition_gradients (stage 2)
+    # or overlap_comm, and reduce_ready_partitions_and_remove_grads reduces a stage-1 gradient only at
+    # the accumulation boundary: ZeRO-1's param.grad holds the full 16-bit gradient until then
+    # (measured: 2.0 B/param after a non-boundary backward, 2/D after the boundary)
+    grads_sharded_backward=(2, 3),
+    grads_sharded_step=(1, 2, 3),  # averaged_gradients: the 16-bit partition at step()
+    # stage_1_and_2.py: later micro-steps allocate grads_in_partition afresh while all_grad_tensors
+    # holds the accumulated partition, until the epilogue adds one into the other (measured 2 x 2/D)
+    accumulation_copy=(2,),
+    grad_buckets=GradBuckets.REDUCE_BUCKET,
+    # stage_1_and_2.py average_tensor: use_multi_rank_bucket_allreduce (default true) all-reduces each
+    # bucket and every rank keeps its slice; stage3.py __avg_scatter_grads: reduce_scatter_coalesced
+    all_reduce_stages=(0, 1, 2),
+    # engine.py allreduce_gradients: "ZeRO stage >= 2 communicates during non gradient accumulation
+    # boundaries as well"; stage3.py reduce_partition_and_remove_grads has no boundary check
+    reduce_every_micro_step=(2, 3),
+    # zero/config.py overlap_comm_valid: None resolves to stage == 3
+    overlap_default=(3,),
+    overlap_flag=True,
+    # runtime/utils.py all_gather_dp_groups: all_gather_into_tensor, one call per parameter group
+    param_gather_per_bucket=False,
+    # partitioned_param_coordinator.py fetch_sub_module: one coalesced all-gather per submodule
+    zero3_fetch_per_block=False,
+    selective_policy=SelectivePolicy.CORE_ATTENTION,  # Megatron-DeepSpeed's; deepspeed.checkpointing wraps any function
+    loss_chunks=1,
+)
+
+DEEPSPEED = Engine(
+    name="deepspeed", summary="DeepSpeed ZeRO 0-3 + offload on Hugging Face modules; 1F1B PipelineModule (ZeRO 0/1)",
+    tensor_parallel=False, fused_gemms=False, eager_elementwise=True, p2p_split_over_tp=False,
+    launcher=Launcher.DEEPSPEED, **_DS_COMMON)
+
+MEGATRON_DEEPSPEED = Engine(
+    name="megatron-deepspeed", summary="Megatron TP/SP/CP and fused kernels + DeepSpeed ZeRO, offload and pipeline",
+    tensor_parallel=True, fused_gemms=True, eager_elementwise=False, p2p_split_over_tp=False,
+    launcher=Launcher.MEGATRON_DEEPSPEED, **_DS_COMMON)
+
+MEGATRON = Engine(
+    name="megatron", summary="Megatron-LM: TP/SP/CP/PP with interleaving; --zero 1 = distributed optimizer",
+    # megatron/core/optimizer/distrib_optimizer.py shards fp32 main params and Adam states only
+    zero_stages=(0, 1),
+    tensor_parallel=True,
+    pipeline_zero_stages=(0, 1),
+    # core/pipeline_parallel/schedules.py: 1F1B and interleaved 1F1B (no GPipe schedule of its own)
+    pipeline_schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE),
+    pipeline_edge_layers=0,  # account_for_embedding_in_pipeline_split is off by default
+    pipeline_defers_grad_reduction=False,  # Megatron's grad buffer is full-size anyway
+    offload_devices=(),
+    offload_together=False,
+    buffers=Buffers.NONE,
+    # training/arguments.py validate_args: bf16 accumulates and all-reduces grads in fp32 unless
+    # --grad-reduce-in-bf16 (main_grad in param_and_grad_buffer.py)
+    fp32_grads=True,
+    # docs dist_optimizer.md: fp16 params + fp16 grads 20 vs 4 + 16/d bytes/param
+    fp16_grad_copy=True,
+    fp32_full_weights=False,
+    # param_and_grad_buffer.py: grad_data is the full padded buffer on every rank, even with the
+    # distributed optimizer, which reduce-scatters into this rank's slice of it
+    grads_sharded_backward=(),
+    grads_sharded_step=(),
+    accumulation_copy=(),
+    fused_gemms=True,
+    eager_elementwise=False,
+    grad_buckets=GradBuckets.MEGATRON_DDP,
+    # param_and_grad_buffer.py start_grad_sync: reduce-scatter with the distributed optimizer, else all-reduce
+    all_reduce_stages=(0,),
+    # distributed_data_parallel.py no_sync: reduction only in the last micro-batch
+    reduce_every_micro_step=(),
+    # distributed_data_parallel_config.py overlap_grad_reduce: bool = False
+    overlap_default=(),
+    overlap_flag=False,
+    param_gather_per_bucket=True,  # param_and_grad_buffer.py start_param_sync per bucket group
+    zero3_fetch_per_block=False,
+    # Narayanan et al. 2021 section 4.1: scatter/gather over the TP ranks' NICs
+    p2p_split_over_tp=True,
+    selective_policy=SelectivePolicy.CORE_ATTENTION,  # transformer_config.py recompute_modules ['core_attn']
+    loss_chunks=1,
+    launcher=Launcher.MEGATRON,
+)
+
+FSDP = Engine(
+    name="fsdp", summary="PyTorch FSDP2 fully_shard on Hugging Face modules (--zero 3 full shard, 2 shard-grad-op, 0 no shard)",
+    zero_stages=(0, 2, 3),
+    # DTensor parallelize_module on the TP dimension of a 2-D mesh composes with fully_shard
+    tensor_parallel=True,
+    pipeline_zero_stages=(),
+    pipeline_schedules=(),
+    pipeline_edge_layers=0,
+    pipeline_defers_grad_reduction=False,
+    # torch/distributed/fsdp/_fully_shard/_fsdp_api.py CPUOffloadPolicy: params, grads and the
+    # optimizer step on the CPU together; no NVMe
+    offload_devices=(Offload.CPU,),
+    offload_together=True,
+    buffers=Buffers.FSDP,
+    fp32_grads=True,  # MixedPrecisionPolicy(reduce_dtype=torch.float32) as torchtitan sets it
+    fp16_grad_copy=False,
+    fp32_full_weights=False,
+    # FSDP2 reduce-scatters each unit's gradient in its backward and keeps the sharded gradient
+    grads_sharded_backward=(2, 3),
+    grads_sharded_step=(2, 3),
+    accumulation_copy=(),
+    fused_gemms=False,
+    eager_elementwise=True,
+    grad_buckets=GradBuckets.PER_BLOCK,
+    all_reduce_stages=(0,),  # NO_SHARD all-reduces (_fsdp_collectives.py foreach_reduce)
+    # _fully_shard.py: reduce-scatter on every backward unless set_requires_gradient_sync(False)
+    reduce_every_micro_step=(2, 3),
+    overlap_default=(0, 1, 2, 3),  # FSDP2 issues each unit's reduce-scatter during backward
+    overlap_flag=False,
+    param_gather_per_bucket=True,
+    zero3_fetch_per_block=True,
+    p2p_split_over_tp=False,
+    selective_policy=SelectivePolicy.CORE_ATTENTION,
+    loss_chunks=1,
+    launcher=Launcher.FSDP,
+)
+
+TORCHTITAN = Engine(
+    name="torchtitan", summary="torchtitan: FSDP2 composed with TP/SP, CP and PP; op-level selective AC; chunked loss",
+    # torchtitan/models/llama3/parallelize.py parallelize_llama always applies fully_shard over
+    # dp_shard x cp: --zero 3 reshard_after_forward "always", 2 "never", 0 dp_replicate only
+    zero_stages=(0, 2, 3),
+    tensor_parallel=True,
+    # distributed/pipeline_parallel.py pipeline_llm applies the same parallelize_fn (FSDP included)
+    # to each stage; ParallelismConfig.pipeline_parallel_schedule "1F1B" (also Interleaved1F1B, GPipe)
+    pipeline_zero_stages=(0, 2, 3),
+    pipeline_schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE),
+    pipeline_edge_layers=1,
+    pipeline_defers_grad_reduction=True,
+    # TrainingConfig.enable_cpu_offload: CPUOffloadPolicy for parameters, gradients and optimizer
+    offload_devices=(Offload.CPU,),
+    offload_together=True,
+    buffers=Buffers.FSDP,
+    fp32_grads=True,  # TrainingConfig.mixed_precision_reduce = "float32"
+    fp16_grad_copy=False,
+    fp32_full_weights=False,
+    grads_sharded_backward=(2, 3),
+    grads_sharded_step=(2, 3),
+    accumulation_copy=(),
+    # models/llama3 Attention: separate wq, wk, wv; FeedForward w1, w3, w2; no torch.compile by default
+    fused_gemms=False,
+    eager_elementwise=True,
+    grad_buckets=GradBuckets.PER_BLOCK,
+    all_reduce_stages=(0,),
+    # trainer.py train_step never disables gradient sync: every backward reduce-scatters
+    reduce_every_micro_step=(2, 3),
+    overlap_default=(0, 1, 2, 3),
+    overlap_flag=False,
+    param_gather_per_bucket=True,
+    zero3_fetch_per_block=True,
+    p2p_split_over_tp=False,
+    selective_policy=SelectivePolicy.OP_SAC,  # Trainer.Config.activation_checkpoint = SelectiveAC.Config
+    loss_chunks=8,  # components/loss.py ChunkedLossWrapper.Config.num_chunks, set by every llama3 config
+    launcher=Launcher.TORCHTITAN,
+)
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (DEEPSPEED, MEGATRON_DEEPSPEED, MEGATRON, FSDP, TORCHTITAN)}
+NAMES = tuple(ENGINES)
+
+
+def lookup(name: str | Engine) -> Engine:
+    """The engine record for a --engine word (InputError listing the engines otherwise)."""
+    from planner.errors import InputError
+
+    if isinstance(name, Engine):
+        return name
+    key = str(name).strip().lower()
+    if key not in ENGINES:
+        raise InputError(f"--engine: must be one of {', '.join(NAMES)}, got {name!r}")
+    return ENGINES[key]

@@ -1,0 +1,159 @@
+"""Read a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen2, GPT-2, GPT-NeoX) offline.
+
+The file is bounded in size and depth (planner/data.py) and every field is type-checked; the
+shape it yields is validated like any other (planner/bounds.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from planner.data import read_json
+from planner.errors import InputError
+from planner.model import ModelSpec
+
+
+def from_hf_config(path: str | Path | dict) -> ModelSpec:
+    """Read a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen2, GPT-2, GPT-NeoX) offline.
+
+    Follows `transformers`' modeling code (the ground truth for the count): core shape fields are
+    required; optional ones take the defaults of the family's transformers config class
+    (Mistral/Mixtral: 8 KV heads; Qwen2: 32; Mixtral: 8 experts, top-2; GPT-2: tied, n_inner 4h).
+    `path` may also be the parsed dict. Bias layouts ModelSpec cannot express (Llama
+    attention_bias without mlp_bias or the reverse, GPT-NeoX attention_bias false with its
+    always-biased MLP) give the nearest shape and say, in `source`, how many bias parameters the
+    count leaves out.
+    """
+    if isinstance(path, dict):
+        where, cfg = "config dict", path
+    else:
+        where, cfg = str(path), read_json(path, "--model")
+    if not isinstance(cfg, dict):
+        raise InputError(f"--model: {where!r} must hold a JSON object")
+    kind = str(cfg.get("model_type", "")).lower()
+
+    def integer(*keys, default=None):
+        """First present, non-null field among `keys` (aliases) as an int; KeyError if required."""
+        for key in keys:
+            if cfg.get(key) is not None:
+                value = cfg[key]
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+                    raise ValueError(f"{key} must be an integer, got {value!r}")
+                return int(value)
+        if default is None:
+            raise KeyError(keys[0])
+        return default
+
+    def flag(key, default):
+        value = cfg.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ValueError(f"{key} must be true or false, got {value!r}")
+        return value
+
+    def rate(key, default):
+        value = cfg.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{key} must be a number, got {value!r}")
+        return float(value)
+
+    name = str(cfg.get("_name_or_path") or kind)[:200]
+    source = f"Hugging Face config {where}"
+    try:
+        if kind in ("llama", "mistral", "qwen2", "mixtral"):
+            layers = integer("num_hidden_layers")
+            hidden = integer("hidden_size")
+            heads = integer("num_attention_heads")
+            ffn = integer("intermediate_size")
+            # transformers' config defaults when the key is absent (null means "same as heads")
+            kv_default = {"llama": heads, "mistral": 8, "mixtral": 8, "qwen2": 32}[kind]
+            kv_heads = integer("num_key_value_heads", default=heads) if "num_key_value_heads" in cfg else kv_default
+            # only LlamaAttention/LlamaMLP read attention_bias/mlp_bias; Mistral/Mixtral have no
+            # biases at all, Qwen2 always has q/k/v biases (and no others)
+            attn_bias = kind == "llama" and flag("attention_bias", False)
+            mlp_bias = kind == "llama" and flag("mlp_bias", False)
+            if attn_bias and not mlp_bias:
+                source += f"; approximate: o_proj biases not modelled ({layers * hidden} parameters)"
+            elif mlp_bias and not attn_bias:
+                source += f"; approximate: MLP biases not modelled ({layers * (2 * ffn + hidden)} parameters)"
+            experts = integer("num_local_experts", "num_experts", default=8) if kind == "mixtral" else 1
+            top_k = integer("num_experts_per_tok", default=2) if kind == "mixtral" else 1
+            spec = dict(
+                layers=layers,
+                hidden=hidden,
+                heads=heads,
+                kv_heads=kv_heads,
+                ffn=ffn,
+                vocab=integer("vocab_size"),
+                ffn_kind="swiglu",
+                norm="rmsnorm",
+                bias=attn_bias and mlp_bias,
+                qkv_bias=kind == "qwen2" or attn_bias,
+                positions="rotary",
+                tied_embeddings=flag("tie_word_embeddings", False),
+                head_dim=integer("head_dim", default=0),
+                experts=experts,
+                experts_per_token=top_k,
+                architecture="llama",
+            )
+        elif kind == "gpt2":
+            # GPT2Config.attribute_map: hidden_size, num_hidden_layers, num_attention_heads, max_position_embeddings
+            hidden = integer("n_embd", "hidden_size")
+            heads = integer("n_head", "num_attention_heads")
+            spec = dict(
+                layers=integer("n_layer", "num_hidden_layers"),
+                hidden=hidden,
+                heads=heads,
+                kv_heads=heads,
+                ffn=integer("n_inner", default=4 * hidden),
+                vocab=integer("vocab_size"),
+                ffn_kind="gelu",
+                norm="layernorm",
+                bias=True,
+                positions="learned",
+                max_positions=integer("n_positions", "max_position_embeddings"),
+                tied_embeddings=flag("tie_word_embeddings", True),
+                dropout=rate("attn_pdrop", 0.1) > 0,
+                architecture="gpt2",
+            )
+        elif kind == "gpt_neox":
+            layers = integer("num_hidden_layers")
+            hidden = integer("hidden_size")
+            heads = integer("num_attention_heads")
+            ffn = integer("intermediate_size")
+            attn_bias = flag("attention_bias", True)  # GPTNeoXMLP's two linears always carry biases
+            if not attn_bias:
+                source += f"; approximate: MLP biases not modelled ({layers * (ffn + hidden)} parameters)"
+            spec = dict(
+                layers=layers,
+                hidden=hidden,
+                heads=heads,
+                kv_heads=heads,
+                ffn=ffn,
+                vocab=integer("vocab_size"),
+                ffn_kind="gelu",
+                norm="layernorm",
+                bias=attn_bias,
+                positions="rotary",
+                tied_embeddings=flag("tie_word_embeddings", False),
+                dropout=max(rate("attention_dropout", 0.0), rate("hidden_dropout", 0.0)) > 0,
+                architecture="gpt_neox",
+            )
+        else:
+            raise InputError(
+                f"--model: model_type {kind!r} in {where!r} is not supported; "
+                "supported: llama, mistral, mixtral, qwen2, gpt2, gpt_neox"
+            )
+    except KeyError as exc:
+        raise InputError(f"--model: {where!r} lacks the field {exc.args[0]!r} for model_type {kind!r}") from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"--model: {where!r} has a malformed field ({exc})") from None
+    try:
+        return ModelSpec(name=name, source=source, **spec)
+    except InputError as exc:
+        raise InputError(f"--model: {where!r} describes an invalid shape ({exc})") from None

@@ -1,0 +1,272 @@
+"""The planning API's inputs, given by value, each checked where it enters, with their defaults.
+
+Four typed records (model, cluster, training, layout) that a CLI, a Streamlit app or calibrate/
+fill in; `resolve` turns each into the planner's own objects. Every default the planner applies
+lives in DEFAULTS and is reported back in the answer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from planner.bounds import check
+from planner.errors import InputError
+from planner.model import ModelSpec
+
+DEFAULTS = {
+    "gpu": "h100-sxm",
+    "seq_len": 4096,
+    # 4Mi tokens: Llama 2 (Touvron et al. 2023, Table 1) used 4M-token batches
+    "tokens_per_step": 4 * 2**20,
+    "engine": "deepspeed",
+    "precision": "bf16",
+    "optimizer": "adamw",
+    "memory_headroom": 0.05,
+    "max_mbs": 16,
+    "top": 5,
+}
+"""Every default of the planning API, in one place."""
+
+SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "ffn_kind", "vocab", "tied_embeddings")
+ZERO_FIELDS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
+               "stage3_max_reuse_distance", "stage3_param_persistence_threshold", "sub_group_size")
+
+
+def _checked(record, keys) -> None:
+    for key in keys:
+        value = getattr(record, key)
+        if value is not None:
+            object.__setattr__(record, key, check(key, value))
+
+
+def _boolean(value, flag: str):
+    if value is not None and not isinstance(value, bool):
+        raise InputError(f"{flag}: must be true or false, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """Which model: a catalog name, a Hugging Face config (path or dict), a parameter count, or a
+    full shape; shape fields override any of them."""
+
+    name: str | None = None
+    """Catalog name (planner/data models.json), or a path ending in .json."""
+    config: str | Path | dict | None = None
+    """A Hugging Face config.json: its path or its parsed dict."""
+    params: float | None = None
+    """Parameter count: derive a Llama-3-style shape (planner/shapes.py)."""
+    layers: int | None = None
+    hidden: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    ffn: int | None = None
+    ffn_kind: str | None = None
+    vocab: int | None = None
+    tied_embeddings: bool | None = None
+
+    def __post_init__(self):
+        _checked(self, ("params", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab"))
+        _boolean(self.tied_embeddings, "--tied-embeddings")
+        if self.ffn_kind is not None and self.ffn_kind not in ("gelu", "swiglu"):
+            raise InputError(f"--ffn-kind: must be one of gelu, swiglu, got {self.ffn_kind!r}")
+        given = [k for k in ("name", "config", "params") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise InputError("--model and --params: give one of them, not both")
+
+    def resolve(self) -> ModelSpec:
+        from planner import model as M
+
+        overrides = {k: getattr(self, k) for k in SHAPE_FIELDS if getattr(self, k) is not None}
+        source = self.config if self.config is not None else self.name
+        if isinstance(source, dict) or (source is not None and str(source).endswith(".json")):
+            from planner.hf_config import from_hf_config
+
+            return M.with_overrides(from_hf_config(source), **overrides)
+        if source is not None:
+            return M.with_overrides(M.lookup(str(source)), **overrides)
+        if self.params is not None:
+            from planner.shapes import derive_shape
+
+            return derive_shape(self.params, **overrides)
+        missing = [k for k in ("layers", "hidden", "heads", "vocab") if k not in overrides]
+        if missing:
+            raise InputError("--model: give --model NAME|config.json, --params N, or a full shape "
+                             f"(missing {', '.join('--' + m.replace('_', '-') for m in missing)})")
+        from planner.shapes import llama3_ffn
+
+        overrides.setdefault("kv_heads", overrides["heads"])
+        kind = overrides.setdefault("ffn_kind", "swiglu")
+        overrides.setdefault("ffn", 4 * overrides["hidden"] if kind == "gelu" else llama3_ffn(overrides["hidden"]))
+        overrides.setdefault("tied_embeddings", False)
+        return M.ModelSpec(name="custom", source="shape given by flags", **overrides)
+
+
+@dataclass(frozen=True)
+class ClusterInput:
+    """Which GPUs and how many; any catalog value can be overridden (units as the flags: GiB, GB/s,
+    TFLOP/s)."""
+
+    gpu: str | None = None
+    """Catalog name or alias (default DEFAULTS['gpu'])."""
+    gpus: int | None = None
+    """Total GPUs."""
+    gpus_per_node: int | None = None
+    """GPUs per node (default: the GPU type's usual node, or fewer when the job is smaller)."""
+    gpu_memory_gib: float | None = None
+    peak_tflops: float | None = None
+    """Dense peak TFLOP/s of the training precision."""
+    hbm_gb_per_s: float | None = None
+    intra_node_gb_per_s: float | None = None
+    inter_node_gb_per_s: float | None = None
+    pcie_gb_per_s: float | None = None
+    host_ram_gib: float | None = None
+    nvme_gb_per_s: float | None = None
+
+    def __post_init__(self):
+        _checked(self, [f.name for f in fields(self) if f.name != "gpu"])
+
+    def resolve(self, precision: str, default_gpus: int | None = None) -> "Cluster":
+        from planner import hardware as H
+        from planner.options import Precision
+
+        gpu = H.lookup_gpu(self.gpu or DEFAULTS["gpu"])
+        peak = dict(gpu.peak_flops_per_s)
+        if self.peak_tflops:
+            peak[Precision.parse(precision, "--precision").gemm_dtype] = self.peak_tflops * 1e12
+
+        def scaled(value, unit):
+            return None if value is None else value * unit
+
+        gpu = H.with_overrides(
+            gpu, memory_bytes=None if self.gpu_memory_gib is None else int(self.gpu_memory_gib * 2**30),
+            peak_flops_per_s=peak, hbm_bytes_per_s=scaled(self.hbm_gb_per_s, 1e9),
+            intra_node_bytes_per_s=scaled(self.intra_node_gb_per_s, 1e9),
+            inter_node_bytes_per_s=scaled(self.inter_node_gb_per_s, 1e9),
+            pcie_bytes_per_s=scaled(self.pcie_gb_per_s, 1e9),
+            host_ram_bytes_per_node=None if self.host_ram_gib is None else int(self.host_ram_gib * 2**30),
+            nvme_bytes_per_s_per_node=scaled(self.nvme_gb_per_s, 1e9))
+        num = self.gpus or default_gpus
+        if num is None:
+            raise InputError("--gpus: required (total GPUs, e.g. --gpus 16)")
+        per_node = self.gpus_per_node or min(gpu.gpus_per_node, num)
+        return H.Cluster(gpu=gpu, num_gpus=num, gpus_per_node=per_node)
+
+
+@dataclass(frozen=True)
+class TrainingInput:
+    """Sequence, batch, precision, optimizer, engine and DeepSpeed buffer settings."""
+
+    seq_len: int | None = None
+    """Tokens per sequence (default DEFAULTS['seq_len'])."""
+    gbs: int | None = None
+    """Global batch in sequences."""
+    tokens_per_step: float | None = None
+    """Global batch in tokens (recommend; default DEFAULTS['tokens_per_step'])."""
+    precision: str | None = None
+    optimizer: str | None = None
+    flash_attention: bool = True
+    engine: str | None = None
+    """--engine word; estimate picks one from the layout when absent (api.estimate)."""
+    reduce_bucket_size: int | None = None
+    allgather_bucket_size: int | None = None
+    stage3_prefetch_bucket_size: int | None = None
+    stage3_max_live_parameters: int | None = None
+    stage3_max_reuse_distance: int | None = None
+    stage3_param_persistence_threshold: int | None = None
+    sub_group_size: int | None = None
+    overlap_comm: bool | None = None
+    contiguous_gradients: bool | None = None
+    tokens: float | None = None
+    """Training tokens: report days, GPU-hours and cost."""
+    price_per_gpu_hour: float | None = None
+
+    def __post_init__(self):
+        _checked(self, ("seq_len", "gbs", "tokens_per_step", "tokens", "price_per_gpu_hour", *ZERO_FIELDS))
+        _boolean(self.flash_attention, "--no-flash-attention")
+        _boolean(self.overlap_comm, "--overlap-comm")
+        _boolean(self.contiguous_gradients, "--no-contiguous-gradients")
+        if self.gbs is not None and self.tokens_per_step is not None:
+            raise InputError("--gbs and --tokens-per-step: give one of them, not both")
+
+    def resolve(self, gbs: int, engine: str) -> "Training":
+        from planner.layout import Training, ZeroConfig
+
+        zero = {k: getattr(self, k) for k in (*ZERO_FIELDS, "overlap_comm", "contiguous_gradients")}
+        return Training(seq_len=self.seq_len or DEFAULTS["seq_len"], gbs=gbs,
+                        precision=self.precision or DEFAULTS["precision"],
+                        optimizer=self.optimizer or DEFAULTS["optimizer"], flash_attention=self.flash_attention,
+                        engine=engine, zero_config=ZeroConfig(**{k: v for k, v in zero.items() if v is not None}))
+
+
+@dataclass(frozen=True)
+class LayoutInput:
+    """One layout (estimate): parallel degrees, ZeRO stage, offload, micro-batch and recompute."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int | None = None
+    """Data-parallel degree (default gpus / (tp pp cp))."""
+    cp: int = 1
+    ep: int = 1
+    vpp: int = 1
+    schedule: str | None = None
+    """'1f1b', 'interleaved', 'gpipe' (default: interleaved when vpp > 1)."""
+    zero: int = 0
+    offload_optimizer: str = "none"
+    offload_params: str = "none"
+    mbs: int = 1
+    recompute: str = "none"
+    sequence_parallel: bool = False
+
+    def __post_init__(self):
+        _checked(self, ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs"))
+        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
+            raise InputError(f"--zero: must be one of 0, 1, 2, 3, got {self.zero!r}")
+        _boolean(self.sequence_parallel, "--sequence-parallel")
+
+
+def coerce(value, kind, flag: str):
+    """An input record from a record, a dict of its fields (unknown keys name themselves), or None."""
+    if value is None:
+        return kind()
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, dict):
+        known = {f.name for f in fields(kind)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise InputError(f"{flag}: unknown field {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        return kind(**value)
+    raise InputError(f"{flag}: expected a {kind.__name__} or a dict, got {type(value).__name__}")
+
+
+def model_input(value) -> ModelInput | ModelSpec:
+    """A ModelInput from a ModelSpec (kept), a catalog name or config path, a config dict, or a
+    parameter count."""
+    if isinstance(value, (ModelSpec, ModelInput)):
+        return value
+    if isinstance(value, dict):
+        if "model_type" in value:
+            return ModelInput(config=value)
+        return coerce(value, ModelInput, "--model")
+    if isinstance(value, Path):
+        return ModelInput(config=value)
+    if isinstance(value, str):
+        return ModelInput(name=value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(float(value)):
+            raise InputError(f"--params: must be a finite number, got {value!r}")
+        return ModelInput(params=value)
+    raise InputError(f"--model: expected a catalog name, a config.json path or dict, or a parameter count, "
+                     f"got {type(value).__name__}")
+
+
+def resolve_model(value) -> ModelSpec:
+    value = model_input(value)
+    return value if isinstance(value, ModelSpec) else value.resolve()
+
+
+def with_gpus(cluster: ClusterInput, gpus: int) -> ClusterInput:
+    return replace(cluster, gpus=gpus)

@@ -1,0 +1,66 @@
+"""The pipeline: how layers split over stages, and what each schedule keeps in flight and idles.
+
+Memory reads the split and the in-flight micro-batches; step time reads the split, the bubble
+and the point-to-point slots. One module, so the two can never disagree on a schedule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.options import Schedule
+
+
+def layers_on_stage(layers: int, pp, stage, edge_layers: int = 0) -> np.ndarray:
+    """Transformer blocks on pipeline stage `stage`: the first L mod p stages take one extra
+    (DeepSpeed PipelineModule partition_method='uniform' balances blocks this way; Megatron-core
+    takes uneven stages through --decoder-first/last-pipeline-num-layers). With `edge_layers` the
+    embedding and the output layer count as that many blocks each, and the first and last stage
+    give them up (torchtitan pipeline_parallel.py _generate_llm_fqn_per_model_part:
+    pipeline_parallel_first/last_stage_less_layers = 1; 32 layers on 4 stages: 8, 9, 8, 7)."""
+    effective = layers + 2 * edge_layers
+    n = effective // pp + (stage < effective % pp)
+    return n - edge_layers * ((stage == 0) + (stage == pp - 1))
+
+
+def max_layers_on_stage(layers: int, pp, edge_layers: int = 0) -> np.ndarray:
+    """Blocks on the most loaded stage: the first, or with edge layers the second or the last."""
+    first = layers_on_stage(layers, pp, 0, edge_layers)
+    if not edge_layers:
+        return first
+    second = np.where(pp > 2, layers_on_stage(layers, pp, 1, edge_layers), 0)
+    return np.maximum(np.maximum(first, second), layers_on_stage(layers, pp, pp - 1, edge_layers))
+
+
+def microbatches_in_flight(pp, vpp, gas, schedule, stage) -> np.ndarray:
+    """Micro-batches whose activations a stage holds at its peak, in units of that stage's layers.
+
+    1F1B: min(p - i, m) (Narayanan et al. 2021 section 2.2.1; Megatron-core schedules.py
+    forward_backward_pipelining_without_interleaving: num_warmup_microbatches = p - i - 1, plus
+    the one in its backward). Interleaved with v chunks: min(v p + p - 2i - 1, v m) chunks of
+    L/(p v) layers (schedules.py get_pp_rank_microbatches: 2(p - i - 1) + (v - 1) p warm-up
+    micro-batches plus one; stage 0 matches Korthikanti et al. 2022's factor 1 + (p-1)/(p v)).
+    GPipe: all m (Huang et al. 2019)."""
+    one_f_one_b = np.minimum(pp - stage, gas)
+    interleaved = np.minimum(vpp * pp + pp - 2 * stage - 1, vpp * gas) / vpp
+    return np.select([schedule == Schedule.INTERLEAVED, schedule == Schedule.GPIPE], [interleaved, gas], one_f_one_b)
+
+
+def chunks_per_stage(vpp, schedule) -> np.ndarray:
+    """Model chunks per pipeline rank the schedule interleaves (1 unless interleaved)."""
+    return np.where(schedule == Schedule.INTERLEAVED, vpp, 1)
+
+
+def bubble_slots(pp, vpp, schedule) -> np.ndarray:
+    """Idle time of a step in units of one micro-batch's forward + backward on one stage:
+    (p - 1) for 1F1B and GPipe, (p - 1)/v interleaved (Narayanan et al. 2021 sections 2.2.1-2.2.2:
+    bubble fraction (p - 1)/m and (p - 1)/(v m) of the m slots)."""
+    return (pp - 1) / chunks_per_stage(vpp, schedule)
+
+
+def p2p_transfers(pp, vpp, gas, schedule) -> np.ndarray:
+    """Sends of activations (forward) plus their gradients (backward) on the critical path of one
+    step: 2 (v m + p - 1) for p > 1, since every one of the v m chunk-micro-batches crosses a
+    stage boundary and the pipeline fill and drain add p - 1 (Narayanan et al. 2021 section 2.2)."""
+    v = chunks_per_stage(vpp, schedule)
+    return np.where(pp > 1, 2.0 * (v * gas + pp - 1), 0.0)

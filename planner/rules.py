@@ -1,0 +1,136 @@
+"""Which layouts are valid: the structural rules every engine shares, and the engine rules,
+generated from the engine records (planner/engines.py). Vectorized over `Layouts`; a single
+layout raises the first broken rule's message, naming its flag."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from planner.engines import ENGINES, Engine
+from planner.errors import InputError
+from planner.hardware import Cluster
+from planner.layout import Layouts, Training
+from planner.model import ModelSpec
+from planner.options import Offload, Schedule
+
+DIVISIBILITY, TOPOLOGY, ENGINE_RULE = "divisibility", "topology", "engine rule"
+"""Rejection groups the search counts."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One validity rule."""
+
+    name: str
+    group: str
+    """DIVISIBILITY, TOPOLOGY or ENGINE_RULE."""
+    broken: Callable
+    """(model, cluster, training, layouts) -> bool array: candidates breaking the rule."""
+    message: Callable
+    """(model, cluster, training) -> the one-line error naming the flag."""
+
+
+def _names(engines) -> str:
+    return " or ".join(e.name for e in engines) or "none"
+
+
+def _stages(stages) -> str:
+    return ", ".join(str(z) for z in stages)
+
+
+def _schedules_broken(engine: Engine, lay: Layouts) -> np.ndarray:
+    allowed = [int(s) for s in engine.pipeline_schedules]
+    interleaves = Schedule.INTERLEAVED in engine.pipeline_schedules
+    return (lay.pp > 1) & (~np.isin(lay.schedule, allowed) | ((lay.vpp > 1) & (not interleaves)))
+
+
+def _offload_broken(engine: Engine, lay: Layouts) -> np.ndarray:
+    allowed = [Offload.NONE, *engine.offload_devices]
+    broken = ~np.isin(lay.offload_optimizer, allowed) | ~np.isin(lay.offload_params, allowed)
+    if engine.offload_together:
+        broken = broken | (lay.offload_optimizer != lay.offload_params)
+    return broken
+
+
+def _offload_message(engine: Engine) -> str:
+    if not engine.offload_devices:
+        return (f"--offload-optimizer/--offload-params: --engine {engine.name} has no offload "
+                f"(engines with it: {_names(e for e in ENGINES.values() if e.offload_devices)})")
+    devices = "/".join(d.word for d in engine.offload_devices)
+    together = " for both together" if engine.offload_together else ""
+    return f"--offload-optimizer/--offload-params: --engine {engine.name} offloads to {devices}{together}"
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("world", DIVISIBILITY, lambda m, cl, tr, l: l.world != cl.num_gpus,
+         lambda m, cl, tr: f"--tp*--pp*--dp*--cp must equal --gpus {cl.num_gpus}"),
+    Rule("tp_heads", DIVISIBILITY, lambda m, cl, tr, l: (m.heads % l.tp != 0) | (m.kv_heads % l.tp != 0),
+         lambda m, cl, tr: f"--tp: must divide --heads {m.heads} and --kv-heads {m.kv_heads}"),
+    Rule("tp_node", TOPOLOGY, lambda m, cl, tr, l: l.tp > cl.gpus_per_node,
+         lambda m, cl, tr: f"--tp: must not exceed --gpus-per-node {cl.gpus_per_node} (TP stays inside a node)"),
+    Rule("pp_layers", DIVISIBILITY, lambda m, cl, tr, l: l.pp * l.vpp > m.layers,
+         lambda m, cl, tr: f"--pp*--vpp: must not exceed the layer count {m.layers}"),
+    Rule("vpp_divides", DIVISIBILITY,
+         lambda m, cl, tr, l: (l.vpp > 1) & ((m.layers % np.maximum(l.pp * l.vpp, 1) != 0) | (l.pp < 2)),
+         lambda m, cl, tr: f"--vpp: interleaving needs --pp > 1 and --pp*--vpp dividing the layer count {m.layers}"),
+    Rule("cp_seq", DIVISIBILITY, lambda m, cl, tr, l: (tr.seq_len % (2 * l.cp) != 0) & (l.cp > 1),
+         lambda m, cl, tr: f"--cp: 2*cp must divide --seq-len {tr.seq_len}"),
+    Rule("ep_experts", DIVISIBILITY, lambda m, cl, tr, l: (m.experts % l.ep != 0) | (l.dp % l.ep != 0),
+         lambda m, cl, tr: f"--ep: must divide the expert count {m.experts} and --dp"),
+    Rule("zero_range", ENGINE_RULE, lambda m, cl, tr, l: (l.zero < 0) | (l.zero > 3),
+         lambda m, cl, tr: "--zero: must be one of 0, 1, 2, 3"),
+    Rule("offload_params_zero3", ENGINE_RULE, lambda m, cl, tr, l: (l.offload_params > Offload.NONE) & (l.zero != 3),
+         lambda m, cl, tr: "--offload-params: needs --zero 3"),
+    Rule("engine_offload", ENGINE_RULE, lambda m, cl, tr, l: _offload_broken(tr.engine, l),
+         lambda m, cl, tr: _offload_message(tr.engine)),
+    Rule("offload_optimizer_zero", ENGINE_RULE, lambda m, cl, tr, l: (l.offload_optimizer > Offload.NONE) & (l.zero == 0),
+         lambda m, cl, tr: "--offload-optimizer: needs --zero 1, 2 or 3"),
+    Rule("sp_needs_tp", ENGINE_RULE, lambda m, cl, tr, l: (l.sequence_parallel > 0) & (l.tp < 2),
+         lambda m, cl, tr: "--sequence-parallel: needs --tp > 1"),
+    Rule("batch", DIVISIBILITY, lambda m, cl, tr, l: (l.mbs < 1) | (l.gas < 1),
+         lambda m, cl, tr: "--mbs/--gbs: must be positive, with --gbs divisible by --mbs*--dp"),
+    # ---- generated from the engine record ----
+    Rule("engine_pipeline", ENGINE_RULE, lambda m, cl, tr, l: (l.pp > 1) & (not tr.engine.pipeline),
+         lambda m, cl, tr: f"--pp: --engine {tr.engine.name} has no pipeline engine (engines with one: "
+                           f"{_names(e for e in ENGINES.values() if e.pipeline)})"),
+    Rule("engine_pipeline_zero", ENGINE_RULE,
+         lambda m, cl, tr, l: (l.pp > 1) & tr.engine.pipeline & ~np.isin(l.zero, tr.engine.pipeline_zero_stages),
+         lambda m, cl, tr: f"--zero: the {tr.engine.name} pipeline engine takes --zero "
+                           f"{_stages(tr.engine.pipeline_zero_stages)} when --pp > 1"),
+    Rule("engine_schedule", ENGINE_RULE, lambda m, cl, tr, l: _schedules_broken(tr.engine, l),
+         lambda m, cl, tr: f"--vpp/--schedule: the {tr.engine.name} pipeline engine runs "
+                           f"{', '.join(s.word for s in tr.engine.pipeline_schedules)} only "
+                           f"(interleaving: {_names(e for e in ENGINES.values() if Schedule.INTERLEAVED in e.pipeline_schedules)})"),
+    Rule("engine_tensor_parallel", ENGINE_RULE,
+         lambda m, cl, tr, l: (not tr.engine.tensor_parallel) & ((l.tp > 1) | (l.cp > 1)),
+         lambda m, cl, tr: f"--tp/--cp: --engine {tr.engine.name} has no tensor or context parallelism "
+                           f"(engines with it: {_names(e for e in ENGINES.values() if e.tensor_parallel)})"),
+    Rule("engine_zero", ENGINE_RULE, lambda m, cl, tr, l: ~np.isin(l.zero, tr.engine.zero_stages),
+         lambda m, cl, tr: f"--zero: --engine {tr.engine.name} takes --zero {_stages(tr.engine.zero_stages)}"),
+)
+
+
+def violations(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> list:
+    """[(rule, bool array of candidates breaking it)] in RULES order."""
+    return [(r, np.broadcast_to(np.asarray(r.broken(model, cluster, training, lay), dtype=bool), lay.shape))
+            for r in RULES]
+
+
+def first_violation(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> tuple:
+    """(index into `groups` of the first rule each candidate breaks, -1 if valid; groups)."""
+    groups = sorted({r.group for r in RULES})
+    reason = np.full(lay.shape, -1, dtype=np.int64)
+    for rule, mask in reversed(violations(model, cluster, training, lay)):
+        reason = np.where(mask, groups.index(rule.group), reason)
+    return reason, groups
+
+
+def check_single(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> None:
+    """Raise InputError naming the flag of the first rule a one-layout `lay` breaks."""
+    assert lay.size == 1
+    for rule, mask in violations(model, cluster, training, lay):
+        if mask.any():
+            raise InputError(rule.message(model, cluster, training))

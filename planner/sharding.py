@@ -1,0 +1,139 @@
+"""What one rank holds of the model: parameters after TP/PP/EP, bytes per parameter by precision,
+optimizer and engine, and how ZeRO stages shard them over the data-parallel ranks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.layout import Layouts, Training
+from planner.model import ModelSpec
+from planner.options import Optimizer, Precision
+from planner.pipeline import layers_on_stage
+
+
+def rank_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple[np.ndarray, np.ndarray]:
+    """(dense, expert) parameter elements held by one rank of `stage` before any ZeRO sharding,
+    summed from the model's tensor list (planner/model.py ParamSums).
+
+    Megatron TP splits q/k/v/MLP matrices by t and keeps norms and row-parallel biases whole
+    (Shoeybi et al. 2019 section 3); the embedding is vocab-parallel (split by t) on the first
+    stage, the output layer on the last; tied embeddings need a second copy when p > 1
+    (Megatron-LM `shared_embedding`). Experts are split over EP ranks (Lepikhin et al. 2020)."""
+    s = model.sums
+    t, p = lay.tp, lay.pp
+    local_experts = np.maximum(model.experts // lay.ep, 1) / model.experts
+    dense_per_layer = s.block_split / t + s.block_replicated
+    expert_per_layer = local_experts * (s.expert_split / t + s.expert_replicated)
+    n = layers_on_stage(model.layers, p, stage, training.engine.pipeline_edge_layers)
+    first, last = stage == 0, stage == p - 1
+    embedding = s.first_split / t + s.first_replicated
+    output = np.where(s.tied & (p == 1), 0, s.output / t)
+    dense = n * dense_per_layer + first * embedding + last * (s.last_replicated + output)
+    return np.ceil(dense), np.ceil(n * expert_per_layer)
+
+
+def block_params(model: ModelSpec, lay: Layouts) -> np.ndarray:
+    """Parameter elements of one transformer block on one rank (its TP shard, its local experts)."""
+    s = model.sums
+    local_experts = np.maximum(model.experts // lay.ep, 1) / model.experts
+    return s.block_split / lay.tp + s.block_replicated + local_experts * (s.expert_split / lay.tp + s.expert_replicated)
+
+
+def persistent_params_per_layer(model: ModelSpec, lay: Layouts, threshold: int) -> np.ndarray:
+    """Elements of a block's tensors smaller than stage3_param_persistence_threshold on this rank:
+    ZeRO-3 keeps them whole on every rank (deepspeed/runtime/zero/parameter_offload.py
+    mark_persistent_parameters: ds_numel <= param_persistence_threshold)."""
+    total = 0.0 * lay.tp
+    for t in model.block_tensors():
+        local = t.numel / lay.tp if t.tp_dim is not None else t.numel + 0 * lay.tp
+        if t.expert:
+            local = local * np.maximum(model.experts // lay.ep, 1) / model.experts
+        total = total + np.where(local < threshold, local, 0)
+    return total
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of each model state on a rank that holds the whole of it."""
+
+    weights: float
+    """16/32-bit weights the forward reads."""
+    grads: float
+    """Gradients as accumulated and reduced."""
+    optimizer: float
+    """Optimizer states, fp32 master weights and any fp32 gradient copy the optimizer keeps."""
+
+
+def state_bytes(training: Training) -> StateBytes:
+    """Bytes per parameter by precision, optimizer and engine.
+
+    Mixed precision Adam: 2 + 2 + 12 (ZeRO paper section 3: K = 12 for fp32 master, momentum,
+    variance). Megatron-LM (docs/source/api-guide/dist_optimizer.md, bytes/param non-distributed
+    vs distributed over d): fp16 params + fp16 grads 20 vs 4 + 16/d (the optimizer keeps an fp32
+    grad copy with its shard), bf16 params + fp32 main grads 18 vs 6 + 12/d, fp32 16 vs 8 + 8/d.
+    FSDP2 reduces fp32 grads (torchtitan MixedPrecisionPolicy reduce_dtype float32). SGD momentum:
+    one fp32 state; 8-bit Adam: two 1-byte states (Dettmers et al. 2022); Adafactor: factored
+    second moment, O(rows+cols) per matrix (adafactor_state_bytes_per_param)."""
+    engine, precision = training.engine, training.precision
+    states = {Optimizer.ADAMW: 8.0, Optimizer.SGD: 4.0, Optimizer.ADAM8BIT: 2.0, Optimizer.ADAFACTOR: 0.0}[training.optimizer]
+    if precision is Precision.FP32:
+        weight, master = 4.0, 0.0
+    elif precision is Precision.BF16_PURE:
+        weight, master, states = 2.0, 0.0, states / 2
+    else:
+        weight, master = 2.0, 4.0
+    grad = weight
+    if engine.fp16_grad_copy and precision is Precision.FP16:
+        master += 4.0  # fp16 grads stay fp16; an fp32 copy is sharded with the optimizer states
+    elif engine.fp32_grads and precision.has_master_copy:
+        grad = 4.0
+    return StateBytes(weight, grad, master + states)
+
+
+def adafactor_state_bytes_per_param(model: ModelSpec) -> float:
+    # Shazeer & Stern 2018, section 3: row and column statistics of an n x m matrix, fp32
+    return 4.0 * 2.0 / model.hidden
+
+
+def optimizer_bytes_per_param(model: ModelSpec, training: Training) -> float:
+    """Optimizer bytes per parameter, Adafactor's factored statistics included."""
+    extra = adafactor_state_bytes_per_param(model) if training.optimizer is Optimizer.ADAFACTOR else 0.0
+    return state_bytes(training).optimizer + extra
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSpeed ZeRO-1/2: the gradient partition counts the parameters straddling its edges whole
+
+
+def _worst_partition_overlap(sizes: np.ndarray, ranks: int) -> float:
+    """Largest, over ranks, of the summed full sizes of the parameters overlapping a rank's slice of
+    the flat buffer (padded to a multiple of 2 x ranks: stage_1_and_2.py round_robin / alignment)."""
+    total = sizes.sum()
+    part = np.ceil(total / (2 * ranks)) * 2  # elements per rank
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    lo = np.arange(ranks) * part
+    first = np.searchsorted(ends, lo, side="right")
+    last = np.searchsorted(starts, lo + part, side="left")
+    csum = np.concatenate([[0.0], ends])
+    return float(np.max(csum[last] - csum[first]))
+
+
+def deepspeed_grad_partition_excess(model: ModelSpec, lay: Layouts, stage) -> np.ndarray:
+    """Elements by which the worst rank's ZeRO-1/2 gradient partition exceeds rank_params/D.
+
+    DeepSpeed 0.19 stage_1_and_2.py copy_grads_in_partition sizes grads_in_partition by the full
+    numel of every parameter overlapping the rank's partition, so the parameters straddling its two
+    edges count whole (a whole embedding when an edge falls inside it). The flat order is the
+    model's tensor list; evaluated once per distinct (tp, pp, stage, D, ep)."""
+    stage = np.broadcast_to(stage, lay.shape)
+    key = np.stack([lay.tp, lay.pp, stage, lay.zero_ranks, lay.ep], axis=-1).reshape(-1, 5)
+    uniq, inverse = np.unique(key, axis=0, return_inverse=True)
+    excess = np.zeros(len(uniq))
+    for j, (t, p, st, d, e) in enumerate(uniq):
+        if d > 1:
+            sizes = model.flat_local_sizes(int(t), int(p), int(st), int(e))
+            excess[j] = _worst_partition_overlap(sizes, int(d)) - sizes.sum() / d
+    return excess[inverse.ravel()].reshape(lay.shape)
