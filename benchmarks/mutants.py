@@ -25,7 +25,7 @@ TERMS = [
     ("planner.memory", "weight_bytes"), ("planner.memory", "grad_bytes"), ("planner.memory", "optimizer_bytes"),
     ("planner.memory", "host_bytes"), ("planner.memory", "deepspeed_reduce_buckets"),
     ("planner.memory", "deepspeed_straddle_bytes"), ("planner.memory", "deepspeed_step_grad_copies"),
-    ("planner.memory", "zero3_live_param_bytes"), ("planner.memory", "fsdp_unsharded_unit_bytes"),
+    ("planner.memory", "reduction_copy_bytes"), ("planner.memory", "zero3_live_param_bytes"), ("planner.memory", "fsdp_unsharded_unit_bytes"),
     ("planner.memory", "overhead_bytes"),
     ("planner.activations", "layer_bytes"), ("planner.activations", "recompute_working_bytes"),
     ("planner.activations", "embedding_dropout_bytes"), ("planner.activations", "head_input_bytes"),

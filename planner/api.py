@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from planner import memory, rules, search
 from planner.errors import InputError
@@ -216,30 +215,29 @@ def _time_to_train(step_s: float, tokens_per_step: int, tin: TrainingInput, clus
 # answers as JSON records
 
 
-def _pick(tree, i):
-    if isinstance(tree, dict):
-        return {k: _pick(v, i) for k, v in tree.items()}
-    return float(np.asarray(tree).flat[i]) if np.ndim(tree) else float(tree)
+def _at(parts, i: int) -> dict:
+    """Candidate i's value of each of a Lazy mapping's parts, without gathering the others'."""
+    return {k: float(parts.at(k, i)) for k in parts}
 
 
 def layout_record(cluster: Cluster, lay: Layouts, ev: dict, i: int) -> dict:
     """Candidate i as {layout, memory, time, throughput} (the `planner estimate --json` keys)."""
     mem = ev["memory"]
-    parts = {k: int(mem[k][i]) for k in memory.BREAKDOWN_KEYS}
+    parts = {k: int(mem.at(k, i)) for k in memory.BREAKDOWN_KEYS}
     total = sum(parts.values())  # = the float total below 2**53 bytes; past it the parts still add up exactly
     return {
         "layout": lay.row(i),
         "memory": {
             "gpu_bytes": total,
-            "cpu_bytes_per_node": int(mem["cpu_per_node"][i]),
+            "cpu_bytes_per_node": int(mem.at("cpu_per_node", i)),
             "capacity_bytes": int(cluster.gpu.memory_bytes),
             "headroom_bytes": int(cluster.gpu.memory_bytes) - total,
-            "fits": bool(ev["fits"][i]),
-            "peak_phase": "optimizer step" if mem["phase"][i] else "forward/backward",
+            "fits": bool(ev["fits"].flat[i]),
+            "peak_phase": memory.PHASES[int(mem.at("phase", i))],
             "breakdown": parts,
         },
-        "time": {"step_s": _pick(ev["time"]["step_s"], i), "breakdown": _pick(ev["time"]["breakdown"], i)},
-        "throughput": _pick(ev["time"]["throughput"], i),
+        "time": {"step_s": float(ev["time"]["step_s"].flat[i]), "breakdown": _at(ev["time"]["breakdown"], i)},
+        "throughput": _at(ev["time"]["throughput"], i),
     }
 
 

@@ -212,7 +212,7 @@ def cmd_estimate(args, out) -> int:
         return 0
     out.write(report.estimate_text(e) + "\n")
     if args.emit:
-        out.write("wrote " + ", ".join(result["emitted"]) + "\n")
+        out.write("wrote " + _shown(result["emitted"]) + "\n")
     return 0
 
 
@@ -228,7 +228,7 @@ def cmd_recommend(args, out) -> int:
     else:
         out.write(report.recommend_text(r) + "\n")
         if r.layouts and args.emit:
-            out.write("wrote " + ", ".join(r.layouts[0]["emitted"]) + "\n")
+            out.write("wrote " + _shown(r.layouts[0]["emitted"]) + "\n")
     if not r.layouts:
         # the answer (with what would fit) is printed; exit 2 still comes with its one stderr line
         raise InputError(f"--gpus: no layout fits {r.cluster.num_gpus} x {r.cluster.gpu.name}"
@@ -247,7 +247,14 @@ def cmd_validate(args, out) -> int:
 def _emit(directory, model, cluster, training, row) -> list[str]:
     from planner import export
 
+    if "\x00" in directory:
+        raise InputError(f"--emit: {directory!r} is not a usable path (it holds a NUL character)")
     return [str(p) for p in export.emit(directory, model, cluster, training, row)]
+
+
+def _shown(paths) -> str:
+    """Paths for a text line; bytes the OS gave that are not UTF-8 stay escaped instead of failing the print."""
+    return ", ".join(paths).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def main(argv=None, out=None) -> int:

@@ -50,6 +50,9 @@ def read_json(path, flag: str, max_bytes: int = MAX_FILE_BYTES, max_depth: int =
     """Parse a user's JSON file; any problem is one InputError naming `flag`."""
     where = str(path)
     try:
+        if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+            # a FIFO or socket would block open() or read() forever; a device need not end
+            raise InputError(f"{flag}: {where!r} is not a regular file")
         with open(path, "rb") as f:
             raw = f.read(max_bytes + 1)
     except FileNotFoundError:
@@ -58,6 +61,10 @@ def read_json(path, flag: str, max_bytes: int = MAX_FILE_BYTES, max_depth: int =
         raise InputError(f"{flag}: {where!r} is a directory, not a JSON file") from None
     except OSError as exc:
         raise InputError(f"{flag}: cannot read {where!r} ({exc.strerror or exc})") from None
+    except ValueError as exc:  # e.g. an embedded NUL character in the path
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"{flag}: cannot read {where!r} ({exc})") from None
     if len(raw) > max_bytes:
         raise InputError(f"{flag}: {where!r} is larger than {max_bytes // 2**20} MiB; not a config file")
     return parse_json(raw, flag, where, max_depth)

@@ -107,6 +107,9 @@ class Engine:
     accumulation_copy: tuple
     """ZeRO stages that, from the second micro-batch of a step on, hold a fresh gradient partition
     beside the accumulated one during each backward."""
+    reduction_copy: tuple
+    """ZeRO stages whose reduction at the accumulation boundary copies the reduced gradients into a
+    new partition buffer while the full gradients not yet reduced are still held."""
     # ---- how it runs -------------------------------------------------------------------------
     fused_gemms: bool
     """q|k|v and gate|up run as one GEMM each (Megatron linear_qkv, linear_fc1)."""
@@ -177,6 +180,10 @@ _DS_COMMON = dict(
     # stage_1_and_2.py: later micro-steps allocate grads_in_partition afresh while all_grad_tensors
     # holds the accumulated partition, until the epilogue adds one into the other (measured 2 x 2/D)
     accumulation_copy=(2,),
+    # engine.py allreduce_gradients -> stage_1_and_2.py reduce_gradients walks the parameters in
+    # order; copy_grads_in_partition allocates grads_in_partition at the rank's first parameter
+    # while the later parameters still hold their full p.grad (measured at the boundary)
+    reduction_copy=(1,),
     grad_buckets=GradBuckets.REDUCE_BUCKET,
     # stage_1_and_2.py average_tensor: use_multi_rank_bucket_allreduce (default true) all-reduces each
     # bucket and every rank keeps its slice; stage3.py __avg_scatter_grads: reduce_scatter_coalesced
@@ -229,6 +236,7 @@ MEGATRON = Engine(
     grads_sharded_backward=(),
     grads_sharded_step=(),
     accumulation_copy=(),
+    reduction_copy=(),
     fused_gemms=True,
     eager_elementwise=False,
     grad_buckets=GradBuckets.MEGATRON_DDP,
@@ -269,6 +277,7 @@ FSDP = Engine(
     grads_sharded_backward=(2, 3),
     grads_sharded_step=(2, 3),
     accumulation_copy=(),
+    reduction_copy=(),
     fused_gemms=False,
     eager_elementwise=True,
     grad_buckets=GradBuckets.PER_BLOCK,
@@ -307,6 +316,7 @@ TORCHTITAN = Engine(
     grads_sharded_backward=(2, 3),
     grads_sharded_step=(2, 3),
     accumulation_copy=(),
+    reduction_copy=(),
     # models/llama3 Attention: separate wq, wk, wv; FeedForward w1, w3, w2; no torch.compile by default
     fused_gemms=False,
     eager_elementwise=True,

@@ -8,6 +8,8 @@ formulas give identical values either way (tests/test_search.py checks row by ro
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from planner.layout import FIELDS, Layouts
@@ -38,18 +40,63 @@ class FieldCodes:
         return self.cache[name, compress]
 
 
-def grouped(codes: FieldCodes, names: tuple, fn) -> dict:
-    """fn(sub-Layouts) evaluated once per distinct combination of fields `names`, gathered back to the full
-    shape; fn must depend on those fields only (elementwise formulas give identical values)."""
-    lay = codes.lay
-    if lay.size <= 64:  # too few to be worth grouping: evaluate directly
-        return {k: np.maximum(np.broadcast_to(v, lay.tp.shape), 0.0) for k, v in fn(lay).items()}
+class Grouped:
+    """A formula's outputs per distinct combination of the fields it reads, and each candidate's
+    combination: `g[key]` gathers one output for every candidate (cached), `g.at(key, i)` reads one
+    candidate's value without gathering."""
+
+    def __init__(self, values: dict, inverse, shape: tuple):
+        self.values, self.inverse, self.shape, self.cache = values, inverse, shape, {}
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if key not in self.cache:
+            v = self.values[key]
+            self.cache[key] = v.reshape(self.shape) if self.inverse is None else np.take(v, self.inverse).reshape(self.shape)
+        return self.cache[key]
+
+    def at(self, key: str, i: int) -> float:
+        v = self.values[key]
+        return v.flat[i] if self.inverse is None else v[self.inverse[i]]
+
+
+def grouped(codes, names: tuple, fn, lay=None) -> Grouped:
+    """fn(sub-Layouts) evaluated once per distinct combination of fields `names` (negative values
+    clipped to 0); fn must depend on those fields only (elementwise formulas give identical values).
+    With `codes` None, or few candidates, fn runs on `lay` itself."""
+    lay = lay if codes is None else codes.lay
+    if codes is None or lay.size <= 64:  # too few to be worth grouping: evaluate directly
+        values = {k: np.maximum(np.broadcast_to(v, lay.shape), 0.0).ravel() for k, v in fn(lay).items()}
+        return Grouped(values, None, lay.shape)
     if names not in codes.groups:
         codes.groups[names] = _group(codes, names)
     first, inverse = codes.groups[names]
     sub = Layouts(**{name: getattr(lay, name).ravel()[first] for name in FIELDS})
-    return {k: np.take(np.maximum(np.broadcast_to(v, sub.tp.shape), 0.0), inverse).reshape(lay.tp.shape)
-            for k, v in fn(sub).items()}
+    values = {k: np.maximum(np.broadcast_to(v, sub.shape), 0.0) for k, v in fn(sub).items()}
+    return Grouped(values, inverse, lay.shape)
+
+
+class Lazy(Mapping):
+    """Named arrays over candidates, each computed on first use: `lazy[key]` for all candidates,
+    `lazy.at(key, i)` for one. Built from functions f(index) -> array (index None) or scalar."""
+
+    def __init__(self, makers: dict):
+        self.makers, self.cache = makers, {}
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if key not in self.cache:
+            self.cache[key] = self.makers[key](None)
+        return self.cache[key]
+
+    def at(self, key: str, i: int) -> float:
+        if key in self.cache:
+            return self.cache[key].flat[i]
+        return self.makers[key](i)
+
+    def __iter__(self):
+        return iter(self.makers)
+
+    def __len__(self) -> int:
+        return len(self.makers)
 
 
 def _group(codes: FieldCodes, names: tuple) -> tuple:

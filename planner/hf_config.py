@@ -60,8 +60,9 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
             raise ValueError(f"{key} must be a number, got {value!r}")
         return float(value)
 
-    name = str(cfg.get("_name_or_path") or kind)[:200]
-    source = f"Hugging Face config {where}"
+    # JSON may spell lone surrogates ("\ud800"), which no UTF-8 output can carry: keep them escaped
+    name = str(cfg.get("_name_or_path") or kind)[:200].encode("utf-8", "backslashreplace").decode("utf-8")
+    source = f"Hugging Face config {where}".encode("utf-8", "backslashreplace").decode("utf-8")
     try:
         if kind in ("llama", "mistral", "qwen2", "mixtral"):
             layers = integer("num_hidden_layers")

@@ -81,10 +81,13 @@ class Training:
         if not isinstance(self.flash_attention, bool):
             raise InputError(f"--no-flash-attention: must be true or false, got {self.flash_attention!r}")
 
-    @property
-    def overlap_comm(self) -> bool | None:
-        """The user's DeepSpeed overlap_comm, where the engine takes that flag."""
-        return self.zero_config.overlap_comm if self.engine.overlap_flag else None
+    def overlaps_grad_reduce(self, zero) -> np.ndarray:
+        """Whether the gradient reduction overlaps backward, per ZeRO stage: the user's
+        --overlap-comm where the engine takes it (DeepSpeed overlap_comm), else the engine's default
+        (DeepSpeed zero/config.py overlap_comm_valid: None resolves to stage == 3)."""
+        flag = self.zero_config.overlap_comm if self.engine.overlap_flag else None
+        zero = np.asarray(zero)
+        return np.isin(zero, self.engine.overlap_default) if flag is None else np.full(zero.shape, flag)
 
     def as_dict(self) -> dict:
         """The JSON `training` object (engine by name)."""

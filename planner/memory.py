@@ -14,7 +14,7 @@ import numpy as np
 
 from planner import activations as A
 from planner.engines import Buffers
-from planner.grouping import grouped
+from planner.grouping import Lazy, grouped
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
@@ -24,6 +24,8 @@ from planner.sharding import (block_params, deepspeed_grad_partition_excess, opt
                               persistent_params_per_layer, rank_params, state_bytes)
 
 BREAKDOWN_KEYS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
+PHASES = ("forward/backward", "optimizer step", "gradient reduction")
+"""The moments of a step whose memory is modelled; the peak is the largest."""
 
 
 @lru_cache(maxsize=None)
@@ -110,7 +112,7 @@ def deepspeed_reduce_buckets(training: Training, lay: Layouts) -> np.ndarray:
     with overlap_comm), with contiguous_gradients or CPU offload; ZeRO-3 one, at init."""
     zc, w = training.zero_config, training.precision.element_bytes
     contiguous = zc.contiguous_gradients | (lay.offload_optimizer > Offload.NONE)
-    stage12 = np.where(contiguous, zc.reduce_bucket_size * w * (1 + bool(zc.overlap_comm)), 0.0)
+    stage12 = np.where(contiguous, zc.reduce_bucket_size * w * (1 + training.overlaps_grad_reduce(lay.zero)), 0.0)
     stage3 = zc.reduce_bucket_size * w * zc.contiguous_gradients
     return np.select([lay.zero == 3, lay.zero >= 1], [stage3, stage12], 0.0)
 
@@ -118,11 +120,14 @@ def deepspeed_reduce_buckets(training: Training, lay: Layouts) -> np.ndarray:
 def deepspeed_straddle_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, at_step: bool) -> np.ndarray:
     """ZeRO-1/2: the parameters straddling the gradient partition's edges counted whole
     (copy_grads_in_partition sizes grads_in_partition by whole parameters), wherever the gradient
-    is held as that partition: in backward for the stages sharding it there, at the step for the
-    stages whose hooks copy into it."""
+    is held as that partition: in backward for the stages sharding it there (twice where a later
+    micro-step holds a second partition), at the step for the stages whose hooks copy into it."""
+    engine = training.engine
     hooks = (lay.zero == 2) | ((lay.zero == 1) & training.zero_config.contiguous_gradients)
-    phase = training.engine.grads_sharded_step if at_step else training.engine.grads_sharded_backward
+    phase = engine.grads_sharded_step if at_step else engine.grads_sharded_backward
     excess = deepspeed_grad_partition_excess(model, lay, stage) * training.precision.element_bytes
+    if not at_step:  # each partition copy of a later micro-step carries its own (measured)
+        excess = excess * (1 + (np.isin(lay.zero, engine.accumulation_copy) & (lay.gas > 1)))
     return np.where(hooks & np.isin(lay.zero, phase) & (lay.offload_optimizer == Offload.NONE), excess, 0.0)
 
 
@@ -164,6 +169,17 @@ def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts
     return np.where((lay.zero >= 2) & ~deferred_reduction(training, lay), units, 0.0)
 
 
+def reduction_copy_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple:
+    """(gradients, buffers) at the accumulation boundary's reduction where the engine copies reduced
+    gradients into a new partition while the full ones are still held (DeepSpeed ZeRO-1: the full
+    16-bit gradient, the new grads_in_partition with its straddling parameters, the reduce buckets;
+    measured: the worst rank's transient equals it to the byte); zeros elsewhere."""
+    on = np.isin(lay.zero, training.engine.reduction_copy) & (lay.offload_optimizer == Offload.NONE)
+    grads = grad_bytes(model, training, lay, stage) + grad_bytes(model, training, lay, stage, at_step=True)
+    buffers = deepspeed_straddle_bytes(model, training, lay, stage, at_step=True) + deepspeed_reduce_buckets(training, lay)
+    return np.where(on, grads, 0.0), np.where(on, buffers, 0.0)
+
+
 def engine_buffers(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple:
     """(buffers during forward/backward, extra buffers during the optimizer step), bytes.
     allgather_bucket_size allocates nothing in DeepSpeed 0.19: runtime/utils.py
@@ -191,19 +207,21 @@ def process_groups(lay: Layouts) -> np.ndarray:
     return 1 + (lay.tp > 1) + (lay.zero_ranks > 1) + (lay.pp > 1) + (lay.cp > 1) + (lay.ep > 1)
 
 
-def overhead_bytes(tensor_bytes, lay: Layouts, coef: dict) -> np.ndarray:
-    """CUDA context, NCCL buffers per communicator and allocator fragmentation (named coefficients
-    of data/coefficients.json with their sources)."""
-    return np.ceil(coef["cuda_context_bytes"] + coef["nccl_bytes_per_group"] * process_groups(lay)
-                   + coef["allocator_fragmentation"] * tensor_bytes)
+def overhead_bytes(tensor_bytes, fixed_bytes, coef: dict) -> np.ndarray:
+    """Allocator fragmentation on top of the tensors, plus the fixed CUDA context and NCCL buffers
+    per communicator (`fixed_bytes`: cuda_context_bytes + nccl_bytes_per_group x process_groups;
+    named coefficients of data/coefficients.json with their sources)."""
+    return np.ceil(fixed_bytes + coef["allocator_fragmentation"] * tensor_bytes)
 
 
 # ---------------------------------------------------------------------------------------------
 # the rank
 
 
-STATE_FIELDS = ("tp", "pp", "dp", "cp", "ep", "zero", "offload_optimizer", "offload_params", "gas")
-ACTIVATION_FIELDS = ("tp", "pp", "cp", "mbs", "gas", "recompute", "sequence_parallel", "vpp", "schedule")
+# the fields each group of terms reads; step time groups by the same two sets (timing.py), so the
+# grouping of the candidates is computed once for both
+STATE_FIELDS = ("tp", "pp", "dp", "cp", "ep", "gas", "zero", "offload_optimizer", "offload_params")
+ACTIVATION_FIELDS = ("tp", "pp", "dp", "cp", "ep", "gas", "mbs", "recompute", "sequence_parallel", "vpp", "schedule")
 
 
 def _stage(where, lay: Layouts):
@@ -211,67 +229,101 @@ def _stage(where, lay: Layouts):
     return {"first": 0 * lay.pp, "last": lay.pp - 1}.get(where, where) if isinstance(where, str) else where
 
 
-def _states_part(model, training, lay, where) -> dict:
+def _states_part(model, cluster, training, lay, where) -> dict:
     stage = _stage(where, lay)
     fwd, step = engine_buffers(model, training, lay, stage)
     parts = {"params": weight_bytes(model, training, lay, stage), "grads": grad_bytes(model, training, lay, stage),
              "step_grads": grad_bytes(model, training, lay, stage, at_step=True),
              "optimizer": optimizer_bytes(model, training, lay, stage), "fwd_buffers": fwd, "step_buffers": step}
-    return {**{k: np.ceil(v) for k, v in parts.items()}, "cpu": host_bytes(model, training, lay, stage),
-            "groups": process_groups(lay)}
+    parts["reduce_grads"], parts["reduce_buffers"] = reduction_copy_bytes(model, training, lay, stage)
+    parts = {k: np.ceil(v) for k, v in parts.items()}
+    coef = coefficients("memory")
+    held = parts["params"] + parts["optimizer"]
+    return {**parts, "fwd_states": held + parts["grads"] + parts["fwd_buffers"],
+            "step_states": held + parts["step_grads"] + parts["step_buffers"],
+            "reduce_states": np.where(parts["reduce_grads"] > 0, held + parts["reduce_grads"] + parts["reduce_buffers"], 0.0),
+            "fixed_overhead": coef["cuda_context_bytes"] + coef["nccl_bytes_per_group"] * process_groups(lay),
+            "cpu_per_node": host_bytes(model, training, lay, stage) * min(cluster.gpus_per_node, cluster.num_gpus)}
 
 
 def _activation_part(model, training, lay, where) -> dict:
     stage = _stage(where, lay)
-    logits = A.logits_bytes(model, training, lay, stage, coefficients("memory")["logits_bytes_per_element"])
-    return {"activations": np.ceil(A.stage_activation_bytes(model, training, lay, stage)), "logits": np.ceil(logits)}
+    logits = np.ceil(A.logits_bytes(model, training, lay, stage, coefficients("memory")["logits_bytes_per_element"]))
+    acts = np.ceil(A.stage_activation_bytes(model, training, lay, stage))
+    return {"activations": acts, "logits": logits, "total": acts + logits}
 
 
-def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, stage=None) -> dict:
+class _Stage:
+    """One pipeline stage of every candidate: both moments of a step, the larger one's total, and
+    its parts on demand (states and activations each evaluated per distinct combination of the
+    fields they read)."""
+
+    def __init__(self, model, cluster, training, lay, where, codes):
+        self.states = grouped(codes, STATE_FIELDS, lambda sub: _states_part(model, cluster, training, sub, where), lay)
+        self.acts = grouped(codes, ACTIVATION_FIELDS, lambda sub: _activation_part(model, training, sub, where), lay)
+        fwd = self.states["fwd_states"] + self.acts["total"]
+        step, reduce = self.states["step_states"], self.states["reduce_states"]
+        # PHASES: 0 forward/backward, 1 optimizer step, 2 gradient reduction (the first largest wins)
+        self.phase = np.where(reduce > np.maximum(fwd, step), 2, (step > fwd).astype(np.int64))
+        tensors = np.maximum(np.maximum(fwd, step), reduce)
+        self.total = tensors + overhead_bytes(tensors, self.states["fixed_overhead"], coefficients("memory"))
+
+    def part(self, key: str, i=None):
+        """One breakdown part at the peak moment, for every candidate (i None) or candidate i."""
+        def get(src, k):
+            return src[k] if i is None else src.at(k, i)
+
+        phase = self.phase if i is None else self.phase.flat[i]
+
+        def by_phase(fwd, step, reduce):
+            return np.select([phase == 1, phase == 2], [step, reduce], fwd)
+
+        if key in ("params", "optimizer"):
+            return get(self.states, key)
+        if key == "grads":
+            return by_phase(get(self.states, "grads"), get(self.states, "step_grads"), get(self.states, "reduce_grads"))
+        if key in ("activations", "logits"):
+            return np.where(phase > 0, 0.0, get(self.acts, key))
+        if key == "buffers":
+            return by_phase(get(self.states, "fwd_buffers"), get(self.states, "step_buffers"),
+                            get(self.states, "reduce_buffers"))
+        assert key == "overhead", key
+        return self.total - sum(self.part(k) for k in BREAKDOWN_KEYS[:-1]) if i is None else \
+            self.total.flat[i] - sum(self.part(k, i) for k in BREAKDOWN_KEYS[:-1])
+
+
+def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, stage=None):
     """Peak GPU bytes of one rank of `stage` (default: the larger of the first and last stage,
     which hold the most: embedding and most in-flight micro-batches, or output layer and logits).
 
-    Returns {key: array} for BREAKDOWN_KEYS, 'total', 'cpu_per_node' and 'phase'
-    (0: forward/backward peak, 1: optimizer-step peak). Model states and activations depend on
-    different layout fields, so each is evaluated once per distinct combination of its fields."""
-    if stage is None:
-        codes = lay.codes()
-        first = _combine(model, cluster, training, lay, "first", codes)
-        last = _combine(model, cluster, training, lay, "last", codes)
-        pick = last["total"] > first["total"]
-        return {k: np.where(pick, last[k], first[k]) for k in first}
-    return _combine(model, cluster, training, lay, stage, None)
+    Returns a Lazy mapping: 'total', 'cpu_per_node' and 'phase' (an index into PHASES) for every
+    candidate, and each of BREAKDOWN_KEYS on demand."""
+    if stage is not None:
+        one = _Stage(model, cluster, training, lay, stage, None)
+        return Lazy({"total": lambda i: one.total if i is None else one.total.flat[i],
+                     "phase": lambda i: one.phase if i is None else one.phase.flat[i],
+                     "cpu_per_node": lambda i: one.states["cpu_per_node"] if i is None else one.states.at("cpu_per_node", i),
+                     **{k: (lambda i, k=k: one.part(k, i)) for k in BREAKDOWN_KEYS}})
+    codes = lay.codes()
+    first = _Stage(model, cluster, training, lay, "first", codes)
+    last = _Stage(model, cluster, training, lay, "last", codes)
+    pick = last.total > first.total
 
+    def choose(f, i):
+        return np.where(pick, f(last), f(first)) if i is None else (f(last) if pick.flat[i] else f(first))
 
-def _combine(model, cluster, training, lay, where, codes) -> dict:
-    """Both phases of a step on one stage, their larger peak, and the overheads on top."""
-    if codes is None:
-        states = _states_part(model, training, lay, where)
-        acts = _activation_part(model, training, lay, where)
-    else:
-        states = grouped(codes, STATE_FIELDS, lambda sub: _states_part(model, training, sub, where))
-        acts = grouped(codes, ACTIVATION_FIELDS, lambda sub: _activation_part(model, training, sub, where))
-    fwd_peak = states["grads"] + acts["activations"] + acts["logits"] + states["fwd_buffers"]
-    phase = (states["step_grads"] + states["step_buffers"] > fwd_peak).astype(np.int64)
-    out = {
-        "params": states["params"], "grads": np.where(phase, states["step_grads"], states["grads"]),
-        "optimizer": states["optimizer"],
-        "activations": np.where(phase, 0.0, acts["activations"]), "logits": np.where(phase, 0.0, acts["logits"]),
-        "buffers": np.where(phase, states["step_buffers"], states["fwd_buffers"]),
-    }
-    out["overhead"] = overhead_bytes(sum(out.values()), lay, coefficients("memory"))
-    out = {k: np.broadcast_to(v, lay.shape) for k, v in out.items()}
-    out["total"] = sum(out[k] for k in BREAKDOWN_KEYS)
-    out["cpu_per_node"] = np.broadcast_to(states["cpu"] * min(cluster.gpus_per_node, cluster.num_gpus), lay.shape)
-    out["phase"] = np.broadcast_to(phase, lay.shape)
-    return out
+    return Lazy({
+        "total": lambda i: choose(lambda s: s.total if i is None else s.total.flat[i], i),
+        "phase": lambda i: choose(lambda s: s.phase if i is None else s.phase.flat[i], i),
+        "cpu_per_node": lambda i: choose(lambda s: s.states["cpu_per_node"] if i is None
+                                         else s.states.at("cpu_per_node", i), i),
+        **{k: (lambda i, k=k: choose(lambda s: s.part(k, i), i)) for k in BREAKDOWN_KEYS},
+    })
 
 
 def per_stage(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> list[dict]:
     """Memory of every pipeline stage of a one-layout `lay`."""
     assert lay.size == 1
-    return [
-        {k: (float(v.flat[0]) if k != "phase" else int(v.flat[0]))
-         for k, v in rank_memory(model, cluster, training, lay, np.array([i])).items()}
-        for i in range(int(lay.pp[0]))
-    ]
+    return [{k: (float(v.flat[0]) if k != "phase" else int(v.flat[0]))
+             for k, v in rank_memory(model, cluster, training, lay, np.array([i])).items()}
+            for i in range(int(lay.pp[0]))]

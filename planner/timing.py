@@ -20,10 +20,10 @@ from planner.collectives import (group_bus_bytes_per_s, group_latency_s, intra_n
                                  p2p_bytes_per_s, ring_time_s)
 from planner.compute import flops_per_step, peak_flops_per_s, tokens_per_microbatch
 from planner.engines import GradBuckets
-from planner.grouping import grouped
+from planner.grouping import Lazy, grouped
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
-from planner.memory import coefficients, deferred_reduction
+from planner.memory import ACTIVATION_FIELDS, STATE_FIELDS, coefficients, deferred_reduction
 from planner.model import ModelSpec
 from planner.options import Offload, Recompute
 from planner.pipeline import bubble_slots, max_layers_on_stage, p2p_transfers
@@ -161,8 +161,7 @@ def grad_overlap_fraction(training: Training, lay: Layouts, c: dict) -> np.ndarr
     """Fraction of the gradient reduction that can overlap backward: the engine's default (DeepSpeed
     overlap_comm None -> stage 3; FSDP always; Megatron --overlap-grad-reduce off) or the user's
     --overlap-comm."""
-    flag = training.overlap_comm
-    overlap = np.isin(lay.zero, training.engine.overlap_default) if flag is None else np.full(lay.shape, flag)
+    overlap = training.overlaps_grad_reduce(lay.zero)
     return np.where(overlap, c["dp_overlap_fraction_with_overlap"], c["dp_overlap_fraction"])
 
 
@@ -286,8 +285,8 @@ def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
 # the step
 
 
-PIPE_FIELDS = ("tp", "pp", "dp", "cp", "ep", "gas", "mbs", "recompute", "sequence_parallel", "vpp", "schedule")
-STEP_FIELDS = ("tp", "pp", "dp", "cp", "ep", "gas", "zero", "offload_optimizer", "offload_params")
+PIPE_FIELDS = ACTIVATION_FIELDS  # the same grouping as memory's (computed once per candidate set)
+STEP_FIELDS = STATE_FIELDS
 
 
 def _pipeline_terms(model, cluster, training, lay, c) -> dict:
@@ -295,56 +294,72 @@ def _pipeline_terms(model, cluster, training, lay, c) -> dict:
     m = lay.gas.astype(np.float64)
     mb = microbatch_s(model, cluster, training, lay, c)
     flops = flops_per_step(model, training, lay)
-    return {"compute": m * mb["compute"], "recompute": m * mb["recompute"], "tp_comm": m * mb["tp_comm"],
-            "pp_bubble": pipeline_bubble_s(lay, mb["slot"]), "pp_comm": pipeline_p2p_s(model, cluster, training, lay, c),
-            "model_flops_per_gpu": flops["model_flops"] / lay.world,
-            "hardware_flops_per_gpu": flops["hardware_flops"] / lay.world}
+    out = {"compute": m * mb["compute"], "recompute": m * mb["recompute"], "tp_comm": m * mb["tp_comm"],
+           "pp_bubble": pipeline_bubble_s(lay, mb["slot"]), "pp_comm": pipeline_p2p_s(model, cluster, training, lay, c),
+           "model_flops_per_gpu": flops["model_flops"] / lay.world,
+           "hardware_flops_per_gpu": flops["hardware_flops"] / lay.world}
+    out["busy"] = out["compute"] + out["recompute"]  # what overlapped communication can hide behind
+    out["total"] = out["busy"] + out["tp_comm"] + out["pp_bubble"] + out["pp_comm"]
+    return out
 
 
 def _step_terms(model, cluster, training, lay, c) -> dict:
     """Data-parallel communication, offload and the optimizer update of one step."""
     grad_exposed, grad_hideable = grad_reduce_s(model, cluster, training, lay, c)
     gather_exposed, gather_hideable = zero3_gather_s(model, cluster, training, lay, c)
-    return {"dp_exposed": grad_exposed + gather_exposed + param_gather_s(model, cluster, training, lay, c),
-            "dp_hideable": grad_hideable + gather_hideable,
-            "offload": offload_s(model, cluster, training, lay, c), "optimizer": optimizer_s(model, cluster, training, lay, c)}
+    out = {"dp_exposed": grad_exposed + gather_exposed + param_gather_s(model, cluster, training, lay, c),
+           "dp_hideable": grad_hideable + gather_hideable,
+           "offload": offload_s(model, cluster, training, lay, c), "optimizer": optimizer_s(model, cluster, training, lay, c)}
+    out["total"] = out["dp_exposed"] + out["offload"] + out["optimizer"]
+    return out
 
 
 def step_time(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> dict:
-    """{'step_s', 'breakdown': {BREAKDOWN_KEYS: exposed seconds}, 'throughput': {...}} per candidate.
-    Each group of terms is evaluated once per distinct combination of the fields it reads."""
+    """{'step_s': array, 'breakdown': {BREAKDOWN_KEYS: exposed seconds}, 'throughput': {...}} per
+    candidate; each group of terms is evaluated once per distinct combination of the fields it
+    reads, and the breakdown and throughput parts are gathered when read (planner/grouping.py Lazy):
+
+        step_s = pipeline work + exposed DP, offload and optimizer
+                 + max(hideable DP - the compute it hides behind, 0) + fixed overhead"""
     c = coefficients("time")
-    codes = lay.codes()
-    pipe = grouped(codes, PIPE_FIELDS, lambda sub: _pipeline_terms(model, cluster, training, sub, c))
-    step = grouped(codes, STEP_FIELDS, lambda sub: _step_terms(model, cluster, training, sub, c))
-    busy = pipe["compute"] + pipe["recompute"]  # overlapped communication hides only behind compute
-    breakdown = {
-        "compute": pipe["compute"], "recompute": pipe["recompute"], "tp_comm": pipe["tp_comm"],
-        "dp_comm": step["dp_exposed"] + np.maximum(step["dp_hideable"] - busy, 0.0),
-        "pp_comm": pipe["pp_comm"], "pp_bubble": pipe["pp_bubble"],
-        "offload": step["offload"], "optimizer": step["optimizer"],
-        "other": np.full(lay.shape, max(float(c["step_overhead_s"]), 0.0)),
-    }
-    step_s = sum(breakdown[key] for key in BREAKDOWN_KEYS)
-    rates = _rates(cluster, training, step_s, lay.gbs, pipe["model_flops_per_gpu"], pipe["hardware_flops_per_gpu"])
-    return {"step_s": step_s, "breakdown": breakdown, "throughput": rates}
+    codes = lay.codes() if lay.size > 64 else None
+    pipe = grouped(codes, PIPE_FIELDS, lambda sub: _pipeline_terms(model, cluster, training, sub, c), lay)
+    step = grouped(codes, STEP_FIELDS, lambda sub: _step_terms(model, cluster, training, sub, c), lay)
+    other = max(float(c["step_overhead_s"]), 0.0)
+    hidden_short = np.maximum(step["dp_hideable"] - pipe["busy"], 0.0)
+    step_s = pipe["total"] + step["total"] + hidden_short + other
+
+    def part(src, key):
+        return lambda i: src[key] if i is None else src.at(key, i)
+
+    def dp_comm(i):
+        if i is None:
+            return step["dp_exposed"] + hidden_short
+        return step.at("dp_exposed", i) + max(step.at("dp_hideable", i) - pipe.at("busy", i), 0.0)
+
+    breakdown = Lazy({"compute": part(pipe, "compute"), "recompute": part(pipe, "recompute"),
+                      "tp_comm": part(pipe, "tp_comm"), "dp_comm": dp_comm, "pp_comm": part(pipe, "pp_comm"),
+                      "pp_bubble": part(pipe, "pp_bubble"), "offload": part(step, "offload"),
+                      "optimizer": part(step, "optimizer"),
+                      "other": lambda i: np.full(lay.shape, other) if i is None else other})
+    return {"step_s": step_s, "breakdown": breakdown, "throughput": _rates(cluster, training, lay, step_s, pipe)}
 
 
-def throughput(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, step_s) -> dict:
-    """Tokens/s, samples/s, per-GPU model and hardware TFLOP/s, MFU and HFU of a given step time."""
-    flops = flops_per_step(model, training, lay)
-    return _rates(cluster, training, step_s, lay.gbs, flops["model_flops"] / lay.world, flops["hardware_flops"] / lay.world)
-
-
-def _rates(cluster: Cluster, training: Training, step_s, samples, model_flops_per_gpu, hardware_flops_per_gpu) -> dict:
-    # MFU excludes the recompute FLOPs, HFU includes them (Korthikanti 2022 s.6.3); peak of the GEMM dtype
+def _rates(cluster: Cluster, training: Training, lay: Layouts, step_s, pipe) -> Lazy:
+    """Tokens/s for every candidate; samples/s, per-GPU model and hardware TFLOP/s, MFU and HFU when
+    read. MFU excludes the recompute FLOPs, HFU includes them (Korthikanti 2022 s.6.3); peak of the
+    GEMM dtype."""
     peak = peak_flops_per_s(cluster, training)
-    per_s = 1.0 / step_s
-    samples_per_s = samples * per_s
-    model_per_gpu, hardware_per_gpu = model_flops_per_gpu * per_s, hardware_flops_per_gpu * per_s
-    return {"tokens_per_s": samples_per_s * training.seq_len, "samples_per_s": samples_per_s,
-            "model_tflops_per_gpu": model_per_gpu * 1e-12, "hardware_tflops_per_gpu": hardware_per_gpu * 1e-12,
-            "mfu": model_per_gpu / peak, "hfu": hardware_per_gpu / peak}
+    tokens_per_s = lay.gbs * training.seq_len / step_s
+
+    def rate(flops_key, scale):
+        return lambda i: (pipe[flops_key] / step_s if i is None else pipe.at(flops_key, i) / step_s.flat[i]) * scale
+
+    return Lazy({"tokens_per_s": lambda i: tokens_per_s if i is None else tokens_per_s.flat[i],
+                 "samples_per_s": lambda i: (tokens_per_s if i is None else tokens_per_s.flat[i]) / training.seq_len,
+                 "model_tflops_per_gpu": rate("model_flops_per_gpu", 1e-12),
+                 "hardware_tflops_per_gpu": rate("hardware_flops_per_gpu", 1e-12),
+                 "mfu": rate("model_flops_per_gpu", 1.0 / peak), "hfu": rate("hardware_flops_per_gpu", 1.0 / peak)})
 
 
 def time_to_train(step_s, tokens_per_step, tokens, num_gpus, price_per_gpu_hour=None) -> dict:

@@ -42,6 +42,50 @@ def test_estimate_json_schema():
         d["throughput"])
 
 
+def key_paths(tree, prefix=""):
+    """Every key path of a JSON answer ('memory.breakdown.params'; lists by their first element)."""
+    out = set()
+    for k, v in tree.items():
+        out.add(prefix + k)
+        if isinstance(v, dict):
+            out |= key_paths(v, f"{prefix}{k}.")
+        elif isinstance(v, list) and v and isinstance(v[0], dict):
+            out |= key_paths(v[0], f"{prefix}{k}[].")
+    return out
+
+
+# the keys of issues 2 and 3 (README "--json schema"): frozen; new keys may be added, none renamed
+ESTIMATE_KEYS = {
+    "model", "model.params", "model.layers", "model.hidden", "model.heads", "model.kv_heads", "model.ffn",
+    "model.ffn_kind", "model.vocab", "model.norm", "model.tied_embeddings",
+    "layout", *(f"layout.{k}" for k in ("dp", "tp", "pp", "cp", "ep", "vpp", "zero", "mbs", "gbs", "gas", "recompute",
+                                        "sequence_parallel", "offload_optimizer", "offload_params", "schedule")),
+    "memory", *(f"memory.{k}" for k in ("gpu_bytes", "cpu_bytes_per_node", "capacity_bytes", "headroom_bytes", "fits",
+                                        "peak_phase", "breakdown", "per_stage", "per_stage[].stage",
+                                        "per_stage[].gpu_bytes", "per_stage[].cpu_bytes_per_node",
+                                        "per_stage[].breakdown")),
+    *(f"memory.breakdown.{k}" for k in ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")),
+    "time", "time.step_s", "time.breakdown",
+    *(f"time.breakdown.{k}" for k in ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble", "offload",
+                                      "optimizer", "other")),
+    "throughput", *(f"throughput.{k}" for k in ("tokens_per_s", "samples_per_s", "model_tflops_per_gpu",
+                                                "hardware_tflops_per_gpu", "mfu", "hfu")),
+    "cluster", "training", "time_to_train", "time_to_train.days", "time_to_train.gpu_hours", "time_to_train.cost",
+    "deepspeed_estimator",
+}
+RECOMMEND_KEYS = {"model", "assumptions", "candidates_evaluated", "rejected", "layouts", "suggestions",
+                  "layouts[].layout", "layouts[].memory", "layouts[].time", "layouts[].throughput",
+                  "layouts[].binding_constraint", "layouts[].memory.gpu_bytes", "layouts[].time.step_s"}
+
+
+def test_json_schema_is_frozen():
+    _, text = run("estimate", "--model", "llama-2-7b", "--gpus", "8", "--pp", "2", "--tokens", "1e12",
+                  "--price-per-gpu-hour", "2", "--ds-estimator", "--json")
+    assert ESTIMATE_KEYS <= key_paths(json.loads(text))
+    _, text = run("recommend", "--model", "llama-2-7b", "--gpus", "8", "--json")
+    assert RECOMMEND_KEYS <= key_paths(json.loads(text))
+
+
 def test_estimate_per_stage_table_text():
     code, text = run("estimate", "--model", "llama-3-70b", "--gpus", "16", "--tp", "8", "--pp", "2",
                      "--gbs", "32", "--recompute", "selective", "--sequence-parallel")

@@ -1,12 +1,26 @@
 """The planner's per-rank model-state and buffer bytes against a real DeepSpeed engine.
 
-Two gloo processes on CPU train a tiny Llama (transformers) for 2 steps with ZeRO 1, 2 and 3
-(bf16, torch AdamW passed in: no JIT build), one spawn running the three stages in turn. Each
-rank counts, by unique storage (data_ptr dedup, storage nbytes), the buffers the engine holds
-(shared/reference/deepspeed-behaviour.md): 16-bit weights, fp32 master partition, Adam
-exp_avg/exp_avg_sq, the 16-bit gradient partition, the reduce bucket(s) and the fp32 gradient
-live at the optimizer step. The parent compares them with `planner.memory.model_states` and
-`engine_buffers` for `layout.single(dp=2, zero=S)` and the same ZeroConfig.
+Two gloo processes on CPU train a tiny Llama (transformers) with ZeRO 1, 2 and 3 (bf16, torch
+AdamW passed in: no JIT build), one spawn running, per stage, 2 steps with
+gradient_accumulation_steps 1 and then 2 steps with GAS = 4. Each rank counts, by unique storage
+(data_ptr dedup, storage nbytes), the buffers the engine holds:
+
+- gas 1: 16-bit weights, fp32 master partition, Adam exp_avg/exp_avg_sq, the 16-bit gradient
+  partition, the reduce bucket(s) and the fp32 gradient live at the optimizer step;
+- gas 4 (second step): the gradient bytes (p.grad and the optimizer's grads_in_partition,
+  all_grad_tensors, averaged_gradients or grad_partitions_flat_buffer; reduce buckets apart) at
+  fixed points of every micro-step (end of autograd, after each copy into the partition, before
+  _release_ipg_buffers, after backward, at the optimizer step), and every collective of the
+  DeepSpeed communication backend (deepspeed.comm's TorchBackend, the one object its collectives
+  go through; torch.distributed is watched for direct calls) with its micro-step, phase, size,
+  dtype and DeepSpeed call site, gradient reductions being those under the ipg-bucket reduction.
+
+The parent compares them with `planner.memory` (weight/grad/optimizer bytes, engine_buffers,
+deepspeed_straddle_bytes, reduction_copy_bytes) and `planner.timing.grad_reductions_per_step` for
+`layout.single(dp=2, zero=S, gas=G)` and the same ZeroConfig. Two measurements made here changed the
+planner: ZeRO-1's boundary reduction holds grads_in_partition beside the not-yet-reduced full
+gradient (the "gradient reduction" moment), and ZeRO-2's second micro-step partition carries its own
+straddling parameters.
 
 DeepSpeed pads: ZeRO-1/2 pad the flat 16-bit buffer to a multiple of 2*D elements
 (stage_1_and_2.py: alignment = nccl_start_alignment_factor(2) * D); ZeRO-3 pads every parameter
@@ -27,15 +41,15 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before any deepspeed import
 
 import pytest
 
-from planner import layout, memory
-from planner.hardware import Cluster, lookup_gpu
+from planner import layout, memory, sharding, timing
+from planner.hf_config import from_hf_config
 from planner.layout import Training, ZeroConfig
-from planner.model import from_hf_config
 
 D = 2  # data-parallel ranks (processes)
 STAGES = (1, 2, 3)
 SEQ = 16
 STEPS = 2
+GAS = 4  # micro-batches per optimizer step of the accumulation run
 BUCKET = 4096  # reduce/allgather/prefetch bucket elements (the 5e8 default is 1 GB of bf16)
 PERSISTENCE = 10  # stage3_param_persistence_threshold: every tensor here (>= 64 elements) is partitioned
 LLAMA = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -50,10 +64,10 @@ pytestmark = pytest.mark.slow
 # worker (runs in the spawned processes; imports this module by name)
 
 
-def _ds_config(stage: int) -> dict:
+def _ds_config(stage: int, gas: int = 1) -> dict:
     return {
         "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
+        "gradient_accumulation_steps": gas,
         "bf16": {"enabled": True},
         "zero_allow_untested_optimizer": True,  # torch.optim.AdamW is not on ZeRO's tested list
         "steps_per_print": 10**9,
@@ -184,6 +198,204 @@ def _run_stage(stage: int, rank: int) -> dict:
     return out
 
 
+# ---- gradient accumulation (GAS micro-batches per optimizer step) ---------------------------
+
+# DeepSpeed functions whose collectives are gradient reductions: the ipg-bucket reduction of
+# stage_1_and_2.py (reduce_ipg_grads -> average_tensor -> allreduce_bucket) and of stage3.py
+# (__reduce_and_partition_ipg_grads -> __avg_scatter_grads -> reduce_scatter_coalesced). Every
+# other collective (parameter all-gathers, norm and overflow all-reduces) is something else.
+GRAD_SITES = {"reduce_ipg_grads", "__reduce_and_partition_ipg_grads"}  # code names (not name-mangled)
+# deepspeed/comm/torch.py TorchBackend: the one object every deepspeed.comm collective goes through
+# (deepspeed.comm.comm.cdb); reduce_scatter_fn -> reduce_scatter_tensor lands here too
+BACKEND_OPS = ("all_reduce", "all_reduce_coalesced", "inference_all_reduce", "reduce", "reduce_scatter",
+               "reduce_scatter_tensor", "all_gather", "all_gather_into_tensor", "all_gather_base",
+               "all_gather_coalesced", "broadcast", "all_to_all_single", "all_to_all")
+# the same collectives called on torch.distributed directly, i.e. bypassing deepspeed.comm
+TORCH_OPS = ("all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+             "all_gather", "all_gather_into_tensor", "broadcast", "all_to_all_single")
+
+
+class _Collectives:
+    """Records every collective of the DeepSpeed backend while `where` is set: (where, op, elements,
+    dtype, is-gradient-reduction, innermost deepspeed/runtime function). Installed once per process."""
+
+    def __init__(self):
+        self.where, self.calls, self.bypass, self.depth = None, [], [], 0
+
+    def install(self, cdb, tdist):
+        for name in BACKEND_OPS:
+            if hasattr(cdb, name):
+                setattr(cdb, name, self._wrap(name, getattr(cdb, name), self.calls))
+        for name in TORCH_OPS:
+            if hasattr(tdist, name):
+                setattr(tdist, name, self._wrap(name, getattr(tdist, name), self.bypass))
+
+    def _wrap(self, name, fn, log):
+        import sys
+
+        import torch
+
+        def wrapped(*args, **kwargs):
+            if self.where is not None and self.depth == 0:
+                tensors = [t for a in (*args, *kwargs.values())
+                           for t in (a if isinstance(a, (list, tuple)) else [a]) if isinstance(t, torch.Tensor)]
+                # the largest tensor: a reduce-scatter's input, an all-gather's output
+                big = max(tensors, key=lambda t: t.numel()) if tensors else None
+                frames, f = [], sys._getframe(1)
+                while f is not None:  # deepspeed/runtime callers, innermost first (nvtx wrappers skipped)
+                    if "/deepspeed/runtime/" in f.f_code.co_filename.replace(os.sep, "/") \
+                            and f.f_code.co_name != "wrapped_fn":
+                        frames.append(f.f_code.co_name)
+                    f = f.f_back
+                log.append([*self.where, name, int(big.numel()) if big is not None else 0,
+                            str(big.dtype).removeprefix("torch.") if big is not None else None,
+                            bool(GRAD_SITES.intersection(frames)), frames[0] if frames else None])
+            self.depth += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.depth -= 1
+
+        return wrapped
+
+
+_COLLECTIVES = _Collectives()
+
+
+def _grad_buffers(engine, opt, stage: int) -> dict:
+    """Bytes of the gradient storages held now, by unique storage: p.grad and the optimizer's
+    gradient buffers ("total": their union), the reduce bucket(s) apart ("buckets"), and each
+    category alone (categories share storage: p.grad are views into the partition buffers)."""
+    import torch
+
+    def ptrs(tensors):
+        out = {}
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
+                out[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return out
+
+    def flat(x):
+        if isinstance(x, dict):
+            x = list(x.values())
+        if isinstance(x, (list, tuple)):
+            return [t for v in x for t in flat(v)]
+        return [x]
+
+    cats = {"p.grad": ptrs(p.grad for p in engine.module.parameters())}
+    if stage in (1, 2):
+        buckets = ptrs(b for bk in opt.ipg_buckets.values() for b in bk.buffer)
+        for name in ("grads_in_partition", "all_grad_tensors", "averaged_gradients"):
+            cats[name] = ptrs(flat(getattr(opt, name, None)))
+    else:
+        buckets = ptrs(bk.buffer for bk in opt.ipg_buckets.values() if bk.buffer is not None)
+        cats["grad_partitions_flat_buffer"] = ptrs([opt.grad_partitions_flat_buffer])
+        cats["averaged_gradients"] = ptrs(flat(opt.averaged_gradients))
+    union = {k: v for c in cats.values() for k, v in c.items() if k not in buckets}
+    out = {name: sum(v for k, v in c.items() if k not in buckets) for name, c in cats.items()}
+    return {"total": sum(union.values()), "buckets": sum(buckets.values()), **out}
+
+
+def _run_gas(stage: int, rank: int) -> dict:
+    """GAS micro-batches per step: gradient bytes (_grad_buffers) at fixed points of every micro-step
+    of the second step, and every collective of that step by micro-step and phase (forward/backward/
+    step). Probes: autograd_done (engine.allreduce_gradients entered: autograd finished, epilogue or
+    boundary reduction not yet run), pre_release (ZeRO-1/2: _release_ipg_buffers entered, the end of
+    the epilogue; ZeRO-3: epilogue returned), after_backward, at_step (optimizer step entered, boundary
+    only), after_step, and backward_peak: the largest total among the backward's probes, which also
+    read after every copy into the partition (copy_grads_in_partition / partition_grads) and every
+    bucket reduction."""
+    import deepspeed
+    import torch
+    import torch.distributed as tdist
+    from deepspeed.comm import comm as ds_comm
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**LLAMA))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=_ds_config(stage, GAS))
+    if not getattr(ds_comm.cdb, "_planner_recorded", False):
+        _COLLECTIVES.install(ds_comm.cdb, tdist)
+        ds_comm.cdb._planner_recorded = True
+    rec = _COLLECTIVES
+    probes = {}  # probe name -> snapshot, for the current micro-step
+    peak = {"total": -1}
+
+    def snap(name=None):
+        s = _grad_buffers(engine, opt, stage)
+        if name:
+            probes[name] = s
+        if rec.where and rec.where[2] == "backward" and s["total"] > peak["total"]:
+            peak.update(s)
+
+    def before(obj, attr, name=None):
+        fn = getattr(obj, attr)
+
+        def wrapped(*a, **k):
+            snap(name)
+            return fn(*a, **k)
+
+        setattr(obj, attr, wrapped)
+
+    def after(obj, attr, name=None):
+        fn = getattr(obj, attr)
+
+        def wrapped(*a, **k):
+            out = fn(*a, **k)
+            snap(name)
+            return out
+
+        setattr(obj, attr, wrapped)
+
+    # end of autograd's backward, before the engine's epilogue/boundary reduction (engine.py _backward_epilogue)
+    before(engine, "allreduce_gradients", "autograd_done")
+    if stage in (1, 2):
+        before(opt, "_release_ipg_buffers", "pre_release")  # end of the epilogue, buffers still held
+        after(opt, "copy_grads_in_partition")  # every copy into grads_in_partition: peak candidates
+        after(opt, "reduce_ipg_grads")
+    else:
+        after(opt, "independent_gradient_partition_epilogue", "pre_release")
+        after(opt, "partition_grads")
+        after(opt, "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads")
+    before(opt, "step", "at_step")  # the boundary's optimizer step (engine.step -> _take_model_step)
+
+    gen = torch.Generator().manual_seed(11 + rank)
+    micro_rows, calls_step0 = [], 0
+    for step in range(STEPS):
+        for micro in range(GAS):
+            ids = torch.randint(0, LLAMA["vocab_size"], (1, SEQ), generator=gen)
+            probes.clear()
+            peak.clear()
+            peak["total"] = -1
+            rec.where = (step, micro, "forward")
+            loss = engine(input_ids=ids, labels=ids).loss
+            boundary = bool(engine.is_gradient_accumulation_boundary())
+            rec.where = (step, micro, "backward")
+            engine.backward(loss)
+            rec.where = None
+            probes["after_backward"] = _grad_buffers(engine, opt, stage)
+            probes["backward_peak"] = dict(peak)
+            rec.where = (step, micro, "step")
+            engine.step()
+            rec.where = None
+            probes["after_step"] = _grad_buffers(engine, opt, stage)
+            if step == STEPS - 1:
+                micro_rows.append({"micro": micro, "boundary": boundary, **{k: dict(v) for k, v in probes.items()}})
+        if step == 0:
+            calls_step0 = len(rec.calls)
+    assert torch.isfinite(loss.detach().float()).item()
+    out = {"optimizer_class": type(opt).__name__, "gas": int(engine.gradient_accumulation_steps()),
+           "rows": micro_rows,
+           "collectives": [c[1:] for c in rec.calls[calls_step0:]],  # (micro, phase, op, numel, dtype, grad, site)
+           "bypass": [c[1:] for c in rec.bypass], "loss": float(loss.detach().float())}
+    rec.calls.clear()
+    rec.bypass.clear()
+    if hasattr(engine, "destroy"):
+        engine.destroy()
+    return out
+
+
 def _worker(rank: int, port: int, outdir: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(D), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), DS_ACCELERATOR="cpu")
@@ -202,6 +414,7 @@ def _worker(rank: int, port: int, outdir: str) -> None:
     results = {}
     for stage in STAGES:
         results[stage] = _run_stage(stage, rank)
+        results[f"{stage}_gas{GAS}"] = _run_gas(stage, rank)
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
 
@@ -235,8 +448,8 @@ def twin(tmp_path_factory, hf_model):
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    """{stage: [rank0 dict, rank1 dict]} measured in one spawn of D gloo processes."""
+def spawned(tmp_path_factory):
+    """[rank0 dict, rank1 dict] of everything measured in one spawn of D gloo processes."""
     try:
         import deepspeed  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure (not only ImportError) means no engine
@@ -247,27 +460,53 @@ def engine(tmp_path_factory):
     t0 = time.perf_counter()
     mp.spawn(_worker, args=(_free_port(), str(outdir)), nprocs=D, join=True)
     wall = time.perf_counter() - t0
-    ranks = [json.loads((outdir / f"rank{r}.json").read_text()) for r in range(D)]
-    out = {s: [ranks[r][str(s)] for r in range(D)] for s in STAGES}
-    print(f"\n[deepspeed_real] spawn of {D} ranks x ZeRO {STAGES}: {wall:.1f} s")
+    print(f"\n[deepspeed_real] spawn of {D} ranks x ZeRO {STAGES} x gas 1 and {GAS}: {wall:.1f} s")
+    return [json.loads((outdir / f"rank{r}.json").read_text()) for r in range(D)]
+
+
+@pytest.fixture(scope="module")
+def engine(spawned):
+    """{stage: [rank0 dict, rank1 dict]}, gradient_accumulation_steps 1."""
+    out = {s: [spawned[r][str(s)] for r in range(D)] for s in STAGES}
     for s in STAGES:
         for r in range(D):
             print(f"  zero{s} rank{r}: {out[s][r]}")
     return out
 
 
-def _planner(twin, stage: int, zc: ZeroConfig = ZERO) -> dict:
-    lay = layout.single(dp=D, zero=stage)
+@pytest.fixture(scope="module")
+def engine_gas(spawned):
+    """{stage: [rank0 dict, rank1 dict]}, gradient_accumulation_steps GAS (second step's micro-steps)."""
+    out = {s: [spawned[r][f"{s}_gas{GAS}"] for r in range(D)] for s in STAGES}
+    for s in STAGES:
+        for r in range(D):
+            got = out[s][r]
+            for row in got["rows"]:  # probe: gradient total / bucket bytes
+                probes = (f"{k} {v['total']}/{v['buckets']}" for k, v in row.items() if isinstance(v, dict))
+                print(f"  zero{s} gas{GAS} rank{r} micro {row['micro']}: " + ", ".join(probes))
+    return out
+
+
+def _planner(twin, stage: int, zc: ZeroConfig = ZERO, gas: int = 1) -> dict:
+    lay = layout.single(dp=D, zero=stage, gas=gas)
     training = Training(seq_len=SEQ, precision="bf16", engine="deepspeed", zero_config=zc)
-    cluster = Cluster(lookup_gpu("h100-sxm"), D, D)
-    states = memory.model_states(twin, cluster, training, lay, 0)
-    fwd, step = memory.engine_buffers(twin, training, lay, states, 0)
-    out = {k: float(states[k][0]) for k in ("params", "grads", "optimizer")}
-    out.update(fwd_buffers=float(fwd[0]), step_buffers=float(step[0]))
+    fwd, step = memory.engine_buffers(twin, training, lay, 0)
+    out = {"params": float(memory.weight_bytes(twin, training, lay, 0)[0]),
+           "grads": float(memory.grad_bytes(twin, training, lay, 0)[0]),
+           "step_grads": float(memory.grad_bytes(twin, training, lay, 0, at_step=True)[0]),
+           "optimizer": float(memory.optimizer_bytes(twin, training, lay, 0)[0]),
+           "fwd_buffers": float(fwd[0]), "step_buffers": float(step[0]),
+           "buckets": float(memory.deepspeed_reduce_buckets(training, lay)[0]),
+           "reductions": float(timing.grad_reductions_per_step(training, lay)[0]),
+           "all_reduce": stage in training.engine.all_reduce_stages}
     # ZeRO-1/2: bytes by which the worst rank's gradient partition exceeds 2*P/D (whole straddling
-    # parameters); the planner books them under buffers, in both phases
-    straddle = memory.deepspeed_grad_partition_excess(twin, lay, 0)[0] * 2 if stage in (1, 2) else 0.0
-    out["straddle"] = float(straddle)
+    # parameters); the planner books them under buffers where the gradient is that partition:
+    # in backward for ZeRO-2 only (ZeRO-1 holds the full gradient there), at the step for both
+    out["straddle"] = float(sharding.deepspeed_grad_partition_excess(twin, lay, 0)[0] * 2) if stage in (1, 2) else 0.0
+    out["straddle_bwd"] = float(memory.deepspeed_straddle_bytes(twin, training, lay, 0, at_step=False)[0])
+    out["straddle_step"] = float(memory.deepspeed_straddle_bytes(twin, training, lay, 0, at_step=True)[0])
+    reduce_grads, reduce_buffers = memory.reduction_copy_bytes(twin, training, lay, 0)
+    out["reduce_grads"], out["reduce_buffers"] = float(reduce_grads[0]), float(reduce_buffers[0])
     return out
 
 
@@ -355,7 +594,18 @@ def test_zero12_grads_match_planner(engine, hf_model, twin, stage):
     worst = max(got["grad_partition"] for got in engine[stage])
     # rank 0 here: 83,072 elements (embedding, block 0 and block 1's q projection, whole) vs P/D = 79,008
     assert plan["straddle"] == 2 * (83_072 - 79_008)
-    assert worst == plan["grads"] + plan["straddle"] + 2 * pad
+    # grads_in_partition becomes the step's averaged_gradients (views into it) on both stages:
+    # planner grad_bytes(at_step) 2P/D + its straddle term at the step
+    assert plan["straddle_step"] == plan["straddle"]
+    assert worst == plan["step_grads"] + plan["straddle_step"] + 2 * pad
+    if stage == 2:
+        # ZeRO-2 holds it while backward runs too (hooks reduce in every backward): 2P/D + straddle
+        assert plan["straddle_bwd"] == plan["straddle"]
+        assert worst == plan["grads"] + plan["straddle_bwd"] + 2 * pad
+    else:
+        # ZeRO-1 backward: the planner books the full 16-bit gradient, 2 B/param, and no straddle
+        # (measured in test_zero1_full_gradient_between_micro_steps with gas > 1)
+        assert plan["grads"] == 2 * P and plan["straddle_bwd"] == 0
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -368,8 +618,10 @@ def test_reduce_buckets_match_planner(engine, twin, stage):
     for got in engine[stage]:
         assert got["overlap_comm"] == (stage == 3)
         assert got["buckets"] == BUCKET * 2 * (1 + got["overlap_comm"] * (stage < 3))
+        assert got["buckets"] == plan["buckets"]
         if stage < 3:
-            assert got["buckets"] == plan["fwd_buffers"] - plan["straddle"]
+            # fwd buffers = bucket(s) + the straddle where the backward gradient is a partition (ZeRO-2)
+            assert got["buckets"] == plan["fwd_buffers"] - plan["straddle_bwd"]
         else:
             no_bucket = _planner(twin, 3, dataclasses.replace(ZERO, contiguous_gradients=False))
             assert got["buckets"] == plan["fwd_buffers"] - no_bucket["fwd_buffers"]
@@ -388,4 +640,306 @@ def test_step_gradient_buffers_match_planner(engine, hf_model, twin, stage):
         held = got["step_fp32_grad"] + (got["step_flat_bf16"] if stage < 3 else 0)
         if stage < 3:
             assert got["step_flat_bf16"] == 2 * part
-        assert held == plan["step_buffers"] - plan["straddle"] + (6 if stage < 3 else 4) * (part - P / D)
+        assert held == plan["step_buffers"] - plan["straddle_step"] + (6 if stage < 3 else 4) * (part - P / D)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# gradient accumulation: GAS micro-batches per optimizer step (rows are the second step's)
+
+REDUCTIONS = {"all_reduce", "all_reduce_coalesced", "inference_all_reduce", "reduce", "reduce_scatter",
+              "reduce_scatter_tensor"}
+
+
+def _rows(engine_gas, stage: int, rank: int) -> list[dict]:
+    rows = engine_gas[stage][rank]["rows"]
+    assert [(row["micro"], row["boundary"]) for row in rows] == [(m, m == GAS - 1) for m in range(GAS)]
+    return rows
+
+
+def _zero1_boundary_reduction(hf_model, rank: int) -> tuple[int, int]:
+    """(largest, final) gradient bytes of ZeRO-1's boundary reduction on `rank` at the probes of
+    _run_gas (after each copy_grads_in_partition; before _release_ipg_buffers), replaying DeepSpeed
+    0.19.8 stage_1_and_2.py: reduce_gradients walks the parameters in model order through
+    reduce_independent_p_g_buckets_and_remove_grads. A gradient that fits the bucket is copied into it
+    and its p.grad re-pointed there (own storage freed); a larger one is reduced alone, in place, keeping
+    its storage. reduce_ipg_grads (when the next one would overflow the bucket, and in the epilogue)
+    copies the rank's own parameters into grads_in_partition (allocated whole at the first copy), freeing
+    theirs; other ranks' gradients are not cleared on stage 1 (only _clear_param_grad_only, after
+    _release_ipg_buffers, drops them)."""
+    sizes = _numels(hf_model)
+    S = _zero12_partition(hf_model)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    mine = [st < (rank + 1) * S and st + n > rank * S for st, n in zip(starts, sizes)]
+    partition = 2 * _zero12_grads_in_partition(hf_model, rank)
+    own = {i: 2 * n for i, n in enumerate(sizes)}  # p.grad storages autograd made (full 16-bit gradient)
+    bucket, largest, allocated = [], 0, False
+
+    def reduce():
+        nonlocal largest, allocated
+        for j in bucket:
+            if mine[j]:
+                allocated = True
+                own.pop(j, None)
+                largest = max(largest, partition + sum(own.values()))
+        bucket.clear()
+
+    for i, n in enumerate(sizes):
+        if sum(sizes[j] for j in bucket) + n > BUCKET:
+            reduce()
+        if n <= BUCKET:
+            own.pop(i)
+        bucket.append(i)
+    reduce()
+    assert allocated
+    return largest, partition + sum(own.values())
+
+
+def test_planner_accumulation_terms(hf_model, twin):
+    """The planner's gas-4 terms the measurements below are compared with."""
+    P = sum(_numels(hf_model))
+    one = {s: _planner(twin, s) for s in STAGES}
+    acc = {s: _planner(twin, s, gas=GAS) for s in STAGES}
+    # ZeRO-1 backward: the full 16-bit gradient whatever the gas (1 not in grads_sharded_backward)
+    assert acc[1]["grads"] == one[1]["grads"] == 2 * P
+    # ZeRO-2 backward: a second 2/D partition from the second micro-batch on (accumulation_copy)
+    assert acc[2]["grads"] == 2 * one[2]["grads"] == 2 * 2 * P / D
+    # ZeRO-3 accumulates into the one flat partition
+    assert acc[3]["grads"] == one[3]["grads"] == 2 * P / D
+    # at the step every stage holds the 2/D partition (grads_sharded_step)
+    assert {acc[s]["step_grads"] for s in STAGES} == {2 * P / D}
+    # straddle (2 x (83,072 - 79,008) B): in backward for ZeRO-2 only (once per partition buffer: two
+    # from the second micro-batch on), at the step for ZeRO-1/2
+    assert [one[s]["straddle_bwd"] for s in STAGES] == [0, 2 * 4064, 0]
+    assert [acc[s]["straddle_bwd"] for s in STAGES] == [0, 2 * 2 * 4064, 0]
+    assert [acc[s]["straddle_step"] for s in STAGES] == [2 * 4064, 2 * 4064, 0]
+    # reductions per step: every micro-batch for ZeRO-2/3, once for ZeRO-1; all-reduce for ZeRO-1/2
+    assert [acc[s]["reductions"] for s in STAGES] == [1, GAS, GAS]
+    assert [acc[s]["all_reduce"] for s in STAGES] == [True, True, False]
+
+
+def _optimizer_class(stage: int) -> str:
+    return "DeepSpeedZeroOptimizer" if stage < 3 else "DeepSpeedZeroOptimizer_Stage3"
+
+
+def test_gas_run_is_gas_steps(engine_gas):
+    for stage in STAGES:
+        for r, got in enumerate(engine_gas[stage]):
+            assert got["gas"] == GAS
+            assert got["optimizer_class"] == _optimizer_class(stage)
+            _rows(engine_gas, stage, r)
+
+
+def test_zero1_full_gradient_between_micro_steps(engine_gas, hf_model, twin):
+    """ZeRO-1 (overlap_comm off) reduces nothing before the boundary: its hooks only set up the bucket
+    (stage_1_and_2.py process_gradients / reduce_ready_partitions_and_remove_grads), so p.grad is the
+    full 16-bit gradient, accumulated by autograd, after every non-boundary backward."""
+    plan = _planner(twin, 1, gas=GAS)
+    P = sum(_numels(hf_model))
+    for r in range(D):
+        rows = _rows(engine_gas, 1, r)
+        for row in rows[:-1]:
+            for probe in ("autograd_done", "after_backward", "after_step"):
+                got = row[probe]
+                # p.grad of every parameter, 2 B each, and no partition buffer yet; planner
+                # grad_bytes(gas 4, backward) = 2 B/param whole (1 not in grads_sharded_backward)
+                assert got["total"] == got["p.grad"] == 2 * P == plan["grads"]
+                assert got["grads_in_partition"] == got["all_grad_tensors"] == got["averaged_gradients"] == 0
+                # setup_buckets ran at the first hook and _release_ipg_buffers only runs in the boundary
+                # epilogue: the bucket (reduce_bucket_size x 2 B) stays across micro-steps
+                assert got["buckets"] == BUCKET * 2 == plan["buckets"]
+        # the boundary's backward too ends autograd with the whole gradient
+        assert rows[-1]["autograd_done"]["total"] == 2 * P == plan["grads"]
+
+
+def test_zero1_boundary_reduction_engine_value(engine_gas, hf_model):
+    """At the boundary, reduce_gradients allocates grads_in_partition while most of the full p.grad is
+    still alive; replayed exactly by _zero1_boundary_reduction."""
+    for r in range(D):
+        boundary = _rows(engine_gas, 1, r)[-1]
+        largest, final = _zero1_boundary_reduction(hf_model, r)
+        assert boundary["backward_peak"]["total"] == largest
+        assert boundary["pre_release"]["total"] == final
+        assert boundary["pre_release"]["grads_in_partition"] == 2 * _zero12_grads_in_partition(hf_model, r)
+    # rank 0: grads_in_partition 2 x 83,072 B + every gradient but the embedding's (2 x (158,016 -
+    # 32,768)); rank 1: 2 x 79,040 + all but block 0's attention, its norms and block 1's q (16,512)
+    assert [_rows(engine_gas, 1, r)[-1]["backward_peak"]["total"] for r in range(D)] == [
+        2 * 83_072 + 2 * (158_016 - 32_768), 2 * 79_040 + 2 * (158_016 - 16_512)]
+
+
+def test_zero1_boundary_reduction_matches_planner(engine_gas, hf_model, twin):
+    """The planner's gradient-reduction moment for ZeRO-1 (memory.reduction_copy_bytes): the full
+    16-bit gradient, the new grads_in_partition (2P/D) with its straddling parameters, and the bucket.
+    It is the worst rank's transient just after grads_in_partition is allocated, before the first
+    full gradient is freed; the probes (after each copy) never exceed it."""
+    plan = _planner(twin, 1, gas=GAS)
+    P = sum(_numels(hf_model))
+    # 2P + 2P/D gradients, straddle (2 x 4,064 on rank 0) + bucket in buffers
+    assert plan["reduce_grads"] == 2 * P + 2 * P / D
+    assert plan["reduce_buffers"] == plan["straddle_step"] + plan["buckets"]
+    transient = max(2 * _zero12_grads_in_partition(hf_model, r) + 2 * P for r in range(D))
+    assert transient == 2 * 83_072 + 2 * 158_016 == plan["reduce_grads"] + plan["straddle_step"]  # 482,176 B
+    worst = max(_rows(engine_gas, 1, r)[-1]["backward_peak"]["total"] for r in range(D))
+    assert worst <= plan["reduce_grads"] + plan["straddle_step"]  # measured 441,088 B on rank 1
+
+
+def test_zero2_accumulation_copy_engine_value(engine_gas, hf_model):
+    """ZeRO-2: the epilogue of micro-step 0 keeps the reduced partition as all_grad_tensors (views of that
+    step's grads_in_partition, stage_1_and_2.py independent_gradient_partition_epilogue); every later
+    micro-step's first reduction allocates a new grads_in_partition (copy_grads_in_partition, the old one
+    was dropped by _release_ipg_buffers), added into the first before _release_ipg_buffers frees it."""
+    for r in range(D):
+        G = 2 * _zero12_grads_in_partition(hf_model, r)  # whole parameters overlapping the partition, 2 B
+        rows = _rows(engine_gas, 2, r)
+        assert rows[0]["pre_release"]["total"] == G
+        for row in rows[1:]:
+            # two whole grads_in_partition buffers, each with its straddling parameters: the new one and
+            # the accumulated one (all_grad_tensors; at the boundary the epilogue has already handed it
+            # over to averaged_gradients)
+            accumulated = "averaged_gradients" if row["boundary"] else "all_grad_tensors"
+            assert row["pre_release"]["total"] == 2 * G
+            assert row["pre_release"]["grads_in_partition"] == row["pre_release"][accumulated] == G
+        for row in rows[:-1]:
+            # between micro-steps: only the accumulated partition; the bucket is released every backward
+            assert row["after_backward"]["total"] == row["after_backward"]["all_grad_tensors"] == G
+            assert row["after_backward"]["buckets"] == 0
+    # worst rank 0: 2 x 2 x 83,072 B = 2 x (2P/D + straddle) = planner grad_bytes(gas 4) + 2 x straddle
+    assert max(_rows(engine_gas, 2, r)[1]["pre_release"]["total"] for r in range(D)) == 2 * 2 * 83_072
+
+
+def test_zero2_accumulation_copy_matches_planner(engine_gas, hf_model, twin):
+    plan = _planner(twin, 2, gas=GAS)
+    P = sum(_numels(hf_model))
+    pad = _zero12_partition(hf_model) - P / D
+    # planner: grad_bytes(gas 4) = 2 x 2P/D (test_planner_accumulation_terms) + the straddle of each
+    # of the two partition buffers (measured 332,288 B = 2 x (2P/D + straddle)); padding per buffer
+    worst = max(row["pre_release"]["total"] for r in range(D) for row in _rows(engine_gas, 2, r)[1:])
+    assert worst == plan["grads"] + plan["straddle_bwd"] + 2 * 2 * pad
+
+
+@pytest.mark.parametrize("stage", (1, 2))
+def test_zero12_step_partition_with_accumulation(engine_gas, hf_model, twin, stage):
+    """At the boundary's optimizer step both stages hold averaged_gradients: views of the (accumulated)
+    grads_in_partition storage plus zero pads (stage_1_and_2.py get_flat_partition)."""
+    plan = _planner(twin, stage, gas=GAS)
+    P = sum(_numels(hf_model))
+    pad = _zero12_partition(hf_model) - P / D
+    for r in range(D):
+        got = _rows(engine_gas, stage, r)[-1]["at_step"]
+        assert got["total"] == got["averaged_gradients"] == 2 * _zero12_grads_in_partition(hf_model, r)
+        assert got["p.grad"] == 0 and got["buckets"] == 0  # epilogue: _clear_param_grad_only, _release_ipg_buffers
+        assert _rows(engine_gas, stage, r)[-1]["after_step"]["total"] == 0  # step drops averaged_gradients
+    worst = max(_rows(engine_gas, stage, r)[-1]["at_step"]["total"] for r in range(D))
+    # planner grad_bytes(at_step) 2P/D + straddle at the step (= 2 x (83,072 - 79,008) B) + padding
+    assert worst == plan["step_grads"] + plan["straddle_step"] + 2 * pad == 2 * 83_072
+
+
+def test_zero3_grad_partition_with_accumulation(engine_gas, hf_model, twin):
+    """ZeRO-3 accumulates every micro-step's reduce-scattered partition into the same
+    grad_partitions_flat_buffer (stage3.py partition_grads: copy_ at micro_step_id 0, add_ after): no
+    second partition, matching the planner (3 not in accumulation_copy)."""
+    plan = _planner(twin, 3, gas=GAS)
+    P = sum(_numels(hf_model))
+    part = _zero3_partition(hf_model)
+    assert plan["grads"] == _planner(twin, 3)["grads"] == plan["step_grads"] == 2 * P / D
+    for r in range(D):
+        for row in _rows(engine_gas, 3, r):
+            for probe in ("autograd_done", "pre_release", "after_backward", "after_step"):
+                assert row[probe]["grad_partitions_flat_buffer"] == 2 * part
+                assert row[probe]["buckets"] == BUCKET * 2 == plan["buckets"]  # one bucket, allocated at init
+            # after the epilogue: the buffer alone (partition_grads set every p.grad to None); planner
+            # grad_bytes(gas 4) 2P/D + ZeRO-3's per-parameter padding ceil(numel/D)
+            assert row["pre_release"]["total"] == row["after_backward"]["total"] == plan["grads"] + 2 * (part - P / D)
+        # at the step: averaged_gradients are views of the same buffer
+        assert _rows(engine_gas, 3, r)[-1]["at_step"]["total"] == plan["step_grads"] + 2 * (part - P / D)
+
+
+@pytest.mark.parametrize("stage", (2, 3))
+def test_pending_large_gradient_at_end_of_autograd(engine_gas, hf_model, stage):
+    """When autograd finishes, one gradient is still unreduced: the embedding's (first in model order,
+    so produced last), larger than reduce_bucket_size, so kept in its own storage instead of the bucket
+    (stage_1_and_2.py extra_large_param_to_reduce; stage3.py __add_grad_to_ipg_bucket copies only
+    what fits) until the epilogue reduces it. Not a planner term: a transient of one parameter."""
+    embedding = hf_model.model.embed_tokens.weight.numel()
+    assert embedding > BUCKET
+    for r in range(D):
+        for row in _rows(engine_gas, stage, r):
+            assert row["autograd_done"]["total"] - row["pre_release"]["total"] == 2 * embedding
+
+
+def _grad_calls(engine_gas, stage: int, rank: int) -> list[list]:
+    # (micro, phase, op, elements, dtype, is-gradient-reduction, innermost deepspeed/runtime caller)
+    return [c for c in engine_gas[stage][rank]["collectives"] if c[5]]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_gradient_reductions_per_step_match_planner(engine_gas, twin, stage):
+    plan = _planner(twin, stage, gas=GAS)
+    for r in range(D):
+        micro_steps = sorted({c[0] for c in _grad_calls(engine_gas, stage, r)})
+        # engine.py allreduce_gradients: ZeRO-2/3 reduce in every backward, ZeRO-1 in the boundary's
+        # (micro-step GAS - 1) only; planner timing.grad_reductions_per_step: gas = 4 or 1
+        assert micro_steps == (list(range(GAS)) if stage >= 2 else [GAS - 1])
+        assert len(micro_steps) == plan["reductions"] == (GAS if stage >= 2 else 1)
+        assert {c[1] for c in _grad_calls(engine_gas, stage, r)} == {"backward"}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_gradient_reduction_kind_matches_planner(engine_gas, twin, stage):
+    plan = _planner(twin, stage, gas=GAS)
+    for r in range(D):
+        ops = {c[2] for c in _grad_calls(engine_gas, stage, r)}
+        # ZeRO-1/2: average_tensor -> allreduce_and_scatter -> allreduce_bucket -> dist.all_reduce
+        # (use_multi_rank_bucket_allreduce default true); ZeRO-3: __avg_scatter_grads ->
+        # reduce_scatter_coalesced -> dist.reduce_scatter_fn -> reduce_scatter_tensor.
+        # planner: training.engine.all_reduce_stages == (0, 1, 2)
+        assert ops == ({"all_reduce"} if plan["all_reduce"] else {"reduce_scatter_tensor"})
+        assert ops == ({"all_reduce"} if stage < 3 else {"reduce_scatter_tensor"})
+        # innermost deepspeed/runtime caller: stage_1_and_2.py allreduce_bucket; coalesced_collectives.py
+        # _torch_reduce_scatter_fn (called by reduce_scatter_coalesced)
+        sites = {c[6] for c in _grad_calls(engine_gas, stage, r)}
+        assert sites == ({"allreduce_bucket"} if stage < 3 else {"_torch_reduce_scatter_fn"})
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_gradient_reduction_volume(engine_gas, hf_model, stage):
+    """Every reducing micro-step moves each gradient element once: ZeRO-1/2 all-reduce the P elements
+    (the bucket's slices of every partition, allreduce_and_scatter), ZeRO-3 reduce-scatters D x
+    ceil(numel/D) per parameter (reduce_scatter_coalesced pads each to a multiple of D)."""
+    P = sum(_numels(hf_model))
+    expected = P if stage < 3 else D * _zero3_partition(hf_model)
+    for r in range(D):
+        per_micro = {}
+        for c in _grad_calls(engine_gas, stage, r):
+            per_micro[c[0]] = per_micro.get(c[0], 0) + c[3]
+        assert set(per_micro.values()) == {expected}
+        calls = len(_grad_calls(engine_gas, stage, r)) / len(per_micro)
+        print(f"zero{stage} rank{r}: {calls:.0f} gradient-reduction calls per reducing micro-step "
+              f"(planner's ceil(P / reduce_bucket_size) = {math.ceil(P / BUCKET)})")
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_gradient_reductions_are_separable(engine_gas, hf_model, stage):
+    """The call-site classification (under reduce_ipg_grads / __reduce_and_partition_ipg_grads) agrees
+    with a size one: gradient reductions are the 16-bit reductions of more than one element; the other
+    reductions are the 1-element overflow and grad-norm all-reduces of step(); parameters move by
+    all-gather (ZeRO-1/2: all_gather_dp_groups after the step; ZeRO-3: fetch in forward). All go through
+    deepspeed.comm (nothing calls torch.distributed directly), and both ranks issue the same sequence."""
+    P = sum(_numels(hf_model))
+    for r in range(D):
+        got = engine_gas[stage][r]
+        assert got["bypass"] == []
+        for micro, phase, op, numel, dtype, grad, site in got["collectives"]:
+            assert grad == (op in REDUCTIONS and dtype == "bfloat16" and numel > 1), (micro, phase, op, numel, site)
+            if op in REDUCTIONS and not grad:
+                assert numel == 1 and phase == "step" and site in ("has_overflow", "get_grad_norm_direct")
+            if not grad:
+                assert op in REDUCTIONS or op == "all_gather_into_tensor"
+        gathers = [c for c in got["collectives"] if c[2] == "all_gather_into_tensor"]
+        if stage < 3:
+            # one gather of the padded flat 16-bit buffer, after the boundary's step
+            assert [(c[0], c[1], c[3]) for c in gathers] == [(GAS - 1, "step", D * _zero12_partition(hf_model))]
+        else:
+            assert {c[1] for c in gathers} == {"forward"} and {c[0] for c in gathers} == set(range(GAS))
+    signature = [[tuple(c[:5]) for c in engine_gas[stage][r]["collectives"]] for r in range(D)]
+    assert signature[0] == signature[1]

@@ -163,18 +163,36 @@ def test_straddling_parameters_counted_whole():
     assert memory.deepspeed_straddle_bytes(m, training, z1, 0, at_step=True)[0] == 2 * 4064
 
 
-def test_zero12_step_peak_is_2_plus_20_over_d():
-    # measured: ZeRO-1/2 peak at the optimizer step is 2 + 20/D bytes/param: 2 weights + 12/D master
+def test_zero2_step_peak_is_2_plus_20_over_d():
+    # measured: the ZeRO-1/2 optimizer step holds 2 + 20/D bytes/param: 2 weights + 12/D master
     # and Adam + 2/D gradient partition + 2/D flattened copy + 4/D fp32 copy (step(): flatten, .to(fp32))
     model = lookup("llama-2-7b")
     training = layout.Training(seq_len=1, zero_config=layout.ZeroConfig(reduce_bucket_size=1000))
-    for zero in (1, 2):
-        lay = layout.single(dp=4, zero=zero, mbs=1)
-        mem = memory.rank_memory(model, cluster(4), training, lay)
-        assert mem["phase"][0] == 1  # one token of activations: the step is the peak
-        straddle = memory.deepspeed_straddle_bytes(model, training, lay, 0, at_step=True)[0]
-        tensors = sum(mem[k][0] for k in ("params", "grads", "optimizer", "buffers")) - straddle
-        assert tensors / model.params == pytest.approx(2 + 20 / 4, rel=1e-6)  # 7.0 B/param at D = 4
+    lay = layout.single(dp=4, zero=2, mbs=1)
+    mem = memory.rank_memory(model, cluster(4), training, lay)
+    assert memory.PHASES[mem["phase"][0]] == "optimizer step"  # one token of activations: the step is the peak
+    straddle = memory.deepspeed_straddle_bytes(model, training, lay, 0, at_step=True)[0]
+    tensors = sum(mem[k][0] for k in ("params", "grads", "optimizer", "buffers")) - straddle
+    assert tensors / model.params == pytest.approx(2 + 20 / 4, rel=1e-6)  # 7.0 B/param at D = 4
+
+
+def test_zero1_peak_is_the_boundary_reduction():
+    # measured (tests/test_deepspeed_real.py): at the accumulation boundary ZeRO-1 allocates its
+    # 2/D grads_in_partition (with the straddling parameters) while the full 16-bit gradient is still
+    # held: 2 + 2/D + 12/D states + 2 weights = 2 + 2 + 14/D bytes/param, above the step's 2 + 20/D
+    model = lookup("llama-2-7b")
+    training = layout.Training(seq_len=1, zero_config=layout.ZeroConfig(reduce_bucket_size=1000))
+    lay = layout.single(dp=4, zero=1, mbs=1)
+    mem = memory.rank_memory(model, cluster(4), training, lay)
+    assert memory.PHASES[mem["phase"][0]] == "gradient reduction"
+    grads, buffers = memory.reduction_copy_bytes(model, training, lay, 0)
+    straddle = memory.deepspeed_straddle_bytes(model, training, lay, 0, at_step=True)[0]
+    assert grads[0] / model.params == pytest.approx(2 + 2 / 4, rel=1e-6)
+    assert buffers[0] == straddle + 2 * 1000  # and the 1000-element bf16 bucket
+    tensors = sum(mem[k][0] for k in ("params", "grads", "optimizer", "buffers")) - straddle - 2000
+    assert tensors / model.params == pytest.approx(2 + 2 + 14 / 4, rel=1e-6)  # 7.5 B/param at D = 4
+    # ZeRO-2 reduces in its backward hooks: no such moment
+    assert memory.reduction_copy_bytes(model, training, layout.single(dp=4, zero=2), 0)[0][0] == 0
 
 
 def test_zero3_sub_group_fp32_gradient_chunk():
@@ -187,7 +205,7 @@ def test_zero3_sub_group_fp32_gradient_chunk():
 
 
 def test_zero3_default_reuse_keeps_whole_gathered_model():
-    # deepspeed-behaviour: max_live_parameters = max_reuse_distance = 1e9 keep 2 B/param gathered;
+    # measured (DeepSpeed 0.19.8, 2 gloo ranks): max_live_parameters = max_reuse_distance = 1e9 keep 2 B/param gathered;
     # stage3_max_reuse_distance 0 lowered the measured peak by ~1.75 B/param
     model = ModelSpec(layers=8, hidden=512, heads=8, kv_heads=8, ffn=1408, vocab=1000)
     base = layout.Training(zero_config=layout.ZeroConfig(reduce_bucket_size=1000, stage3_prefetch_bucket_size=1000,
@@ -228,8 +246,13 @@ def test_overhead_counts_context_and_communicators():
     lay = layout.single(tp=2, pp=2, dp=2)
     assert memory.process_groups(lay)[0] == 4
     coef = memory.coefficients("memory")
-    assert memory.overhead_bytes(np.array([0.0]), lay, coef)[0] == 512 * 2**20 + 4 * 128 * 2**20
-    assert memory.overhead_bytes(np.array([2.0**30]), lay, coef)[0] == np.ceil(1024 * 2**20 + 0.05 * 2**30)
+    fixed = coef["cuda_context_bytes"] + coef["nccl_bytes_per_group"] * memory.process_groups(lay)
+    assert fixed[0] == 512 * 2**20 + 4 * 128 * 2**20
+    assert memory.overhead_bytes(np.array([2.0**30]), fixed, coef)[0] == np.ceil(1024 * 2**20 + 0.05 * 2**30)
+    # a whole rank with almost no tensors: its overhead is the context and the 4 communicators
+    tiny = ModelSpec(layers=2, hidden=8, heads=1, kv_heads=1, ffn=8, vocab=8)
+    mem = memory.rank_memory(tiny, cluster(8), layout.Training(seq_len=1), lay)
+    assert mem["overhead"][0] == np.ceil(1024 * 2**20 + 0.05 * (mem["total"][0] - mem["overhead"][0]))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,12 +12,15 @@ Fine for CI as a whole: no marker needed, the full file runs in ~25 s on one CPU
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
 
 from planner.errors import InputError
-from planner.model import ModelSpec, derive_shape, from_hf_config, load_catalog, lookup, published_params
+from planner.hf_config import from_hf_config
+from planner.model import ModelSpec, load_catalog, lookup, published_params
+from planner.shapes import derive_shape
 
 CATALOG = load_catalog()
 PUBLISHED = published_params()
@@ -34,19 +37,31 @@ def hf():
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
 
-    def count(config) -> int:
+    def build(config):
         with torch.device("meta"):
             model = transformers.AutoModelForCausalLM.from_config(config)
-        params = list(model.parameters())  # deduplicated: tied embeddings count once
-        assert all(p.device.type == "meta" for p in params), "built off the meta device"
-        return sum(p.numel() for p in params)
+        assert all(p.device.type == "meta" for p in model.parameters()), "built off the meta device"
+        return model
+
+    def count(config) -> int:
+        return sum(p.numel() for p in build(config).parameters())  # deduplicated: tied embeddings count once
 
     def for_model(config_dict: dict):
         """The transformers config for a config.json dict (model_type key included)."""
         fields = {k: v for k, v in config_dict.items() if k != "model_type"}
         return transformers.AutoConfig.for_model(config_dict["model_type"], **fields)
 
-    return SimpleNamespace(count=count, for_model=for_model, transformers=transformers)
+    built = {}
+
+    def model(config_dict: dict):
+        """The model for a config.json dict, built once per module (meta tensors hold no memory, so
+        the catalog's builds are shared by the count and tensor-list tests)."""
+        key = json.dumps(config_dict, sort_keys=True)
+        if key not in built:
+            built[key] = build(for_model(config_dict))
+        return built[key]
+
+    return SimpleNamespace(count=count, for_model=for_model, model=model, torch=torch, transformers=transformers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,7 +134,8 @@ def test_every_catalog_model_has_a_transformers_config():
 
 @pytest.mark.parametrize("name", sorted(HF_CONFIGS))
 def test_catalog_count_equals_transformers(name, hf):
-    assert CATALOG[name].params == hf.count(hf.for_model(HF_CONFIGS[name]))
+    model = hf.model(HF_CONFIGS[name])  # built once, reused by the tensor-list tests in section 7
+    assert CATALOG[name].params == sum(p.numel() for p in model.parameters())  # tied counted once
 
 
 @pytest.mark.parametrize("name", sorted(HF_CONFIGS))
@@ -373,3 +389,175 @@ def test_derive_shape_rejects_bad_input():
         derive_shape(7e9, heads=30, kv_heads=4)  # 4 does not divide 30
     with pytest.raises(TypeError):
         derive_shape(7e9, layer=40)  # misspelt field is not silently ignored
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. the tensor list (ModelSpec.tensors) against transformers' modules
+#
+# Counts, the largest layer, DeepSpeed's flat order and the GEMMs are all read off the one tensor
+# list, so it is checked name by name, shape by shape and in order against the parameters the
+# transformers model registers: every catalog model (the builds of section 2, reused) and small
+# configs of each layout.
+
+
+def _small(model_type, **extra):
+    # 3 layers: odd, so pp=2 splits them unevenly; vocab 500 keeps the embedding (500 x 256 =
+    # 128,000) below the block's largest module (a 1024 x 256 MLP matrix = 262,144, plus bias),
+    # so the largest-layer check has to get a block module right
+    return dict(model_type=model_type, hidden_size=256, intermediate_size=1024, num_hidden_layers=3,
+                num_attention_heads=8, num_key_value_heads=2, vocab_size=500, **extra)
+
+
+_SMALL_GPT2 = dict(model_type="gpt2", n_embd=256, n_layer=3, n_head=8, vocab_size=500, n_positions=64)
+_SMALL_NEOX = dict(model_type="gpt_neox", hidden_size=256, num_hidden_layers=3, num_attention_heads=8,
+                   intermediate_size=1024, vocab_size=500, max_position_embeddings=64)
+
+TENSOR_CONFIGS = {
+    "llama-attention-and-mlp-bias": _small("llama", attention_bias=True, mlp_bias=True, tie_word_embeddings=False),
+    "llama-head-dim-48": _small("llama", head_dim=48, tie_word_embeddings=False),  # hidden/heads = 32
+    "llama-tied": _small("llama", tie_word_embeddings=True),
+    "qwen2": _small("qwen2", tie_word_embeddings=False),
+    "qwen2-tied": _small("qwen2", tie_word_embeddings=True),
+    "mistral": _small("mistral", tie_word_embeddings=False),
+    "mixtral-4-experts-top-2": _small("mixtral", num_local_experts=4, num_experts_per_tok=2,
+                                      tie_word_embeddings=False),
+    "gpt2-tied": dict(_SMALL_GPT2, tie_word_embeddings=True),
+    "gpt2-untied": dict(_SMALL_GPT2, n_inner=1000, tie_word_embeddings=False),
+    "gpt-neox-attention-bias": dict(_SMALL_NEOX, attention_bias=True, tie_word_embeddings=False),
+    "gpt-neox-tied": dict(_SMALL_NEOX, attention_bias=True, tie_word_embeddings=True),
+}
+
+TENSOR_CASES = ([f"catalog:{n}" for n in sorted(HF_CONFIGS)] + [f"small:{n}" for n in TENSOR_CONFIGS]
+                + [f"family:{n}" for n in sorted(FAMILY_CONFIGS)])
+
+
+def _spec_and_model(case, hf):
+    """The planner's spec (the catalog entry, or from_hf_config of the dict) and the transformers model."""
+    kind, name = case.split(":", 1)
+    if kind == "catalog":
+        return CATALOG[name], hf.model(HF_CONFIGS[name])
+    config = (TENSOR_CONFIGS if kind == "small" else FAMILY_CONFIGS)[name]
+    return from_hf_config(config), hf.model(config)
+
+
+def _is_tied(model) -> bool:
+    return model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+@pytest.mark.parametrize("case", TENSOR_CASES)
+def test_tensor_list_equals_named_parameters(case, hf):
+    spec, model = _spec_and_model(case, hf)
+    # named_parameters() lists a shared matrix once, under its first name: the embedding
+    assert [(t.name, t.shape) for t in spec.tensors() if not t.tied] == \
+        [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    # with duplicates kept, the tied output layer sits where transformers registers it (last)
+    assert [(t.name, t.shape) for t in spec.tensors()] == \
+        [(n, tuple(p.shape)) for n, p in model.named_parameters(remove_duplicate=False)]
+    # `tied` marks exactly the output layer, and only when transformers shares the Parameter object
+    assert [t.name for t in spec.tensors() if t.tied] == (["lm_head.weight"] if _is_tied(model) else [])
+
+
+@pytest.mark.parametrize("case", TENSOR_CASES)
+def test_largest_layer_equals_deepspeed_definition(case, hf):
+    spec, model = _spec_and_model(case, hf)
+    # DeepSpeed stage3.py model_to_params (estimate_zero3_model_states_mem_needs_all_live):
+    # largest_layer_params = max over model.modules() of sum(p.numel() for p in
+    # m.parameters(recurse=False)); containers, activations and dropout own no parameters (sum 0)
+    own = {n: sum(p.numel() for p in m.parameters(recurse=False)) for n, m in model.named_modules()}
+    assert spec.largest_layer_params == max(own.values())
+    # module by module too (Tensor.module is what that max groups by; a tied lm_head owns V x h)
+    ours: dict[str, int] = {}
+    for t in spec.tensors():
+        ours[t.module] = ours.get(t.module, 0) + t.numel
+    assert ours == {n: v for n, v in own.items() if v}
+
+
+@pytest.mark.parametrize("case", TENSOR_CASES)
+def test_flat_local_sizes_follow_model_parameters(case, hf):
+    spec, model = _spec_and_model(case, hf)
+    # DeepSpeed ZeRO-1/2 flattens each param group in model.parameters() order (deduplicated:
+    # a tied embedding once)
+    sizes = [p.numel() for p in model.parameters()]
+    assert list(spec.flat_local_sizes(1, 1, 0)) == sizes
+    # pp=2: deepspeed.runtime.utils.partition_uniform(L, 2) gives stage 0 the first ceil(L/2)
+    # layers (the first L % pp stages get one more); stage 0 also holds what precedes layer 0,
+    # stage 1 what follows the last layer, plus its own copy of a tied embedding (the output layer)
+    layer_of = [int(m.group(1)) if (m := re.search(r"\.(\d+)\.", n)) else None for n, _ in model.named_parameters()]
+    layers = model.config.num_hidden_layers
+    cut = layer_of.index(-(-layers // 2))  # first parameter of stage 1's first layer
+    tied_copy = [model.get_input_embeddings().weight.numel()] if _is_tied(model) else []
+    stage0, stage1 = list(spec.flat_local_sizes(1, 2, 0)), list(spec.flat_local_sizes(1, 2, 1))
+    assert stage0 == sizes[:cut]
+    assert stage1 == sizes[cut:] + tied_copy
+    assert stage0 + stage1 == sizes + tied_copy
+
+
+# GEMMs of one block. A forward GEMM with an (out x in) weight does one multiply-add per weight
+# element per token: 2 x weight.numel() FLOPs per token; biases and norms are not GEMMs.
+
+GEMM_CASES = ["catalog:llama-2-7b", "catalog:llama-3.1-405b", "catalog:mistral-7b", "catalog:megatron-gpt-1.7b",
+              "small:llama-attention-and-mlp-bias", "small:llama-head-dim-48", "small:qwen2", "small:gpt2-untied",
+              "small:gpt-neox-attention-bias", "family:gpt-neox-pythia-160m"]
+
+
+def _first_block(model):
+    return {"gpt2": lambda: model.transformer.h[0], "gpt_neox": lambda: model.gpt_neox.layers[0]}.get(
+        model.config.model_type, lambda: model.model.layers[0])()
+
+
+@pytest.mark.parametrize("case", GEMM_CASES)
+def test_unfused_gemms_are_the_blocks_weight_modules(case, hf):
+    spec, model = _spec_and_model(case, hf)
+    from transformers.pytorch_utils import Conv1D
+
+    kind = Conv1D if model.config.model_type == "gpt2" else hf.torch.nn.Linear
+    weights = [m.weight.numel() for m in _first_block(model).modules() if isinstance(m, kind)]
+    gemms = spec.gemms(fused=False)
+    assert len(gemms) == len(weights)  # one GEMM per nn.Linear (GPT-2: Conv1D) of the block
+    assert [g.flops_per_token for g in gemms] == [2.0 * w for w in weights]  # in module order
+    assert sum(g.flops_per_token for g in gemms) == 2.0 * sum(weights)
+    assert all(g.tp_split and not g.expert for g in gemms)  # dense: all column or row parallel
+
+
+@pytest.mark.parametrize("case", [c for c in GEMM_CASES if "llama" in c or "mistral" in c or "qwen" in c])
+def test_fused_llama_gemms_are_megatrons_four(case, hf):
+    spec, model = _spec_and_model(case, hf)
+    block = _first_block(model)
+    attn, mlp = block.self_attn, block.mlp
+    # Megatron-core: linear_qkv (q, k, v in one), linear_proj, linear_fc1 (gate and up in one), linear_fc2
+    expected = [("qkv", 2.0 * (attn.q_proj.weight.numel() + attn.k_proj.weight.numel() + attn.v_proj.weight.numel())),
+                ("o", 2.0 * attn.o_proj.weight.numel()),
+                ("fc1", 2.0 * (mlp.gate_proj.weight.numel() + mlp.up_proj.weight.numel())),
+                ("fc2", 2.0 * mlp.down_proj.weight.numel())]
+    fused = spec.gemms(fused=True)
+    assert [(g.name, g.flops_per_token) for g in fused] == expected
+    linear = [m.weight.numel() for m in block.modules() if isinstance(m, hf.torch.nn.Linear)]
+    assert sum(g.flops_per_token for g in fused) == 2.0 * sum(linear)  # fusing moves no FLOPs
+
+
+def test_gpt2_gemms_are_already_fused(hf):
+    # GPT-2's c_attn is q, k and v in one Conv1D: Megatron's grouping changes nothing
+    spec, _ = _spec_and_model("small:gpt2-untied", hf)
+    assert spec.gemms(fused=True) == spec.gemms(fused=False)
+    assert [g.name for g in spec.gemms(fused=True)] == ["qkv", "o", "fc1", "fc2"]
+
+
+@pytest.mark.parametrize("case", ["small:mixtral-4-experts-top-2", "catalog:mixtral-8x7b"])
+def test_mixtral_gemms(case, hf):
+    spec, model = _spec_and_model(case, hf)
+    block = _first_block(model)
+    attn, moe = block.self_attn, block.mlp
+    experts = model.config.num_local_experts
+    # transformers 5 MixtralExperts.forward: per expert, F.linear with gate_up_proj[e] (2f x h)
+    # then down_proj[e] (h x f), on that expert's tokens; the router (mlp.gate, E x h) runs whole
+    # on every token and Megatron does not split it over TP
+    per_expert_up = moe.experts.gate_up_proj.numel() // experts
+    per_expert_down = moe.experts.down_proj.numel() // experts
+    expected = [(2.0 * attn.q_proj.weight.numel(), True, False), (2.0 * attn.k_proj.weight.numel(), True, False),
+                (2.0 * attn.v_proj.weight.numel(), True, False), (2.0 * attn.o_proj.weight.numel(), True, False),
+                (2.0 * moe.gate.weight.numel(), False, False),
+                (2.0 * per_expert_up, True, True), (2.0 * per_expert_down, True, True)]
+    assert [(g.flops_per_token, g.tp_split, g.expert) for g in spec.gemms(fused=False)] == expected
+    fused = spec.gemms(fused=True)
+    assert [g.name for g in fused] == ["qkv", "o", "router", "fc1", "fc2"]
+    assert sum(g.flops_per_token for g in fused) == sum(e[0] for e in expected)

@@ -1,0 +1,118 @@
+"""Engines as data: the search's rules come from the engine records, and the torchtitan engine's
+mechanisms (read from torchtitan 0.3.0 and torch 2.13) hold their figures."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+from planner import activations, cli, hardware, layout, memory, pipeline, search, sharding, timing
+from planner.engines import ENGINES, TORCHTITAN
+from planner.errors import InputError
+from planner.model import lookup
+from planner.options import Offload, Schedule
+from planner.rules import check_single
+
+H100 = hardware.lookup_gpu("h100-sxm")
+
+
+@pytest.mark.parametrize("name", sorted(ENGINES))
+def test_search_obeys_and_reaches_every_engine_record(name):
+    # a small model on 16 GPUs: every valid layout keeps to the record, and every combination the
+    # record allows is reached by some valid layout (the rules neither leak nor over-reject)
+    engine = ENGINES[name]
+    model = lookup("llama-2-7b")
+    res = search.search(model, hardware.Cluster(H100, 16, 8), layout.Training(gbs=64, engine=name))
+    v = res["valid"]
+    pp = v.pp > 1
+    assert set(np.unique(v.zero)) == set(engine.zero_stages)
+    assert set(np.unique(v.zero[pp])) == set(engine.pipeline_zero_stages)
+    assert set(np.unique(v.schedule[pp])) == {s for s in engine.pipeline_schedules if s != Schedule.GPIPE}
+    assert ((v.tp > 1) | (v.cp > 1)).any() == engine.tensor_parallel
+    assert set(np.unique(v.offload_optimizer)) == {Offload.NONE, *engine.offload_devices}
+    if engine.offload_together:
+        assert (v.offload_optimizer == v.offload_params).all()
+
+
+def test_one_layout_breaking_an_engine_rule_names_its_flag():
+    model, c = lookup("llama-2-7b"), hardware.Cluster(H100, 16, 8)
+    cases = [("fsdp", dict(pp=2, dp=8), "--pp"), ("deepspeed", dict(tp=2, dp=8), "--tp"),
+             ("megatron", dict(dp=16, zero=2), "--zero"), ("deepspeed", dict(pp=2, dp=8, zero=2), "--zero"),
+             ("deepspeed", dict(pp=2, vpp=2, dp=8), "--vpp"), ("megatron", dict(dp=16, zero=1, offload_optimizer="cpu"),
+                                                                "--offload")]
+    for engine, kw, flag in cases:
+        with pytest.raises(InputError, match=flag):
+            check_single(model, c, layout.Training(gbs=64, engine=engine), layout.single(**kw))
+    # torchtitan composes FSDP with pipeline stages, which the fsdp engine forbids
+    check_single(model, c, layout.Training(gbs=64, engine="torchtitan"), layout.single(pp=2, dp=8, zero=3))
+
+
+# ---------------------------------------------------------------------------------------------
+# torchtitan 0.3.0
+
+
+def test_torchtitan_pipeline_split_gives_the_edges_fewer_layers():
+    # torchtitan distributed/pipeline_parallel.py _generate_llm_fqn_per_model_part with its defaults
+    # (first/last_stage_less_layers = 1), as run on torchtitan 0.3.0: 32 layers on 4 stages ->
+    # 8, 9, 8, 7; 80 on 8 -> 10, 11, 10, 10, 10, 10, 10, 9; 126 on 16 -> 7, 8 x 14, 7
+    def split(layers, p):
+        return [int(pipeline.layers_on_stage(layers, p, i, TORCHTITAN.pipeline_edge_layers)) for i in range(p)]
+
+    assert split(32, 4) == [8, 9, 8, 7]
+    assert split(80, 8) == [10, 11, 10, 10, 10, 10, 10, 9]
+    assert split(126, 16) == [7] + [8] * 14 + [7]
+    assert int(pipeline.max_layers_on_stage(32, np.array([4]), 1)[0]) == 9
+
+
+def test_torchtitan_op_sac_keeps_inputs_and_every_other_matmul():
+    # Llama-3-8B block, s 8192, b 1, bf16, no TP: SelectiveAC saves the block input (2h), wq's and wv's
+    # outputs (2q + 2kv), the attention output (2q) with its fp32 log-sum-exp (4a), w1's output (2f)
+    # and w2's output (2h); wk, wo and w3 (the 2nd, 4th and 6th matmuls) are recomputed
+    m = lookup("llama-3-8b")
+    training = layout.Training(seq_len=8192, engine="torchtitan")
+    per_token = 2 * 4096 + 2 * (4096 + 1024 + 4096) + 4 * 32 + 2 * 14336 + 2 * 4096  # 63,616 B
+    kept = activations.kept_per_layer(m, training, layout.single(recompute="selective"))[0]
+    assert kept == 8192 * per_token
+    # no recompute keeps norms' and projections' inputs, q k v, attention output, [gate|up] and fc2 input
+    whole = activations.kept_per_layer(m, training, layout.single(recompute="none"))[0]
+    assert whole == 8192 * (8 * 4096 + 2 * (2 * 4096 + 2 * 1024) + 3 * 2 * 14336 + 4 * 32)  # 139,392 B/token
+
+
+def test_torchtitan_chunked_loss_holds_one_chunk_of_logits():
+    # components/loss.py ChunkedLossWrapper, 8 chunks: one chunk's logits (bf16, fp32 copy, fp32
+    # log-softmax: 10 B per logit) and a [B, L, D] fp32 gradient buffer, vs Megatron's whole micro-batch
+    m = lookup("llama-3-8b")
+    lay = layout.single()
+    coef = memory.coefficients("memory")["logits_bytes_per_element"]
+    tt = activations.logits_bytes(m, layout.Training(seq_len=8192, engine="torchtitan"), lay, np.zeros(1), coef)[0]
+    mg = activations.logits_bytes(m, layout.Training(seq_len=8192, engine="megatron"), lay, np.zeros(1), coef)[0]
+    assert mg == 10 * 8192 * 128256
+    assert tt == 10 * 8192 * 128256 / 8 + 4 * 8192 * 4096
+
+
+def test_torchtitan_pipeline_keeps_gradients_unsharded_until_the_schedule_ends():
+    # torch/distributed/pipelining/stage.py backward_maybe_with_nosync: FSDP modules get
+    # set_requires_gradient_sync(False) and set_reshard_after_backward(False) until perform_reduce_grad
+    # after the last micro-batch; _fsdp_param.py to_accumulated_grad_if_needed keeps them in the
+    # fp32 reduce dtype: 4 B/param of the stage during backward, parameters gathered (2 B/param),
+    # one reduction per step. Without a pipeline FSDP reduce-scatters every backward.
+    m = lookup("llama-3-8b")
+    training = layout.Training(engine="torchtitan")
+    piped = layout.single(pp=2, dp=4, zero=3, gas=8)
+    dense, _ = sharding.rank_params(m, training, piped, 0)
+    assert memory.grad_bytes(m, training, piped, 0)[0] == 4 * dense[0]
+    assert memory.weight_bytes(m, training, piped, 0)[0] == 2 * dense[0]
+    assert memory.grad_bytes(m, training, piped, 0, at_step=True)[0] == pytest.approx(4 * dense[0] / 4)
+    assert timing.grad_reductions_per_step(training, piped)[0] == 1
+    flat = layout.single(dp=8, zero=3, gas=8)
+    assert timing.grad_reductions_per_step(training, flat)[0] == 8
+
+
+def test_recommend_with_the_torchtitan_engine():
+    out = io.StringIO()
+    assert cli.main(["recommend", "--model", "llama-3-70b", "--gpus", "64", "--engine", "torchtitan", "--json",
+                     "--top", "3"], out=out) == 0
+    d = json.loads(out.getvalue())
+    assert d["assumptions"]["engine"] == "torchtitan" and d["layouts"]
+    assert all(r["memory"]["fits"] and r["layout"]["zero"] in (0, 2, 3) for r in d["layouts"])
