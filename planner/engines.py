@@ -8,7 +8,7 @@ PyTorch 2.13 (FSDP2 `fully_shard`, `torch.distributed.pipelining`), torchtitan 0
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.options import Offload, Schedule, Word
 
@@ -294,41 +294,20 @@ FSDP = Engine(
     launcher=Launcher.FSDP,
 )
 
-TORCHTITAN = Engine(
+# torchtitan runs the same FSDP2 (fully_shard over dp_shard x cp, MixedPrecisionPolicy bf16/fp32 in
+# TrainingConfig.mixed_precision_param/_reduce, one unit per block, CPUOffloadPolicy with
+# enable_cpu_offload); what differs is below
+TORCHTITAN = replace(
+    FSDP,
     name="torchtitan", summary="torchtitan: FSDP2 composed with TP/SP, CP and PP; op-level selective AC; chunked loss",
-    # torchtitan/models/llama3/parallelize.py parallelize_llama always applies fully_shard over
-    # dp_shard x cp: --zero 3 reshard_after_forward "always", 2 "never", 0 dp_replicate only
-    zero_stages=(0, 2, 3),
-    tensor_parallel=True,
     # distributed/pipeline_parallel.py pipeline_llm applies the same parallelize_fn (FSDP included)
     # to each stage; ParallelismConfig.pipeline_parallel_schedule "1F1B" (also Interleaved1F1B, GPipe)
     pipeline_zero_stages=(0, 2, 3),
     pipeline_schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE),
     pipeline_edge_layers=1,
     pipeline_defers_grad_reduction=True,
-    # TrainingConfig.enable_cpu_offload: CPUOffloadPolicy for parameters, gradients and optimizer
-    offload_devices=(Offload.CPU,),
-    offload_together=True,
-    buffers=Buffers.FSDP,
-    fp32_grads=True,  # TrainingConfig.mixed_precision_reduce = "float32"
-    fp16_grad_copy=False,
-    fp32_full_weights=False,
-    grads_sharded_backward=(2, 3),
-    grads_sharded_step=(2, 3),
-    accumulation_copy=(),
-    reduction_copy=(),
-    # models/llama3 Attention: separate wq, wk, wv; FeedForward w1, w3, w2; no torch.compile by default
-    fused_gemms=False,
-    eager_elementwise=True,
-    grad_buckets=GradBuckets.PER_BLOCK,
-    all_reduce_stages=(0,),
-    # trainer.py train_step never disables gradient sync: every backward reduce-scatters
-    reduce_every_micro_step=(2, 3),
-    overlap_default=(0, 1, 2, 3),
-    overlap_flag=False,
-    param_gather_per_bucket=True,
-    zero3_fetch_per_block=True,
-    p2p_split_over_tp=False,
+    # models/llama3: separate wq, wk, wv and w1, w3, w2 (fused_gemms False as Hugging Face's); no
+    # torch.compile by default (CompileConfig.enable = False), so elementwise kernels run eagerly
     selective_policy=SelectivePolicy.OP_SAC,  # Trainer.Config.activation_checkpoint = SelectiveAC.Config
     loss_chunks=8,  # components/loss.py ChunkedLossWrapper.Config.num_chunks, set by every llama3 config
     launcher=Launcher.TORCHTITAN,
