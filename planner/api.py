@@ -184,6 +184,8 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
         "tokens_per_step": gbs * train.seq_len, "engine": train.engine.name, "precision": str(train.precision),
         "optimizer": str(train.optimizer), "flash_attention": train.flash_attention, "memory_headroom": headroom,
     }
+    if result["coarsened"]:  # the space was larger than one search materializes
+        assumptions["search_coarsened"] = list(result["coarsened"])
     valid, ev = result["valid"], result["eval"]
     records = []
     for i in search.distinct_top(result, top):
@@ -192,7 +194,7 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
         if tin.tokens:
             rec["time_to_train"] = _time_to_train(rec["time"]["step_s"], gbs * train.seq_len, tin, clus)
         records.append(rec)
-    hints = [] if records else search.what_would_fit(spec, clus, train, headroom, max_mbs)
+    hints = [] if records else search.what_would_fit(spec, clus, train, headroom, max_mbs, result)
     return Recommendation(spec, clus, train, assumptions, defaults, result["candidates"], result["rejected"],
                           records, hints, result["elapsed_s"])
 

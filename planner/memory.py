@@ -125,10 +125,11 @@ def deepspeed_straddle_bytes(model: ModelSpec, training: Training, lay: Layouts,
     engine = training.engine
     hooks = (lay.zero == 2) | ((lay.zero == 1) & training.zero_config.contiguous_gradients)
     phase = engine.grads_sharded_step if at_step else engine.grads_sharded_backward
-    excess = deepspeed_grad_partition_excess(model, lay, stage) * training.precision.element_bytes
+    held = hooks & np.isin(lay.zero, phase) & (lay.offload_optimizer == Offload.NONE)
+    excess = deepspeed_grad_partition_excess(model, lay, stage, held) * training.precision.element_bytes
     if not at_step:  # each partition copy of a later micro-step carries its own (measured)
         excess = excess * (1 + (np.isin(lay.zero, engine.accumulation_copy) & (lay.gas > 1)))
-    return np.where(hooks & np.isin(lay.zero, phase) & (lay.offload_optimizer == Offload.NONE), excess, 0.0)
+    return excess
 
 
 def deepspeed_step_grad_copies(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
@@ -322,8 +323,10 @@ def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
 
 
 def per_stage(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> list[dict]:
-    """Memory of every pipeline stage of a one-layout `lay`."""
+    """Memory of every pipeline stage of a one-layout `lay`, all stages in one vectorized pass."""
     assert lay.size == 1
-    return [{k: (float(v.flat[0]) if k != "phase" else int(v.flat[0]))
-             for k, v in rank_memory(model, cluster, training, lay, np.array([i])).items()}
-            for i in range(int(lay.pp[0]))]
+    p = int(lay.pp[0])
+    stages = lay.take(np.zeros(p, dtype=np.int64))
+    mem = rank_memory(model, cluster, training, stages, np.arange(p))
+    columns = {k: mem[k] for k in mem}
+    return [{k: (int(v[i]) if k == "phase" else float(v[i])) for k, v in columns.items()} for i in range(p)]

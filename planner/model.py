@@ -230,13 +230,19 @@ class ModelSpec:
         """Elements of one rank's tensors in registration order: the flat buffer DeepSpeed ZeRO-1/2
         partitions (stage_1_and_2.py flattens each param group in model order)."""
         n = self.layers // pp + (stage < self.layers % pp)
-        block = [local_numel(t, tp, self.experts, ep) for t in self.block_tensors()]
-        sizes = [local_numel(t, tp, self.experts, ep) for t in self._tensors if t.place == FIRST] if stage == 0 else []
-        sizes += block * n
-        if stage == pp - 1:
-            sizes += [local_numel(t, tp, self.experts, ep) for t in self._tensors
-                      if t.place == LAST and (not t.tied or pp > 1)]
-        return np.ceil(np.array(sizes, dtype=np.float64))
+        return self.flat_sizes(tp, n, stage == 0, stage == pp - 1, ep)
+
+    def flat_sizes(self, tp: int, n_layers: int, first: bool, last: bool, ep: int = 1) -> np.ndarray:
+        """flat_local_sizes of a stage given by its block count and whether it is the first and/or
+        the last (a tied output layer is a second copy on a last stage that is not also the first)."""
+        def local(place):
+            return [local_numel(t, tp, self.experts, ep) for t in self._tensors
+                    if t.place == place and (not t.tied or not first)]
+
+        block = np.array(local(BLOCK), dtype=np.float64)
+        edges = (np.array(local(FIRST) if first else [], dtype=np.float64),
+                 np.array(local(LAST) if last else [], dtype=np.float64))
+        return np.ceil(np.concatenate([edges[0], np.tile(block, n_layers), edges[1]]))
 
     def shape_dict(self) -> dict:
         d = asdict(self)

@@ -6,12 +6,13 @@ Pure functions of resolved inputs (no argparse, no printing): planner/api.py cal
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from planner import memory, timing
 from planner.engines import ENGINES
+from planner.errors import InputError
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
@@ -45,44 +46,136 @@ def evaluate(model: ModelSpec, cluster: Cluster, training: Training, lay: Layout
     return {"memory": mem, "time": timing.step_time(model, cluster, training, lay), "fits": fits, "cpu_fits": cpu_ok}
 
 
-def enumerate_layouts(model: ModelSpec, cluster: Cluster, training: Training, max_mbs: int = 16) -> tuple:
-    """Every combination of the searched dimensions, and how many were dropped for divisibility.
+SEARCH_BUDGET = 4_000_000
+"""Candidates one search materializes at most (~0.5 GB of arrays, ~1 s on 2 cores); a larger
+space is coarsened, each step said in the answer."""
+
+
+@dataclass(frozen=True)
+class Space:
+    """The choices a search enumerates, and how they were coarsened to fit SEARCH_BUDGET."""
+
+    tp: tuple
+    pp_powers_of_two: bool
+    cp: tuple
+    vpp: tuple
+    mbs: tuple
+    """Micro-batch sizes dividing the global batch, up to max_mbs."""
+    mbs_considered: int
+    """How many micro-batch sizes count as considered (1..max_mbs, or the coarsened ones)."""
+    ep: tuple
+    offload: tuple
+    coarsened: tuple = ()
+
+
+def _pow2(values) -> tuple:
+    return tuple(v for v in values if v & (v - 1) == 0)
+
+
+COARSENINGS = (  # applied in order until the space fits SEARCH_BUDGET
+    ("micro-batch sizes: powers of two", lambda sp: replace(sp, mbs=_pow2(sp.mbs), mbs_considered=len(_pow2(sp.mbs)))),
+    ("virtual stages: 1, 2, 4", lambda sp: replace(sp, vpp=tuple(v for v in sp.vpp if v in (1, 2, 4)))),
+    ("context parallel: 1, 2", lambda sp: replace(sp, cp=tuple(c for c in sp.cp if c <= 2))),
+    ("pipeline stages: powers of two", lambda sp: replace(sp, pp_powers_of_two=True)),
+    ("tensor parallel: powers of two", lambda sp: replace(sp, tp=_pow2(sp.tp))),
+    ("expert parallel: powers of two", lambda sp: replace(sp, ep=_pow2(sp.ep))),
+    ("offload: none or cpu", lambda sp: replace(sp, offload=(Offload.NONE, Offload.CPU))),
+)
+
+
+def _structures(model: ModelSpec, cluster: Cluster, training: Training, space: Space) -> tuple:
+    """(all (tp, pp, cp, dp) combinations, the ones whose layers and batch can divide)."""
+    g = cluster.num_gpus
+    rows = [(tp, pp, cp, g // (tp * pp * cp)) for tp in space.tp for pp in divisors(g // tp)
+            if not space.pp_powers_of_two or pp & (pp - 1) == 0
+            for cp in space.cp if (g // tp // pp) % cp == 0]
+    struct = np.array(rows, dtype=np.int64).reshape(-1, 4)
+    # a structure whose pp exceeds the layers or whose dp does not divide the batch keeps no row
+    possible = (struct[:, 1] <= model.layers) & (training.gbs % np.maximum(struct[:, 3], 1) == 0)
+    return struct, struct[possible]
+
+
+def _divisible(model: ModelSpec, training: Training, struct: np.ndarray, space: Space) -> tuple:
+    """(structures x vpp: the layers divide, distinct dp x mbs: the batch divides, each structure's
+    distinct-dp index)."""
+    pp, dp = struct[:, 1], struct[:, 3]
+    vpp = np.array(space.vpp, dtype=np.int64)
+    vpp_ok = (vpp == 1) | ((pp[:, None] > 1) & (model.layers % (pp[:, None] * vpp) == 0))
+    dps, dp_index = np.unique(dp, return_inverse=True)
+    mbs_ok = (training.gbs // dps[:, None]) % np.array(space.mbs, dtype=np.int64) == 0  # mbs * dp divides the batch
+    return vpp_ok, mbs_ok, dp_index.ravel()
+
+
+def _base_rows(vpp_ok: np.ndarray, mbs_ok: np.ndarray, dp_index: np.ndarray, space: Space) -> tuple:
+    """(structure index, mbs, vpp) of every combination whose batch and layers divide, in the order
+    structure, mbs, vpp."""
+    s_idx, m_idx, v_idx = [], [], []
+    for k in np.unique(dp_index):
+        structs = np.flatnonzero(dp_index == k)
+        ms = np.flatnonzero(mbs_ok[k])
+        for j in range(vpp_ok.shape[1]):
+            sv = structs[vpp_ok[structs, j]]
+            s_idx.append(np.repeat(sv, len(ms)))
+            m_idx.append(np.tile(ms, len(sv)))
+            v_idx.append(np.full(len(sv) * len(ms), j))
+    s_idx, m_idx, v_idx = (np.concatenate(x) if x else np.zeros(0, dtype=np.int64) for x in (s_idx, m_idx, v_idx))
+    order = np.lexsort((v_idx, m_idx, s_idx))
+    return (s_idx[order], np.array(space.mbs, dtype=np.int64)[m_idx[order]],
+            np.array(space.vpp, dtype=np.int64)[v_idx[order]])
+
+
+def _rest(space: Space) -> tuple:
+    """Choices multiplied onto every base row: zero, offloads, recompute, sp, ep."""
+    return 4, len(space.offload), len(space.offload), len(Recompute), 2, len(space.ep)
+
+
+def enumerate_layouts(model: ModelSpec, cluster: Cluster, training: Training, max_mbs: int = 16,
+                      budget: int = SEARCH_BUDGET) -> tuple:
+    """Every combination of the searched dimensions, how many were dropped for divisibility, and the
+    coarsening steps taken to stay within `budget` materialized candidates.
 
     tp: divisors of the node size; pp: divisors of gpus/tp; cp: 1-8; dp = gpus/(tp pp cp);
     vpp: a few values; mbs 1..max_mbs; ZeRO 0-3; offload none/cpu/nvme for optimizer and params;
     recompute none/selective/full; sequence parallel off/on; ep: divisors of the expert count.
-    (tp, pp, cp, dp, mbs, vpp) combinations whose batch or layers do not divide are dropped before
-    the product (counted, not built: only micro-batch sizes dividing the global batch are
-    materialized); every other rule is applied afterwards, vectorized."""
+    (tp, pp, cp, dp, mbs, vpp) combinations whose batch or layers do not divide are counted, not
+    built (the work grows with the combinations that divide, never with the GPU count); every other
+    rule is applied afterwards, vectorized."""
     g = cluster.num_gpus
-    struct = np.array([(tp, pp, cp, g // (tp * pp * cp))
-                       for tp in divisors(min(cluster.gpus_per_node, g)) for pp in divisors(g // tp)
-                       for cp in CP_CHOICES if (g // tp // pp) % cp == 0], dtype=np.int64).reshape(-1, 4)
-    mbs_choices = np.array([m for m in divisors(training.gbs) if m <= max_mbs] or [1], dtype=np.int64)
-    s, mbs, vpp = (x.ravel() for x in np.meshgrid(np.arange(len(struct)), mbs_choices, np.array(VPP_CHOICES),
-                                                   indexing="ij"))
-    tp, pp, cp, dp = (struct[s, j] for j in range(4))
-    keep = (training.gbs % (mbs * dp) == 0) & (pp <= model.layers)
-    keep &= (vpp == 1) | ((pp > 1) & (model.layers % (pp * vpp) == 0))
-    experts = np.array(divisors(model.experts))
-    rest = (4, len(Offload), len(Offload), len(Recompute), 2, experts.size)  # zero, offloads, recompute, sp, ep
-    considered = len(struct) * max_mbs * len(VPP_CHOICES)
-    kept = int(np.count_nonzero(keep))
-    dropped = (considered - kept) * int(np.prod(rest))
-    base = np.flatnonzero(keep)
-    grids = np.meshgrid(base, *(np.arange(n) for n in rest), indexing="ij")
-    b, zero, oo, op, rc, sp, e = (x.ravel() for x in grids)
-    tp, pp, cp, dp, mbs, vpp = (a[b] for a in (tp, pp, cp, dp, mbs, vpp))
-    lay = Layouts(tp=tp, pp=pp, dp=dp, cp=cp, ep=experts[e], vpp=vpp, zero=zero, offload_optimizer=oo,
-                  offload_params=op, mbs=mbs, gas=training.gbs // (mbs * dp), recompute=rc, sequence_parallel=sp,
-                  schedule=np.where(vpp > 1, Schedule.INTERLEAVED, Schedule.ONE_F_ONE_B))
-    return lay, dropped
+    space = Space(tp=tuple(divisors(min(cluster.gpus_per_node, g))), pp_powers_of_two=False, cp=CP_CHOICES,
+                  vpp=VPP_CHOICES, mbs=tuple(m for m in divisors(training.gbs) if m <= max_mbs) or (1,),
+                  mbs_considered=max_mbs, ep=tuple(divisors(model.experts)), offload=tuple(Offload))
+    steps = iter(COARSENINGS)
+    while True:
+        struct_all, struct = _structures(model, cluster, training, space)
+        vpp_ok, mbs_ok, dp_index = _divisible(model, training, struct, space)
+        rows = int((vpp_ok.sum(axis=1) * mbs_ok.sum(axis=1)[dp_index]).sum())
+        size = rows * int(np.prod(_rest(space)))
+        if size <= budget:
+            break
+        step = next(steps, None)
+        if step is None:
+            raise InputError(f"--gpus: {g} GPUs with --gbs {training.gbs} give {size:,} layouts to search even "
+                             f"coarsened (at most {budget:,}); pick a GPU count or a global batch with fewer divisors")
+        space = replace(step[1](space), coarsened=space.coarsened + (step[0],))
+    b, mbs, vpp = _base_rows(vpp_ok, mbs_ok, dp_index, space)
+    considered = len(struct_all) * space.mbs_considered * len(space.vpp)
+    dropped = (considered - len(b)) * int(np.prod(_rest(space)))
+    tp, pp, cp, dp = (struct[b, j] for j in range(4))
+    experts, offload = np.array(space.ep), np.array(space.offload)
+    grids = np.meshgrid(np.arange(len(b)), *(np.arange(n) for n in _rest(space)), indexing="ij")
+    k, zero, oo, op, rc, sp, e = (x.ravel() for x in grids)
+    tp, pp, cp, dp, mbs, vpp = (a[k] for a in (tp, pp, cp, dp, mbs, vpp))
+    lay = Layouts(tp=tp, pp=pp, dp=dp, cp=cp, ep=experts[e], vpp=vpp, zero=zero, offload_optimizer=offload[oo],
+                  offload_params=offload[op], mbs=mbs, gas=training.gbs // (mbs * dp), recompute=rc,
+                  sequence_parallel=sp, schedule=np.where(vpp > 1, Schedule.INTERLEAVED, Schedule.ONE_F_ONE_B))
+    return lay, dropped, space.coarsened
 
 
-def search(model: ModelSpec, cluster: Cluster, training: Training, headroom: float = 0.05, max_mbs: int = 16) -> dict:
+def search(model: ModelSpec, cluster: Cluster, training: Training, headroom: float = 0.05, max_mbs: int = 16,
+           budget: int = SEARCH_BUDGET) -> dict:
     """All candidates, the ones that fit ranked by tokens/s, and rejection counts per reason."""
     start = time.perf_counter()
-    lay, dropped = enumerate_layouts(model, cluster, training, max_mbs)
+    lay, dropped, coarsened = enumerate_layouts(model, cluster, training, max_mbs, budget)
     reason, groups = first_violation(model, cluster, training, lay)
     rejected = {g: int(np.count_nonzero(reason == i)) for i, g in enumerate(groups)}
     rejected[DIVISIBILITY] = rejected.get(DIVISIBILITY, 0) + dropped
@@ -94,7 +187,7 @@ def search(model: ModelSpec, cluster: Cluster, training: Training, headroom: flo
     simpler = valid.offload_optimizer + valid.offload_params
     order = np.lexsort((ev["memory"]["total"], valid.recompute, simpler, -np.round(tokens_per_s, 6)))
     order = order[np.isfinite(tokens_per_s[order])]
-    return {"candidates": lay.size + dropped, "valid": valid, "eval": ev, "order": order,
+    return {"candidates": lay.size + dropped, "valid": valid, "eval": ev, "order": order, "coarsened": coarsened,
             "rejected": {k: v for k, v in rejected.items() if v}, "elapsed_s": time.perf_counter() - start}
 
 
@@ -156,30 +249,37 @@ def distinct_top(result: dict, k: int) -> list[int]:
     return picked
 
 
-def what_would_fit(model: ModelSpec, cluster: Cluster, training: Training, headroom: float, max_mbs: int) -> list[str]:
-    """When nothing fits: the least memory any valid layout needs, and what changes would fit."""
+HINT_BUDGET = 500_000
+"""Candidates each what-would-fit search materializes (the hints name a layout that fits)."""
+
+
+def what_would_fit(model: ModelSpec, cluster: Cluster, training: Training, headroom: float, max_mbs: int,
+                   result: dict) -> list[str]:
+    """When nothing fits (`result` is that search): the least memory any valid layout needs, and
+    what changes would fit: another engine, or more GPUs."""
     hints = []
-    lay, _ = enumerate_layouts(model, cluster, training, max_mbs)
-    reason, _ = first_violation(model, cluster, training, lay)
-    valid = lay.take(reason < 0)
+    valid, ev = result["valid"], result["eval"]
     capacity = cluster.gpu.memory_bytes * (1 - headroom)
     if valid.size:
-        ev = evaluate(model, cluster, training, valid, headroom)
         i = int(np.argmin(ev["memory"]["total"]))
         hints.append(f"the leanest layout ({short(valid.row(i))}) needs {ev['memory']['total'][i] / 2**30:.1f} GiB "
                      f"per GPU of {capacity / 2**30:.1f} GiB usable")
+
+    def attempt(c: Cluster, t: Training):
+        try:
+            res = search(model, c, t, headroom, max_mbs, HINT_BUDGET)
+        except InputError:  # even coarsened, too many layouts to try here
+            return None
+        return res if len(res["order"]) else None
+
     for engine in ENGINES.values():
-        if engine is training.engine:
-            continue
-        other = search(model, cluster, replace(training, engine=engine), headroom, max_mbs)
-        if len(other["order"]):
+        if engine is not training.engine and (other := attempt(cluster, replace(training, engine=engine))):
             hints.append(f"--engine {engine.name} fits ({best_text(other)})")
     for factor in (2, 4, 8, 16):
         if cluster.num_gpus * factor > 2**20:
             break
         bigger = Cluster(cluster.gpu, cluster.num_gpus * factor, cluster.gpus_per_node)
-        res = search(model, bigger, training, headroom, max_mbs)
-        if len(res["order"]):
+        if res := attempt(bigger, training):
             hints.append(f"--gpus {bigger.num_gpus} fits ({best_text(res)})")
             break
     return hints

@@ -4,6 +4,7 @@ optimizer and engine, and how ZeRO stages shard them over the data-parallel rank
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -107,33 +108,60 @@ def optimizer_bytes_per_param(model: ModelSpec, training: Training) -> float:
 # DeepSpeed ZeRO-1/2: the gradient partition counts the parameters straddling its edges whole
 
 
-def _worst_partition_overlap(sizes: np.ndarray, ranks: int) -> float:
+def _worst_partition_overlap(sizes: np.ndarray, ends: np.ndarray, ranks: int) -> float:
     """Largest, over ranks, of the summed full sizes of the parameters overlapping a rank's slice of
-    the flat buffer (padded to a multiple of 2 x ranks: stage_1_and_2.py round_robin / alignment)."""
-    total = sizes.sum()
+    the flat buffer (padded to a multiple of 2 x ranks: stage_1_and_2.py round_robin / alignment).
+    A slice holding no parameter's start lies inside one parameter, so only the slices holding a
+    start (at most one per parameter, whatever the rank count) and the largest parameter compete."""
+    total = ends[-1]
     part = np.ceil(total / (2 * ranks)) * 2  # elements per rank
-    ends = np.cumsum(sizes)
     starts = ends - sizes
-    lo = np.arange(ranks) * part
+    lo = np.unique(np.minimum(starts // part, ranks - 1)) * part
     first = np.searchsorted(ends, lo, side="right")
     last = np.searchsorted(starts, lo + part, side="left")
     csum = np.concatenate([[0.0], ends])
-    return float(np.max(csum[last] - csum[first]))
+    return float(max(np.max(csum[last] - csum[first]), sizes.max()))
 
 
-def deepspeed_grad_partition_excess(model: ModelSpec, lay: Layouts, stage) -> np.ndarray:
-    """Elements by which the worst rank's ZeRO-1/2 gradient partition exceeds rank_params/D.
+@lru_cache(maxsize=1024)
+def _flat(model: ModelSpec, tp: int, n_layers: int, first: bool, last: bool, ep: int) -> tuple:
+    """(sizes, running ends) of a rank's flat parameter buffer, cached across evaluations (middle
+    stages with as many blocks share one)."""
+    sizes = model.flat_sizes(tp, n_layers, first, last, ep)
+    return sizes, np.cumsum(sizes)
+
+
+EXACT_TENSORS = 20_000
+"""Tensors per stage up to which the straddling excess is computed exactly (every real model: 126
+layers of Llama-3.1-405B are ~1,100)."""
+
+
+def deepspeed_grad_partition_excess(model: ModelSpec, lay: Layouts, stage, where=None) -> np.ndarray:
+    """Elements by which the worst rank's ZeRO-1/2 gradient partition exceeds rank_params/D, for the
+    candidates `where` is true (all by default; 0 elsewhere).
 
     DeepSpeed 0.19 stage_1_and_2.py copy_grads_in_partition sizes grads_in_partition by the full
     numel of every parameter overlapping the rank's partition, so the parameters straddling its two
     edges count whole (a whole embedding when an edge falls inside it). The flat order is the
-    model's tensor list; evaluated once per distinct (tp, pp, stage, D, ep)."""
+    model's tensor list; evaluated once per distinct (tp, blocks, first or last stage, D, ep). Past EXACT_TENSORS
+    tensors on a stage (thousands of layers) it takes the bound of two whole largest tensors."""
     stage = np.broadcast_to(stage, lay.shape)
-    key = np.stack([lay.tp, lay.pp, stage, lay.zero_ranks, lay.ep], axis=-1).reshape(-1, 5)
+    where = np.ones(lay.shape, dtype=bool) if where is None else np.broadcast_to(where, lay.shape)
+    excess = np.zeros(lay.shape)
+    rows = np.flatnonzero(where.ravel())
+    if not rows.size:
+        return excess
+    n_layers = model.layers // lay.pp + (stage < model.layers % lay.pp)  # flat_local_sizes' split
+    columns = (lay.tp, n_layers, stage == 0, stage == lay.pp - 1, lay.zero_ranks, lay.ep)
+    key = np.stack([np.broadcast_to(a, lay.shape).ravel()[rows].astype(np.int64) for a in columns], axis=-1)
     uniq, inverse = np.unique(key, axis=0, return_inverse=True)
-    excess = np.zeros(len(uniq))
-    for j, (t, p, st, d, e) in enumerate(uniq):
+    values = np.zeros(len(uniq))
+    for j, (t, n, first, last, d, e) in enumerate(uniq):
         if d > 1:
-            sizes = model.flat_local_sizes(int(t), int(p), int(st), int(e))
-            excess[j] = _worst_partition_overlap(sizes, int(d)) - sizes.sum() / d
-    return excess[inverse.ravel()].reshape(lay.shape)
+            sizes, ends = _flat(model, int(t), int(n), bool(first), bool(last), int(e))
+            if sizes.size > EXACT_TENSORS:
+                values[j] = 2 * sizes.max()  # the worst partition overhangs by less than a tensor at each edge
+            else:
+                values[j] = _worst_partition_overlap(sizes, ends, int(d)) - ends[-1] / d
+    excess.ravel()[rows] = values[inverse.ravel()]
+    return excess

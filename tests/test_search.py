@@ -106,7 +106,7 @@ def test_recommend_bad_input(argv, flag, capsys):
 def test_search_is_one_vectorized_pass_over_arrays():
     model = lookup("llama-3-8b")
     cluster = hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 64, 8)
-    lay, dropped = search.enumerate_layouts(model, cluster, layout.Training(gbs=512))
+    lay, dropped, coarsened = search.enumerate_layouts(model, cluster, layout.Training(gbs=512))
     assert isinstance(lay.tp, np.ndarray) and lay.tp.ndim == 1 and lay.size > 100_000
 
 
