@@ -83,7 +83,14 @@ def main() -> None:
              dict(model="llama-3.1-405b", cluster={"gpus": 2**20, "gpus_per_node": 1024}),
              dict(model="mixtral-8x7b", cluster={"gpus": 65536}, training={"seq_len": 2**26}),
              dict(model="llama-2-7b", cluster={"gpus": 1}, training={"gbs": 2**30}),
-             dict(model=70e9, cluster={"gpus": 8}, max_mbs=4096)]
+             dict(model=70e9, cluster={"gpus": 8}, max_mbs=4096),
+             # found by benchmarks/fuzz.py: highly divisible GPU counts and batches
+             dict(model="mixtral-8x7b", cluster={"gpus": 720720, "gpus_per_node": 1008}, training={"gbs": 720720}),
+             dict(model="llama-3.1-405b", cluster={"gpus": 5040, "gpus_per_node": 720},
+                  training={"seq_len": 2**26, "gbs": 720720}),
+             dict(model={"layers": 15120, "hidden": 55440, "heads": 55440, "kv_heads": 55440, "vocab": 1000},
+                  cluster={"gpus": 720720, "gpus_per_node": 1008},
+                  training={"engine": "megatron-deepspeed", "gbs": 735134400, "seq_len": 65520}, max_mbs=4096)]
     for case in edges:
         start = time.perf_counter()
         try:
@@ -93,7 +100,7 @@ def main() -> None:
             outcome = f"refused: {exc}"
         took = time.perf_counter() - start
         worst = max(worst, took)
-        print(f"  recommend {str(case['model']):>14} {case['cluster']}: {took:.2f} s, {outcome[:90]}")
+        print(f"  recommend {str(case['model'])[:14]:>14} {case['cluster']}: {took:.2f} s, {outcome[:90]}")
     line("recommend at the input bounds, worst", worst, "< 2 s")
 
 

@@ -1,8 +1,9 @@
 """Memory per GPU rank: model states, activations, logits, engine buffers and overheads.
 
 Every term is a small function of (model, training, layouts, stage) over arrays, so the search
-and `planner estimate` run the same formulas. Two moments of a step are modelled (forward/
-backward and the optimizer step); the breakdown reports what is live at the larger, so its parts
+and `planner estimate` run the same formulas. Three moments of a step are modelled (PHASES:
+forward/backward, the optimizer step, and the gradient reduction where an engine copies reduced
+gradients beside the full ones); the breakdown reports what is live at the largest, so its parts
 add up to the total. Bytes are int-valued float64 arrays.
 """
 
@@ -255,9 +256,9 @@ def _activation_part(model, training, lay, where) -> dict:
 
 
 class _Stage:
-    """One pipeline stage of every candidate: both moments of a step, the larger one's total, and
-    its parts on demand (states and activations each evaluated per distinct combination of the
-    fields they read)."""
+    """One pipeline stage of every candidate: the moments of a step (PHASES), the largest one's
+    total, and its parts on demand (states and activations each evaluated per distinct combination
+    of the fields they read)."""
 
     def __init__(self, model, cluster, training, lay, where, codes):
         self.states = grouped(codes, STATE_FIELDS, lambda sub: _states_part(model, cluster, training, sub, where), lay)
