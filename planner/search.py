@@ -110,7 +110,7 @@ def _base_rows(vpp_ok: np.ndarray, mbs_ok: np.ndarray, dp_index: np.ndarray, spa
     """(structure index, mbs, vpp) of every combination whose batch and layers divide, in the order
     structure, mbs, vpp."""
     s_idx, m_idx, v_idx = [], [], []
-    for k in np.unique(dp_index):
+    for k in range(mbs_ok.shape[0]):  # every distinct dp (dp_index is np.unique's inverse)
         structs = np.flatnonzero(dp_index == k)
         ms = np.flatnonzero(mbs_ok[k])
         for j in range(vpp_ok.shape[1]):
