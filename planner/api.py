@@ -13,10 +13,12 @@ answer's `defaults`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
 from planner import memory, rules, search
+from planner.calibration import prior_band, verdict
 from planner.errors import InputError
 from planner.hardware import Cluster
 from planner.inputs import (DEFAULTS, ClusterInput, LayoutInput, ModelInput, TrainingInput, coerce, resolve_model,
@@ -183,6 +185,8 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
         "gpu": clus.gpu.name, "gpus_per_node": clus.gpus_per_node, "seq_len": train.seq_len, "gbs": gbs,
         "tokens_per_step": gbs * train.seq_len, "engine": train.engine.name, "precision": str(train.precision),
         "optimizer": str(train.optimizer), "flash_attention": train.flash_attention, "memory_headroom": headroom,
+        "calibration": clus.calibration.name if clus.calibration else None,
+        "peak_memory_band": clus.calibration.band("peak_memory") if clus.calibration else prior_band("peak_memory"),
     }
     if result["coarsened"]:  # the space was larger than one search materializes
         assumptions["search_coarsened"] = list(result["coarsened"])
@@ -227,13 +231,22 @@ def layout_record(cluster: Cluster, lay: Layouts, ev: dict, i: int) -> dict:
     mem = ev["memory"]
     parts = {k: int(mem.at(k, i)) for k in memory.BREAKDOWN_KEYS}
     total = sum(parts.values())  # = the float total below 2**53 bytes; past it the parts still add up exactly
+    capacity = int(cluster.gpu.memory_bytes)
+    band = cluster.calibration.band("peak_memory") if cluster.calibration else prior_band("peak_memory")
+    band_bytes = int(math.ceil(total * band))
     return {
         "layout": lay.row(i),
         "memory": {
             "gpu_bytes": total,
+            "allocated_bytes": int(mem.at("allocated", i)),
+            "reserved_bytes": int(mem.at("reserved", i)),
             "cpu_bytes_per_node": int(mem.at("cpu_per_node", i)),
-            "capacity_bytes": int(cluster.gpu.memory_bytes),
-            "headroom_bytes": int(cluster.gpu.memory_bytes) - total,
+            "capacity_bytes": capacity,
+            "headroom_bytes": capacity - total,
+            "fit_margin_bytes": capacity - total,
+            "error_band": band,
+            "error_band_bytes": band_bytes,
+            "verdict": verdict(capacity - total, band_bytes),
             "fits": bool(ev["fits"].flat[i]),
             "peak_phase": memory.PHASES[int(mem.at("phase", i))],
             "breakdown": parts,
@@ -254,8 +267,12 @@ def stage_records(model: ModelSpec, cluster: Cluster, training: Training, lay: L
 
 
 def cluster_dict(cluster: Cluster) -> dict:
+    cal = cluster.calibration
     return {"gpu": cluster.gpu.name, "num_gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node,
-            "num_nodes": cluster.num_nodes, "memory_bytes": cluster.gpu.memory_bytes}
+            "num_nodes": cluster.num_nodes, "memory_bytes": cluster.gpu.memory_bytes,
+            "calibration": None if cal is None else {"profile": cal.name, "path": cal.path,
+                                                     "coefficients": {f"{s}.{n}": v for s, n, v in cal.overrides},
+                                                     "bands": dict(cal.bands)}}
 
 
 def deepspeed_estimator_rows(model: ModelSpec, cluster: Cluster) -> dict:

@@ -79,7 +79,7 @@ def _h(text: str, key: str | None = None) -> str:
 
 MODEL_FLAGS = ("model", "params", "layers", "hidden", "heads", "kv_heads", "ffn", "ffn_kind", "vocab", "tied_embeddings")
 CLUSTER_FLAGS = ("gpu", "gpus", "gpus_per_node", "gpu_memory_gib", "peak_tflops", "hbm_gb_per_s", "intra_node_gb_per_s",
-                 "inter_node_gb_per_s", "pcie_gb_per_s", "host_ram_gib", "nvme_gb_per_s")
+                 "inter_node_gb_per_s", "pcie_gb_per_s", "host_ram_gib", "nvme_gb_per_s", "calibration")
 ZERO_FLAGS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
               "stage3_max_reuse_distance", "stage3_param_persistence_threshold", "sub_group_size")
 
@@ -107,6 +107,9 @@ def add_cluster_flags(p):
                       ("inter_node_gb_per_s", "network per GPU per direction"), ("pcie_gb_per_s", ""),
                       ("host_ram_gib", "CPU memory per node"), ("nvme_gb_per_s", "NVMe bandwidth per node")):
         g.add_argument("--" + key.replace("_", "-"), type=positive_float, help=_h(text, key))
+    g.add_argument("--calibration", metavar="NAME|PATH",
+                   help="a measured profile (data/calibration/NAME.json or a path) whose fitted coefficients and "
+                        "error bands replace the priors; 'none' for the priors (default)")
 
 
 def add_training_flags(p):
@@ -165,6 +168,10 @@ def build_parser() -> Parser:
 
     v = sub.add_parser("validate", help="predicted vs published runs")
     v.add_argument("--json", action="store_true")
+
+    c = sub.add_parser("calibrate", help="run, fit and report calibration profiles (python -m calibrate; needs torch)",
+                       add_help=False)
+    c.add_argument("rest", nargs=argparse.REMAINDER, help="calibrate's own arguments: run|fit|report PROFILE ...")
     return p
 
 
@@ -260,6 +267,11 @@ def _shown(paths) -> str:
 def main(argv=None, out=None) -> int:
     out = out or sys.stdout
     try:
+        argv = sys.argv[1:] if argv is None else list(argv)
+        if argv[:1] == ["calibrate"]:  # its own parser; torch, deepspeed and scipy load only here
+            from calibrate.cli import main as calibrate_main
+
+            return calibrate_main(argv[1:])
         args = build_parser().parse_args(argv)
         command = {"estimate": cmd_estimate, "recommend": cmd_recommend, "validate": cmd_validate}[args.command]
         return command(args, out)

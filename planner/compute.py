@@ -54,18 +54,25 @@ def flops_per_step(model: ModelSpec, training: Training, lay: Layouts) -> dict:
 # seconds per block, per micro-batch
 
 
+def gemm_s(flops, peak_flops_per_s: float, c: dict, count=1):
+    """Seconds of `count` GEMMs of `flops` each: each runs at eff = emax F/(F + F_half) of peak, so
+    it takes (F + F_half)/(peak emax) (small-matrix fall-off; coefficients in data/coefficients.json,
+    fitted by calibrate's GEMM benchmark)."""
+    return (flops + c["gemm_half_efficiency_flops"] * count) / (peak_flops_per_s * c["gemm_efficiency_max"])
+
+
 def gemm_fwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
     """Forward GEMMs of one block. Each GEMM runs at eff = emax F/(F + F_half) of peak, so its time
     is (F + F_half)/(peak emax) (small-matrix fall-off, data/coefficients.json). TP splits all but
     the router; each local expert runs its own GEMMs on T k ep/E routed tokens (Lepikhin et al.
     2020, GShard), i.e. T k FLOPs-worth in total."""
-    rate, f_half = peak_flops_per_s(cluster, training) * c["gemm_efficiency_max"], c["gemm_half_efficiency_flops"]
+    peak = peak_flops_per_s(cluster, training)
     T, t = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64)
     local_experts = np.maximum(model.experts // lay.ep, 1)
     seconds = 0.0
     for g in model.gemms(fused=training.engine.fused_gemms):
         flops = T * g.flops_per_token * (model.experts_per_token if g.expert else 1) / (t if g.tp_split else 1.0)
-        seconds = seconds + (flops + f_half * (local_experts if g.expert else 1)) / rate
+        seconds = seconds + gemm_s(flops, peak, c, local_experts if g.expert else 1)
     return seconds
 
 

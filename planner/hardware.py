@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from planner.bounds import check
+from planner.calibration import Calibration
 from planner.errors import InputError
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -56,6 +57,8 @@ class Cluster:
     """Total GPUs in the job."""
     gpus_per_node: int
     """GPUs per node; TP groups stay inside a node."""
+    calibration: Calibration | None = None
+    """A measured profile whose fitted coefficients replace the priors (None: the priors)."""
 
     def __post_init__(self):
         check("gpus", self.num_gpus)

@@ -123,9 +123,11 @@ class ClusterInput:
     pcie_gb_per_s: float | None = None
     host_ram_gib: float | None = None
     nvme_gb_per_s: float | None = None
+    calibration: str | None = None
+    """A calibration profile's name (data/calibration/<name>.json) or path; None or 'none': the priors."""
 
     def __post_init__(self):
-        _checked(self, [f.name for f in fields(self) if f.name != "gpu"])
+        _checked(self, [f.name for f in fields(self) if f.name not in ("gpu", "calibration")])
 
     def resolve(self, precision: str, default_gpus: int | None = None) -> "Cluster":
         from planner import hardware as H
@@ -151,7 +153,9 @@ class ClusterInput:
         if num is None:
             raise InputError("--gpus: required (total GPUs, e.g. --gpus 16)")
         per_node = self.gpus_per_node or min(gpu.gpus_per_node, num)
-        return H.Cluster(gpu=gpu, num_gpus=num, gpus_per_node=per_node)
+        from planner.calibration import load
+
+        return H.Cluster(gpu=gpu, num_gpus=num, gpus_per_node=per_node, calibration=load(self.calibration, gpu.name))
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,12 @@ PHASES = ("forward/backward", "optimizer step", "gradient reduction")
 
 
 @lru_cache(maxsize=None)
-def coefficients(section: str) -> dict:
-    """Named coefficient values of data/coefficients.json (each with its source there)."""
-    from planner.data import catalog
+def coefficients(section: str, calibration=None) -> dict:
+    """Named coefficient values of data/coefficients.json (each with its source there), with a
+    calibration profile's fitted values in their place (planner/calibration.py)."""
+    from planner.calibration import coefficient_values
 
-    return {k: v["value"] for k, v in catalog("coefficients.json")[section].items()}
+    return coefficient_values(section, calibration)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,11 +210,18 @@ def process_groups(lay: Layouts) -> np.ndarray:
     return 1 + (lay.tp > 1) + (lay.zero_ranks > 1) + (lay.pp > 1) + (lay.cp > 1) + (lay.ep > 1)
 
 
+def reserved_bytes(allocated_bytes, coef: dict) -> np.ndarray:
+    """The caching allocator's reserved peak for an allocated peak (what torch.cuda.max_memory_reserved
+    reports against max_memory_allocated): block rounding and the segments that changing activation
+    sizes fragment (c10/cuda/CUDACachingAllocator.cpp), a named fraction calibration fits."""
+    return np.ceil(allocated_bytes * (1.0 + coef["allocator_fragmentation"]))
+
+
 def overhead_bytes(tensor_bytes, fixed_bytes, coef: dict) -> np.ndarray:
-    """Allocator fragmentation on top of the tensors, plus the fixed CUDA context and NCCL buffers
-    per communicator (`fixed_bytes`: cuda_context_bytes + nccl_bytes_per_group x process_groups;
-    named coefficients of data/coefficients.json with their sources)."""
-    return np.ceil(fixed_bytes + coef["allocator_fragmentation"] * tensor_bytes)
+    """The allocator's reserve on top of the tensors, plus the fixed CUDA context and NCCL buffers
+    per communicator outside the allocator (`fixed_bytes`: cuda_context_bytes + nccl_bytes_per_group
+    x process_groups; named coefficients of data/coefficients.json with their sources)."""
+    return reserved_bytes(tensor_bytes, coef) - tensor_bytes + np.ceil(fixed_bytes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,7 +247,7 @@ def _states_part(model, cluster, training, lay, where) -> dict:
              "optimizer": optimizer_bytes(model, training, lay, stage), "fwd_buffers": fwd, "step_buffers": step}
     parts["reduce_grads"], parts["reduce_buffers"] = reduction_copy_bytes(model, training, lay, stage)
     parts = {k: np.ceil(v) for k, v in parts.items()}
-    coef = coefficients("memory")
+    coef = coefficients("memory", cluster.calibration)
     held = parts["params"] + parts["optimizer"]
     return {**parts, "fwd_states": held + parts["grads"] + parts["fwd_buffers"],
             "step_states": held + parts["step_grads"] + parts["step_buffers"],
@@ -248,9 +256,9 @@ def _states_part(model, cluster, training, lay, where) -> dict:
             "cpu_per_node": host_bytes(model, training, lay, stage) * min(cluster.gpus_per_node, cluster.num_gpus)}
 
 
-def _activation_part(model, training, lay, where) -> dict:
+def _activation_part(model, training, lay, where, coef) -> dict:
     stage = _stage(where, lay)
-    logits = np.ceil(A.logits_bytes(model, training, lay, stage, coefficients("memory")["logits_bytes_per_element"]))
+    logits = np.ceil(A.logits_bytes(model, training, lay, stage, coef["logits_bytes_per_element"]))
     acts = np.ceil(A.stage_activation_bytes(model, training, lay, stage))
     return {"activations": acts, "logits": logits, "total": acts + logits}
 
@@ -261,14 +269,16 @@ class _Stage:
     of the fields they read)."""
 
     def __init__(self, model, cluster, training, lay, where, codes):
+        coef = coefficients("memory", cluster.calibration)
         self.states = grouped(codes, STATE_FIELDS, lambda sub: _states_part(model, cluster, training, sub, where), lay)
-        self.acts = grouped(codes, ACTIVATION_FIELDS, lambda sub: _activation_part(model, training, sub, where), lay)
+        self.acts = grouped(codes, ACTIVATION_FIELDS, lambda sub: _activation_part(model, training, sub, where, coef), lay)
         fwd = self.states["fwd_states"] + self.acts["total"]
         step, reduce = self.states["step_states"], self.states["reduce_states"]
         # PHASES: 0 forward/backward, 1 optimizer step, 2 gradient reduction (the first largest wins)
         self.phase = np.where(reduce > np.maximum(fwd, step), 2, (step > fwd).astype(np.int64))
-        tensors = np.maximum(np.maximum(fwd, step), reduce)
-        self.total = tensors + overhead_bytes(tensors, self.states["fixed_overhead"], coefficients("memory"))
+        self.allocated = np.maximum(np.maximum(fwd, step), reduce)
+        self.reserved = reserved_bytes(self.allocated, coef)
+        self.total = self.allocated + overhead_bytes(self.allocated, self.states["fixed_overhead"], coef)
 
     def part(self, key: str, i=None):
         """One breakdown part at the peak moment, for every candidate (i None) or candidate i."""
@@ -298,13 +308,18 @@ def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
     """Peak GPU bytes of one rank of `stage` (default: the larger of the first and last stage,
     which hold the most: embedding and most in-flight micro-batches, or output layer and logits).
 
-    Returns a Lazy mapping: 'total', 'cpu_per_node' and 'phase' (an index into PHASES) for every
-    candidate, and each of BREAKDOWN_KEYS on demand."""
+    Returns a Lazy mapping for every candidate: 'total' (the device bytes the fit is decided on:
+    the allocator's reserved peak plus the CUDA context and NCCL buffers outside it), 'allocated'
+    and 'reserved' (the peaks torch.cuda.max_memory_allocated / max_memory_reserved report),
+    'cpu_per_node', 'phase' (an index into PHASES), and each of BREAKDOWN_KEYS on demand."""
+    def column(s: _Stage, key: str, i):
+        if key == "cpu_per_node":
+            return s.states[key] if i is None else s.states.at(key, i)
+        return getattr(s, key) if i is None else getattr(s, key).flat[i]
+
     if stage is not None:
         one = _Stage(model, cluster, training, lay, stage, None)
-        return Lazy({"total": lambda i: one.total if i is None else one.total.flat[i],
-                     "phase": lambda i: one.phase if i is None else one.phase.flat[i],
-                     "cpu_per_node": lambda i: one.states["cpu_per_node"] if i is None else one.states.at("cpu_per_node", i),
+        return Lazy({**{k: (lambda i, k=k: column(one, k, i)) for k in RANK_COLUMNS},
                      **{k: (lambda i, k=k: one.part(k, i)) for k in BREAKDOWN_KEYS}})
     codes = lay.codes()
     first = _Stage(model, cluster, training, lay, "first", codes)
@@ -314,13 +329,12 @@ def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
     def choose(f, i):
         return np.where(pick, f(last), f(first)) if i is None else (f(last) if pick.flat[i] else f(first))
 
-    return Lazy({
-        "total": lambda i: choose(lambda s: s.total if i is None else s.total.flat[i], i),
-        "phase": lambda i: choose(lambda s: s.phase if i is None else s.phase.flat[i], i),
-        "cpu_per_node": lambda i: choose(lambda s: s.states["cpu_per_node"] if i is None
-                                         else s.states.at("cpu_per_node", i), i),
-        **{k: (lambda i, k=k: choose(lambda s: s.part(k, i), i)) for k in BREAKDOWN_KEYS},
-    })
+    return Lazy({**{k: (lambda i, k=k: choose(lambda s: column(s, k, i), i)) for k in RANK_COLUMNS},
+                 **{k: (lambda i, k=k: choose(lambda s: s.part(k, i), i)) for k in BREAKDOWN_KEYS}})
+
+
+RANK_COLUMNS = ("total", "allocated", "reserved", "phase", "cpu_per_node")
+"""The whole-rank figures rank_memory returns beside the breakdown."""
 
 
 def per_stage(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> list[dict]:

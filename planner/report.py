@@ -66,13 +66,25 @@ def estimate_text(e) -> str:
     mem = e.memory
     lines = [describe(e.model, e.cluster, e.training), "", memory_table(mem),
              f"peak rank total {gib(mem['gpu_bytes'])} GiB at the {mem['peak_phase']} peak"
-             f"; CPU per node {gib(mem['cpu_bytes_per_node'])} GiB -> {'fits' if mem['fits'] else 'DOES NOT FIT'}", "",
+             f"; CPU per node {gib(mem['cpu_bytes_per_node'])} GiB -> {'fits' if mem['fits'] else 'DOES NOT FIT'}",
+             verdict_text(mem, e.cluster), "",
              time_text(e.record)]
     if e.time_to_train:
         lines.append(train_time_text(e.time_to_train))
     if e.deepspeed_estimator:
         lines.append(ds_estimator_text(e.deepspeed_estimator))
     return "\n".join(lines)
+
+
+def verdict_text(mem: dict, cluster) -> str:
+    """The fit as a margin: allocated and reserved peaks, the distance to capacity, the error band
+    and where it comes from."""
+    cal = cluster.calibration
+    source = f"calibration {cal.name}" if cal else "uncalibrated prior; --calibration NAME to use a measured profile"
+    return (f"allocated {gib(mem['allocated_bytes'])} GiB, reserved {gib(mem['reserved_bytes'])} GiB; "
+            f"margin to {gib(mem['capacity_bytes'])} GiB: {gib(mem['fit_margin_bytes'])} GiB, "
+            f"peak memory +-{mem['error_band']:.0%} ({gib(mem['error_band_bytes'])} GiB, {source}) "
+            f"-> {mem['verdict']}")
 
 
 def rejections_text(r) -> str:
@@ -86,11 +98,11 @@ def recommend_text(r) -> str:
              describe(r.model, r.cluster, r.training), ""]
     if not r.layouts:
         return "\n".join(lines + ["nothing fits. " + "; ".join(r.suggestions), rejections_text(r)])
-    head = ["#", "layout", "GiB/GPU", "free", "step s", "tokens/s", "MFU", "binding constraint"]
+    head = ["#", "layout", "GiB/GPU", "free", "fit", "step s", "tokens/s", "MFU", "binding constraint"]
     rows = []
     for k, rec in enumerate(r.layouts, 1):
         mem, th = rec["memory"], rec["throughput"]
-        rows.append([str(k), short(rec["layout"]), gib(mem["gpu_bytes"]), gib(mem["headroom_bytes"]),
+        rows.append([str(k), short(rec["layout"]), gib(mem["gpu_bytes"]), gib(mem["headroom_bytes"]), mem["verdict"],
                      f"{rec['time']['step_s']:.2f}", f"{th['tokens_per_s']:,.0f}", f"{th['mfu']:.1%}",
                      rec["binding_constraint"]])
     lines.append(table(head, rows))

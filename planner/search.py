@@ -278,7 +278,7 @@ def what_would_fit(model: ModelSpec, cluster: Cluster, training: Training, headr
     for factor in (2, 4, 8, 16):
         if cluster.num_gpus * factor > 2**20:
             break
-        bigger = Cluster(cluster.gpu, cluster.num_gpus * factor, cluster.gpus_per_node)
+        bigger = Cluster(cluster.gpu, cluster.num_gpus * factor, cluster.gpus_per_node, cluster.calibration)
         if res := attempt(bigger, training):
             hints.append(f"--gpus {bigger.num_gpus} fits ({best_text(res)})")
             break

@@ -95,7 +95,7 @@ def microbatch_s(model: ModelSpec, cluster: Cluster, training: Training, lay: La
 
 def layer_times(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> dict:
     """Forward, backward and recompute seconds of one transformer block per micro-batch on one rank."""
-    mb = microbatch_s(model, cluster, training, lay, coefficients("time"))
+    mb = microbatch_s(model, cluster, training, lay, coefficients("time", cluster.calibration))
     return {k: mb[k] for k in ("fwd_s", "bwd_s", "recompute_s")}
 
 
@@ -321,7 +321,7 @@ def step_time(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
 
         step_s = pipeline work + exposed DP, offload and optimizer
                  + max(hideable DP - the compute it hides behind, 0) + fixed overhead"""
-    c = coefficients("time")
+    c = coefficients("time", cluster.calibration)
     codes = lay.codes() if lay.size > 64 else None
     pipe = grouped(codes, PIPE_FIELDS, lambda sub: _pipeline_terms(model, cluster, training, sub, c), lay)
     step = grouped(codes, STEP_FIELDS, lambda sub: _step_terms(model, cluster, training, sub, c), lay)

@@ -63,7 +63,10 @@ ESTIMATE_KEYS = {
     "memory", *(f"memory.{k}" for k in ("gpu_bytes", "cpu_bytes_per_node", "capacity_bytes", "headroom_bytes", "fits",
                                         "peak_phase", "breakdown", "per_stage", "per_stage[].stage",
                                         "per_stage[].gpu_bytes", "per_stage[].cpu_bytes_per_node",
-                                        "per_stage[].breakdown")),
+                                        "per_stage[].breakdown",
+                                        # issue 7: both allocator peaks, the fit as a margin with its error band
+                                        "allocated_bytes", "reserved_bytes", "fit_margin_bytes", "error_band",
+                                        "error_band_bytes", "verdict")),
     *(f"memory.breakdown.{k}" for k in ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")),
     "time", "time.step_s", "time.breakdown",
     *(f"time.breakdown.{k}" for k in ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble", "offload",
@@ -139,7 +142,7 @@ def test_cli_subprocess_exit_status_and_light_imports():
 
 
 FROZEN = {
-    "estimate": ["--allgather-bucket-size", "--cp", "--dp", "--ds-estimator", "--emit", "--engine", "--ep", "--ffn",
+    "estimate": ["--allgather-bucket-size", "--calibration", "--cp", "--dp", "--ds-estimator", "--emit", "--engine", "--ep", "--ffn",
                  "--ffn-kind", "--gbs", "--gpu", "--gpu-memory-gib", "--gpus", "--gpus-per-node", "--hbm-gb-per-s",
                  "--heads", "--hidden", "--host-ram-gib", "--inter-node-gb-per-s", "--intra-node-gb-per-s", "--json",
                  "--kv-heads", "--layers", "--mbs", "--model", "--no-contiguous-gradients", "--no-flash-attention",
@@ -149,7 +152,7 @@ FROZEN = {
                  "--sequence-parallel", "--stage3-max-live-parameters", "--stage3-max-reuse-distance",
                  "--stage3-param-persistence-threshold", "--stage3-prefetch-bucket-size", "--sub-group-size",
                  "--tied-embeddings", "--tokens", "--tp", "--vocab", "--vpp", "--zero"],
-    "recommend": ["--allgather-bucket-size", "--emit", "--engine", "--ffn", "--ffn-kind", "--gbs", "--gpu",
+    "recommend": ["--allgather-bucket-size", "--calibration", "--emit", "--engine", "--ffn", "--ffn-kind", "--gbs", "--gpu",
                   "--gpu-memory-gib", "--gpus", "--gpus-per-node", "--hbm-gb-per-s", "--heads", "--hidden",
                   "--host-ram-gib", "--inter-node-gb-per-s", "--intra-node-gb-per-s", "--json", "--kv-heads",
                   "--layers", "--max-mbs", "--memory-headroom", "--model", "--no-contiguous-gradients",
@@ -159,6 +162,7 @@ FROZEN = {
                   "--stage3-param-persistence-threshold", "--stage3-prefetch-bucket-size", "--sub-group-size",
                   "--tied-embeddings", "--tokens", "--tokens-per-step", "--top", "--vocab"],
     "validate": ["--json"],
+    "calibrate": [],  # its own parser (calibrate/cli.py): run|fit|report PROFILE
 }
 
 

@@ -89,6 +89,8 @@ WORDS = {
     "--zero": ["0", "1", "2", "3", "4"],
     "--gpu": GPUS + ["h1000", "tpu-v5"],
     "--model": MODELS + ["lama-2-7b", "gpt-5", "config.json", "/no/such/config.json", "nul\x00.json", "/dev/null"],
+    # a profile: none, an unknown name, a missing path, a non-JSON file, a foreign schema, one of other hardware
+    "--calibration": ["none", "nope", "/no/such/profile.json", "/dev/null", "data/coefficients.json", "cpu-gloo"],
 }
 SENSIBLE = {
     "gpus": [1, 2, 4, 8, 16, 32, 64, 128, 512, 4096], "gpus_per_node": [1, 2, 4, 8, 16, 72],
@@ -588,10 +590,10 @@ def check(o: Outcome, caught=()) -> list:
 
 
 # Numbers that are signed by definition and so exempt from the non-negative check:
-# memory.headroom_bytes (and any per-stage headroom_bytes) is capacity minus need, negative when the
+# memory.headroom_bytes and fit_margin_bytes (and any per-stage headroom_bytes) are capacity minus need, negative when the
 # layout does not fit; validate's cases[].error is (predicted - published) / published, negative when
 # the planner under-predicts.
-SIGNED_KEYS = {"headroom_bytes"}
+SIGNED_KEYS = {"headroom_bytes", "fit_margin_bytes"}
 SIGNED_KEYS_VALIDATE = {"error"}
 
 

@@ -1,0 +1,7 @@
+"""`python -m calibrate ...`: see calibrate/cli.py."""
+
+import sys
+
+from calibrate.cli import main
+
+sys.exit(main())

@@ -1,0 +1,24 @@
+"""A trivial worker for the launcher's own tests: all-reduce one tensor, or fail as told."""
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from calibrate.worker_io import rank, write_result
+
+if __name__ == "__main__":
+    mode = sys.argv[1] if len(sys.argv) > 1 else "ok"
+    dist.init_process_group("gloo")
+    if mode == "hang" and rank() == 1:
+        time.sleep(3600)
+    if mode == "crash" and rank() == 1:
+        raise RuntimeError("rank 1 fails on purpose")
+    if mode == "oom" and rank() == 1:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB (simulated)")
+    x = torch.ones(4) * (rank() + 1)
+    dist.all_reduce(x)
+    write_result({"rank": rank(), "sum": x.tolist(), "pid": os.getpid()})
+    dist.destroy_process_group()

@@ -1,0 +1,194 @@
+"""`python -m calibrate run|fit|report` (also `planner calibrate ...`).
+
+run: measure the suite's cases on this machine (real engines under torchrun / DeepSpeed's launcher,
+micro-benchmarks), appending each record to the profile as soon as it is measured.
+fit: fit the named coefficients to the profile's runs (calibrate/fit.py) and store them in it.
+report: per coefficient its prior and fitted value; per quantity the error before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import sys
+import time
+
+from planner.calibration import append_runs, read_profile, resolve_path, save_profile
+from planner.errors import InputError
+
+SUITES = ("deepspeed", "torch", "bench")
+"""Case modules: calibrate.deepspeed_cases, calibrate.torch_cases, calibrate.bench."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse would print the whole usage)
+        print(f"calibrate: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="calibrate", description="Measure real training runs and fit the planner's coefficients.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    r = sub.add_parser("run", help="measure this machine's cases and append them to a profile")
+    r.add_argument("profile", help="profile name (data/calibration/NAME.json) or path")
+    r.add_argument("--suite", action="append", choices=SUITES, help="case groups to run (default: all)")
+    r.add_argument("--only", metavar="GLOB", help="run only cases whose name matches, e.g. 'deepspeed/zero2*'")
+    r.add_argument("--gpu", help="GPU catalog name of this machine (default: detected; 'cpu' without CUDA)")
+    r.add_argument("--list", action="store_true", help="list the cases and exit")
+    f = sub.add_parser("fit", help="fit the profile's coefficients (bounded least squares, k-fold held-out error)")
+    f.add_argument("profile")
+    f.add_argument("--folds", type=int, default=5, help="k of the k-fold held-out error (default 5)")
+    g = sub.add_parser("report", help="priors, fitted values and errors of a profile")
+    g.add_argument("profile")
+    return p
+
+
+def detect_gpu() -> str:
+    """The GPU catalog name of device 0, or 'cpu' (a gloo profile)."""
+    import torch
+
+    from planner.hardware import lookup_gpu
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name(0).lower().replace("nvidia", "")
+    for token in [name.strip().replace(" ", "-")] + name.split():
+        try:
+            return lookup_gpu(token).name
+        except InputError:
+            continue
+    raise InputError(f"--gpu: device {name.strip()!r} is not in the GPU catalog; name it with --gpu")
+
+
+def collect(suites, profile_kind: str, gpu: str, only: str | None) -> list:
+    """Every case of the suites, filtered by --only."""
+    import importlib
+
+    cases = []
+    for suite in suites:
+        module = importlib.import_module({"deepspeed": "calibrate.deepspeed_cases", "torch": "calibrate.torch_cases",
+                                          "bench": "calibrate.bench"}[suite])
+        found = module.cases(profile_kind, gpu) if suite == "bench" else module.cases(profile_kind)
+        cases += found
+    return [c for c in cases if only is None or fnmatch.fnmatch(c.name, only)]
+
+
+def cmd_run(args) -> int:
+    from tqdm import tqdm
+
+    from calibrate.record import environment, run_case
+
+    gpu = args.gpu or detect_gpu()
+    if gpu == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator and gloo, in every rank
+    cases = collect(args.suite or SUITES, "cpu" if gpu == "cpu" else "gpu", gpu, args.only)
+    if args.list:
+        print("\n".join(f"{c.kind:12s} {c.name}" for c in cases))
+        return 0
+    if not cases:
+        raise InputError(f"--only: no case matches {args.only!r} (see --list)")
+    path = resolve_path(args.profile)
+    name = path.stem
+    if path.exists():
+        read_profile(args.profile, "PROFILE")  # a foreign or corrupt file is refused before any run
+    env = environment()
+    rows = []
+    start = time.perf_counter()
+    with tqdm(cases, unit="run", desc="calibrate", file=sys.stderr) as bar:  # run i of n, elapsed, ETA
+        for case in bar:
+            bar.set_postfix_str(case.name)
+            record = run_case(case)
+            record["environment"] = env
+            append_runs(path, [record], name, gpu, env)  # each record lands as soon as it is measured
+            rows.append(record)
+    print(summary(rows, time.perf_counter() - start, path))
+    return 0 if all(r["outcome"]["status"] == "ok" for r in rows) else 1
+
+
+def summary(rows: list, elapsed_s: float, path) -> str:
+    """One line per run: status, seconds, and each quantity predicted vs measured."""
+    lines = [f"{'status':8s} {'wall s':>7s}  case: quantity predicted / measured (error)"]
+    for r in rows:
+        pairs = []
+        for q, measured in sorted(r["measurement"].items()):
+            predicted = r["prediction"].get(q)
+            if isinstance(measured, (int, float)) and isinstance(predicted, (int, float)) and measured:
+                pairs.append(f"{q} {predicted:.4g} / {measured:.4g} ({predicted / measured - 1:+.1%})")
+        lines.append(f"{r['outcome']['status']:8s} {r['outcome']['wall_s']:7.1f}  {r['name']}: "
+                     + ("; ".join(pairs) or "-"))
+    ok = sum(r["outcome"]["status"] == "ok" for r in rows)
+    lines.append(f"{ok} of {len(rows)} runs ok in {elapsed_s:.0f} s; appended to {path}")
+    return "\n".join(lines)
+
+
+def references(doc: dict) -> dict:
+    """The datasheet figures efficiencies are fractions of: the GPU catalog's, or on a CPU profile
+    (no datasheet) the best measured GEMM rate and bus bandwidth."""
+    gpu = doc["hardware"]["gpu"]
+    if gpu != "cpu":
+        from planner.hardware import lookup_gpu
+
+        g = lookup_gpu(gpu)
+        return {"peak_flops_per_s": g.peak_flops_per_s["bf16"], "link_bytes_per_s": g.intra_node_bytes_per_s}
+    ok = [r for r in doc["runs"] if r.get("outcome", {}).get("status") == "ok"]
+    flops = [r["measurement"]["flops"] / r["measurement"]["gemm_s"] for r in ok if r["kind"] == "gemm"]
+    bus = [r["measurement"]["bus_bytes_per_s"] for r in ok if r["kind"] == "collective"]
+    return {"peak_flops_per_s": max(flops, default=1.0), "link_bytes_per_s": max(bus, default=1.0)}
+
+
+def cmd_fit(args) -> int:
+    from calibrate.fit import fit
+
+    if not 2 <= args.folds <= 100:
+        raise InputError(f"--folds: must be an integer from 2 to 100, got {args.folds}")
+    path = resolve_path(args.profile)
+    doc = read_profile(args.profile, "PROFILE")
+    if not doc["runs"]:
+        raise InputError(f"{args.profile}: the profile has no runs; `calibrate run {args.profile}` first")
+    result = fit(doc["runs"], references(doc), args.folds)
+    if doc.get("fit"):
+        doc.setdefault("fit_history", []).append(doc["fit"])  # an earlier fit is kept, not overwritten
+    result["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    result["runs_used"] = len(doc["runs"])
+    doc["fit"] = result
+    save_profile(path, doc)
+    print(report_text(doc))
+    return 0
+
+
+def report_text(doc: dict) -> str:
+    fit = doc.get("fit")
+    head = f"profile {doc.get('profile')} ({doc['hardware']['gpu']}, {len(doc['runs'])} runs)"
+    if not fit:
+        return head + ": not fitted yet (calibrate fit PROFILE)"
+    lines = [head, "", f"{'coefficient':42s} {'prior':>12s} {'fitted':>12s}  runs"]
+    for section, names in fit["coefficients"].items():
+        for name, c in names.items():
+            lines.append(f"{section + '.' + name:42s} {c['prior']:12.4g} {c['value']:12.4g}  {c['runs']}")
+    lines += ["", f"{'quantity':34s} {'runs':>5s} {'before mean/max':>18s} {'held-out mean/max':>20s}"]
+    for q, e in fit["error"].items():
+        after = "-" if e["after_mean"] is None else f"{e['after_mean']:.1%} / {e['after_max']:.1%}"
+        lines.append(f"{q:34s} {e['runs']:5d} {e['before_mean']:8.1%} / {e['before_max']:6.1%} {after:>20s}"
+                     + ("" if e["fitted"] else "  (no coefficient: exact terms)"))
+    if fit["bands"]:
+        lines.append("bands quoted by answers: " + ", ".join(f"{q} +-{b:.1%}" for q, b in fit["bands"].items()))
+    return "\n".join(lines)
+
+
+def cmd_report(args) -> int:
+    print(report_text(read_profile(args.profile, "PROFILE")))
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"run": cmd_run, "fit": cmd_fit, "report": cmd_report}[args.command](args)
+    except InputError as exc:
+        print(f"calibrate: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # the launcher has killed the ranks; the profile keeps what landed
+        print("calibrate: interrupted; runs measured so far are in the profile", file=sys.stderr)
+        return 130
+

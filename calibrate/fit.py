@@ -1,0 +1,192 @@
+"""Fit the planner's named coefficients to a profile's measured runs, and say what it bought.
+
+Each FitGroup pairs the records of one kind with the planner formula that predicts them (the
+planner's own function, called with trial coefficients: no second copy of a formula) and the
+coefficients it may move, each inside bounds. scipy.optimize.least_squares (trust-region
+reflective, bounded) minimizes the relative errors log(predicted / measured). The error each
+quantity keeps is measured on held-out runs: k-fold, fit on k-1 folds, predict the k-th.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from planner.calibration import coefficient_values
+from planner.collectives import ring_time_s
+from planner.compute import gemm_s
+from planner.memory import reserved_bytes
+
+BOUNDS = {
+    ("time", "gemm_efficiency_max"): (0.01, 1.0),
+    ("time", "gemm_half_efficiency_flops"): (1e3, 1e13),
+    ("time", "bus_efficiency_intra_node"): (1e-4, 1.0),
+    ("time", "collective_latency_intra_node_s"): (1e-7, 1e-1),
+    ("time", "cpu_adam_params_per_s"): (1e5, 1e11),
+    ("memory", "allocator_fragmentation"): (1e-4, 1.0),
+    ("memory", "cuda_context_bytes"): (2**20, 4 * 2**30),
+    ("memory", "nccl_bytes_per_group"): (2**16, 2**30),
+}
+"""Where each fitted coefficient may go (efficiencies are fractions of a datasheet figure)."""
+
+
+@dataclass(frozen=True)
+class FitGroup:
+    """One kind of measurement, the planner formula predicting it, and the coefficients it fits."""
+
+    kind: str
+    """Record kind (calibrate/record.py KINDS)."""
+    quantity: str
+    """The measured quantity compared (a key of the records' measurement)."""
+    coefficients: tuple
+    """((section, name), ...) this group's records determine."""
+    predict: Callable[[list, dict, dict], np.ndarray]
+    """(records, {section: coefficient values}, hardware references) -> predicted quantity."""
+    band: str | None = None
+    """The answer band (planner.calibration.BAND_QUANTITIES) this quantity's held-out error sets."""
+
+
+def _gemm(records, c, ref):
+    flops = np.array([r["measurement"]["flops"] for r in records], dtype=float)
+    return gemm_s(flops, ref["peak_flops_per_s"], c["time"])
+
+
+def _collective(records, c, ref):
+    m = [r["measurement"] for r in records]
+    bus = ref["link_bytes_per_s"] * c["time"]["bus_efficiency_intra_node"]
+    return np.array([ring_time_s(x["bytes"], x["ranks"], bus, "all_reduce" if x["op"] == "all_reduce" else "all_gather",
+                                 c["time"]["collective_latency_intra_node_s"]) for x in m], dtype=float)
+
+
+def _cpu_adam(records, c, ref):
+    params = np.array([r["measurement"]["params"] for r in records], dtype=float)
+    return params / c["time"]["cpu_adam_params_per_s"]
+
+
+def _reserved(records, c, ref):
+    allocated = np.array([r["measurement"]["allocated_peak_bytes"] for r in records], dtype=float)
+    return reserved_bytes(allocated, c["memory"])
+
+
+def _device_used(records, c, ref):
+    # what the device holds beyond the allocator's reserve: the CUDA context and NCCL's buffers per
+    # communicator (planner.memory _states_part "fixed_overhead"), measured as mem_get_info's used bytes
+    m = [r["measurement"] for r in records]
+    return np.array([x["reserved_peak_bytes"] + c["memory"]["cuda_context_bytes"]
+                     + c["memory"]["nccl_bytes_per_group"] * x["process_groups"] for x in m], dtype=float)
+
+
+def _peak_memory(records, c, ref):
+    # model states and activations are exact terms with no coefficient: the prediction is the record's own
+    return np.array([r["prediction"]["peak_bytes"] for r in records], dtype=float)
+
+
+GROUPS = (
+    FitGroup("gemm", "gemm_s", (("time", "gemm_efficiency_max"), ("time", "gemm_half_efficiency_flops")), _gemm),
+    FitGroup("collective", "collective_s", (("time", "bus_efficiency_intra_node"),
+                                            ("time", "collective_latency_intra_node_s")), _collective),
+    FitGroup("cpu_adam", "adam_step_s", (("time", "cpu_adam_params_per_s"),), _cpu_adam),
+    FitGroup("memory", "reserved_peak_bytes", (("memory", "allocator_fragmentation"),), _reserved, "peak_memory"),
+    FitGroup("memory", "device_used_bytes", (("memory", "cuda_context_bytes"), ("memory", "nccl_bytes_per_group")),
+             _device_used, "peak_memory"),
+    FitGroup("memory", "peak_bytes", (), _peak_memory, "peak_memory"),
+)
+
+
+def usable(records: list, group: FitGroup) -> list:
+    """The group's successful runs that measured its quantity."""
+    def ok(r):
+        m = r.get("measurement") or {}
+        return (r.get("kind") == group.kind and r.get("outcome", {}).get("status") == "ok"
+                and isinstance(m.get(group.quantity), (int, float)) and m[group.quantity] > 0)
+    return [r for r in records if ok(r)]
+
+
+def priors() -> dict:
+    return {s: coefficient_values(s) for s in ("memory", "time")}
+
+
+def _with(coef: dict, names, values) -> dict:
+    out = {s: dict(v) for s, v in coef.items()}
+    for (section, name), value in zip(names, values):
+        out[section][name] = float(value)
+    return out
+
+
+def relative_errors(group: FitGroup, records: list, coef: dict, ref: dict) -> np.ndarray:
+    measured = np.array([r["measurement"][group.quantity] for r in records], dtype=float)
+    return group.predict(records, coef, ref) / measured - 1.0
+
+
+def fit_group(group: FitGroup, records: list, coef: dict, ref: dict) -> dict:
+    """Bounded least squares of log(predicted/measured) over the group's coefficients; returns them."""
+    from scipy.optimize import least_squares
+
+    if not group.coefficients or not records:
+        return {}
+    names = group.coefficients
+    lo = np.log([BOUNDS[n][0] for n in names])
+    hi = np.log([BOUNDS[n][1] for n in names])
+    start = np.clip(np.log([coef[s][n] for s, n in names]), lo + 1e-9, hi - 1e-9)
+
+    def residuals(log_values):
+        trial = _with(coef, names, np.exp(log_values))
+        return np.log1p(relative_errors(group, records, trial, ref))
+
+    res = least_squares(residuals, start, bounds=(lo, hi), method="trf", x_scale="jac")
+    return dict(zip(names, np.exp(res.x).tolist()))
+
+
+def folds(n: int, k: int) -> list:
+    """k interleaved folds of range(n) (deterministic: records are in measurement order)."""
+    k = max(2, min(k, n))
+    return [list(range(i, n, k)) for i in range(k)]
+
+
+def held_out_errors(group: FitGroup, records: list, coef: dict, ref: dict, k: int) -> np.ndarray:
+    """Absolute relative error of every run, each predicted by a fit that never saw it (k-fold);
+    a group with nothing to fit predicts every run with the priors."""
+    if not group.coefficients:
+        return np.abs(relative_errors(group, records, coef, ref))
+    errors = np.full(len(records), np.nan)
+    if len(records) < 2:
+        return errors
+    for held in folds(len(records), k):
+        values = fit_group(group, [r for i, r in enumerate(records) if i not in held], coef, ref)
+        fitted = _with(coef, list(values), values.values())
+        errors[held] = np.abs(relative_errors(group, [records[i] for i in held], fitted, ref))
+    return errors
+
+
+def fit(records: list, ref: dict, k: int = 5) -> dict:
+    """Fit every group with data; the coefficients, and per quantity the error before (priors) and
+    after (k-fold held-out) fitting, and the answer bands."""
+    prior = priors()
+    coef = prior
+    fitted, errors, bands = {}, {}, {}
+    for group in GROUPS:
+        rows = usable(records, group)
+        if not rows:
+            continue
+        before = np.abs(relative_errors(group, rows, prior, ref))
+        after = held_out_errors(group, rows, prior, ref, k)
+        values = fit_group(group, rows, prior, ref)
+        coef = _with(coef, list(values), values.values())
+        for (section, name), value in values.items():
+            lo, hi = BOUNDS[(section, name)]
+            fitted.setdefault(section, {})[name] = {"prior": prior[section][name], "value": value,
+                                                    "lower": lo, "upper": hi, "runs": len(rows)}
+        held = bool(np.isfinite(after).all())
+        errors[f"{group.kind}.{group.quantity}"] = {
+            "runs": len(rows), "fitted": bool(group.coefficients), "before_mean": float(before.mean()),
+            "before_max": float(before.max()), "after_mean": float(after.mean()) if held else None,
+            "after_max": float(after.max()) if held else None, "folds": min(k, len(rows))}
+        if group.band and held:
+            # the band covers the worst held-out run, rounded up to 0.1 %: a fit call is then "fits"
+            # only when every held-out run would have fitted
+            worst = max(bands.get(group.band, 0.0), float(after.max()))
+            bands[group.band] = math.ceil(worst * 1000 - 1e-9) / 1000
+    return {"coefficients": fitted, "error": errors, "bands": bands, "references": ref, "folds": k}

@@ -1,0 +1,98 @@
+"""One calibration case, how it runs, and the record it leaves.
+
+A Case names a real run (a worker module under a launcher, or an in-process benchmark), the exact
+config, the planner's prediction for that config (through the planning API or planner's own
+functions; never the CLI) and how the ranks' raw results reduce to measured quantities. Quantities
+carry their unit in the name (`*_bytes`, `*_s`, `*_flops_per_s`, `*_bytes_per_s`), and a record's
+prediction and measurement use the same names, so the fit and the report pair them by name.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from calibrate.launch import Outcome, launch
+
+KINDS = ("memory", "activations", "step_time", "gemm", "collective", "copy", "cpu_adam")
+
+
+@dataclass
+class Case:
+    """One measurement to make."""
+
+    name: str
+    """Unique within a suite, e.g. 'deepspeed/zero2/gas4'."""
+    kind: str
+    """One of KINDS."""
+    config: dict
+    """The exact configuration, JSON-serialisable (model shape, layout, engine config)."""
+    predict: Callable[[], dict]
+    """The planner's prediction: quantity name -> value."""
+    reduce: Callable[[list], dict]
+    """Ranks' (or the in-process run's) raw results -> measured quantity name -> value."""
+    module: str | None = None
+    """Worker module run under the launcher; None runs `run_inline` in this process."""
+    args: list = field(default_factory=list)
+    """Worker command-line arguments."""
+    nproc: int = 2
+    """Processes per node."""
+    launcher: str = "torchrun"
+    """torchrun | deepspeed."""
+    timeout_s: float = 300.0
+    """Wall-clock limit of the whole run."""
+    env: dict = field(default_factory=dict)
+    """Extra environment for the ranks."""
+    run_inline: Callable[[], dict] | None = None
+    """In-process measurement (micro-benchmarks that need no process group)."""
+
+    def __post_init__(self):
+        assert self.kind in KINDS, self.kind
+        assert (self.module is None) != (self.run_inline is None), self.name
+
+
+def environment() -> dict:
+    """Where a measurement was made: device, count, library versions."""
+    import torch
+
+    env = {"host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
+           "cuda": torch.version.cuda, "device": "cpu", "device_count": 0, "nccl": None}
+    try:
+        import deepspeed
+
+        env["deepspeed"] = deepspeed.__version__
+    except Exception:  # deepspeed is optional for FSDP/benchmark-only profiles
+        env["deepspeed"] = None
+    if torch.cuda.is_available():
+        env.update(device=torch.cuda.get_device_name(0), device_count=torch.cuda.device_count(),
+                   nccl=".".join(map(str, torch.cuda.nccl.version())))
+    else:
+        env["cpu"] = platform.processor() or platform.machine()
+        env["device_count"] = os.cpu_count()
+    return env
+
+
+def run_case(case: Case) -> dict:
+    """Run one case; a failed run is a record with its status, not an exception."""
+    start = time.perf_counter()
+    if case.module is not None:
+        outcome = launch(case.module, case.args, case.nproc, case.timeout_s, case.launcher, env=case.env)
+    else:
+        try:
+            outcome = Outcome("ok", 0, 0.0, [case.run_inline()])
+        except Exception as exc:  # a benchmark that fails is a recorded result
+            status = "oom" if "out of memory" in str(exc) else "crash"
+            outcome = Outcome(status, None, 0.0, [], error=f"{type(exc).__name__}: {exc}"[:500])
+        outcome.wall_s = time.perf_counter() - start
+    measurement = {}
+    if outcome.status == "ok":
+        try:
+            measurement = case.reduce(outcome.ranks)
+        except Exception as exc:  # ranks that wrote incomplete results
+            outcome.status, outcome.error = "crash", f"reduce failed: {type(exc).__name__}: {exc}"[:500]
+    return {"name": case.name, "kind": case.kind, "config": case.config, "prediction": case.predict(),
+            "measurement": measurement, "outcome": outcome.to_json(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

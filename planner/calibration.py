@@ -1,0 +1,169 @@
+"""Calibration profiles: measured runs, the coefficients fitted to them, and the error they leave.
+
+A profile is data/calibration/<name>.json (or any path), written by `python -m calibrate`
+(calibrate/ runs the real engines and fits; it needs torch, deepspeed and scipy). This module only
+reads profiles, so `planner estimate --calibration NAME` costs no heavy import. A profile holds:
+
+- schema: SCHEMA; profile: its name; hardware: {"gpu": GPU catalog name, or "cpu" for a gloo
+  profile}; environment: where it was measured;
+- runs: every measured case (config, the planner's prediction, the measurement, the outcome),
+  appended and never rewritten;
+- fit: the fitted coefficients ({section: {name: {"prior", "value", "lower", "upper"}}}), the
+  error per measured quantity before and after fitting on held-out runs, and the relative error
+  bands (`bands`: {"peak_memory": x, "step_time": y}) the answers quote.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.data import DATA_DIR, atomic_write, catalog, read_json
+from planner.errors import InputError
+
+SCHEMA = "planner-calibration/1"
+CALIBRATION_DIR = DATA_DIR / "calibration"
+FLAG = "--calibration"
+BAND_QUANTITIES = ("peak_memory", "step_time")
+"""Answers quote a relative error band for these."""
+FITTABLE = {
+    "memory": ("allocator_fragmentation", "cuda_context_bytes", "nccl_bytes_per_group"),
+    "time": ("gemm_efficiency_max", "gemm_half_efficiency_flops", "bus_efficiency_intra_node",
+             "collective_latency_intra_node_s", "hbm_efficiency", "cpu_adam_params_per_s",
+             "dp_overlap_fraction_with_overlap"),
+}
+"""The named coefficients of data/coefficients.json a profile may replace."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A loaded profile, reduced to what answers use (hashable, so clusters stay hashable)."""
+
+    name: str
+    """Profile name (file stem)."""
+    path: str
+    """Where it was read from."""
+    hardware: str
+    """GPU catalog name the runs were measured on ('cpu' for a gloo profile)."""
+    overrides: tuple = ()
+    """((section, coefficient, value), ...) fitted values replacing the priors."""
+    bands: tuple = ()
+    """((quantity, relative error), ...) from held-out runs."""
+
+    def band(self, quantity: str) -> float:
+        return dict(self.bands).get(quantity, prior_band(quantity))
+
+
+def prior_band(quantity: str) -> float:
+    """Relative error band without a profile (data/coefficients.json 'bands', each sourced)."""
+    return float(catalog("coefficients.json")["bands"][quantity]["value"])
+
+
+def coefficient_values(section: str, calibration: Calibration | None = None) -> dict:
+    """Named coefficients of one section: the priors of data/coefficients.json, with a profile's
+    fitted values in their place."""
+    values = {k: v["value"] for k, v in catalog("coefficients.json")[section].items()}
+    if calibration is not None:
+        values.update({name: value for sec, name, value in calibration.overrides if sec == section})
+    return values
+
+
+def verdict(margin_bytes: float, band_bytes: float) -> str:
+    """fits when the answer may err high by its whole band and still fit, oom when it may err low by
+    its whole band and still not fit, borderline in between (the band straddles capacity)."""
+    return "fits" if margin_bytes >= band_bytes else "oom" if margin_bytes < -band_bytes else "borderline"
+
+
+def resolve_path(spec: str) -> Path:
+    """A profile name (data/calibration/<name>.json) or a path to a JSON file."""
+    if "/" in spec or spec.endswith(".json"):
+        return Path(spec)
+    return CALIBRATION_DIR / f"{spec}.json"
+
+
+def read_profile(spec: str, flag: str = FLAG) -> dict:
+    """The profile's JSON, checked for schema and shape; any problem is one InputError naming
+    `flag`."""
+    path = resolve_path(spec)
+    if not path.exists() and "/" not in spec and not spec.endswith(".json"):
+        known = sorted(p.stem for p in CALIBRATION_DIR.glob("*.json")) if CALIBRATION_DIR.is_dir() else []
+        raise InputError(f"{flag}: no profile {spec!r} (known: {', '.join(known) or 'none'}; or give a path)")
+    doc = read_json(path, flag)
+    where = str(path)
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise InputError(f"{flag}: {where!r} is not a calibration profile (schema {found!r}, expected {SCHEMA!r})")
+    hardware = doc.get("hardware")
+    if not isinstance(hardware, dict) or not isinstance(hardware.get("gpu"), str):
+        raise InputError(f"{flag}: {where!r} has no hardware.gpu (the device it was measured on)")
+    if not isinstance(doc.get("runs"), list):
+        raise InputError(f"{flag}: {where!r} has no runs list")
+    fit = doc.get("fit")
+    if fit is not None:
+        _check_fit(fit, where, flag)
+    return doc
+
+
+def _check_fit(fit, where: str, flag: str) -> None:
+    if not isinstance(fit, dict) or not isinstance(fit.get("coefficients", {}), dict):
+        raise InputError(f"{flag}: {where!r} has a malformed fit section")
+    for section, names in fit.get("coefficients", {}).items():
+        if section not in FITTABLE or not isinstance(names, dict):
+            raise InputError(f"{flag}: {where!r} fits unknown section {section!r} (allowed: {', '.join(FITTABLE)})")
+        for name, entry in names.items():
+            if name not in FITTABLE[section]:
+                raise InputError(f"{flag}: {where!r} fits unknown coefficient {section}.{name} "
+                                 f"(allowed: {', '.join(FITTABLE[section])})")
+            value = entry.get("value") if isinstance(entry, dict) else None
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise InputError(f"{flag}: {where!r}: {section}.{name} value must be a number >= 0, got {value!r}")
+    for quantity, band in fit.get("bands", {}).items():
+        if quantity not in BAND_QUANTITIES or isinstance(band, bool) or not isinstance(band, (int, float)) \
+                or not 0 <= band < 10:
+            raise InputError(f"{flag}: {where!r}: band {quantity!r} must be one of {', '.join(BAND_QUANTITIES)} "
+                             f"with a relative error in [0, 10), got {band!r}")
+
+
+def load(spec: str | None, gpu_name: str) -> Calibration | None:
+    """The profile `spec` names, for a cluster of `gpu_name` GPUs; None for no profile (the priors).
+    A profile measured on other hardware is refused: its coefficients describe that hardware."""
+    if spec is None or spec == "none":
+        return None
+    doc = read_profile(spec)
+    measured_on = doc["hardware"]["gpu"]
+    if measured_on != gpu_name:
+        raise InputError(f"{FLAG}: profile {doc.get('profile', spec)!r} was measured on {measured_on}, not {gpu_name}; "
+                         f"calibrate on {gpu_name} or drop {FLAG} to use the priors")
+    fit = doc.get("fit") or {}
+    overrides = tuple((section, name, float(entry["value"]))
+                      for section, names in sorted(fit.get("coefficients", {}).items())
+                      for name, entry in sorted(names.items()))
+    bands = tuple(sorted((q, float(b)) for q, b in fit.get("bands", {}).items()))
+    return Calibration(str(doc.get("profile", Path(spec).stem)), str(resolve_path(spec)), measured_on, overrides, bands)
+
+
+def new_profile(name: str, gpu: str, environment: dict) -> dict:
+    return {"schema": SCHEMA, "profile": name, "hardware": {"gpu": gpu}, "environment": environment,
+            "runs": [], "fit": None, "fit_history": []}
+
+
+def save_profile(path: Path, doc: dict) -> None:
+    """Write a profile atomically (a killed writer leaves the old file whole)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(doc, indent=1, sort_keys=False) + "\n", flag=FLAG)
+
+
+def append_runs(path: Path, records: list, name: str, gpu: str, environment: dict) -> dict:
+    """Append measured runs to the profile at `path` (created when missing); earlier runs and fits
+    are kept. A profile of other hardware is refused, not overwritten."""
+    path = Path(path)
+    doc = read_profile(str(path), "PROFILE") if path.exists() else new_profile(name, gpu, environment)
+    if doc["hardware"]["gpu"] != gpu:
+        raise InputError(f"{FLAG}: {str(path)!r} holds runs measured on {doc['hardware']['gpu']}, not {gpu}; "
+                         "name another profile")
+    doc["runs"].extend(records)
+    doc["environment"] = environment
+    save_profile(path, doc)
+    return doc

@@ -1,0 +1,93 @@
+"""The fitter (calibrate/fit.py): it recovers coefficients that generated the data, lowers the
+held-out error, keeps to its bounds, and the CLI stores the fit without losing runs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from calibrate import fit as F
+from calibrate.cli import main as calibrate_main
+from planner import calibration
+
+REF = {"peak_flops_per_s": 1e15, "link_bytes_per_s": 4.5e11}
+
+
+def gemm_records(emax, f_half, noise=0.0, seed=0):
+    """GEMMs of a 256..8192 square sweep timed as a GPU at emax F/(F + F_half) of a 1 PFLOP/s peak would."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in (256, 512, 1024, 2048, 4096, 8192):
+        flops = 2.0 * n**3
+        seconds = (flops + f_half) / (REF["peak_flops_per_s"] * emax) * (1 + noise * rng.standard_normal())
+        out.append({"kind": "gemm", "outcome": {"status": "ok"}, "measurement": {"flops": flops, "gemm_s": seconds}})
+    return out
+
+
+def test_gemm_curve_is_recovered_and_held_out_error_falls():
+    records = gemm_records(emax=0.6, f_half=3e9)
+    result = F.fit(records, REF, k=3)
+    c = result["coefficients"]["time"]
+    assert c["gemm_efficiency_max"]["value"] == pytest.approx(0.6, rel=1e-3)
+    assert c["gemm_half_efficiency_flops"]["value"] == pytest.approx(3e9, rel=1e-2)
+    e = result["error"]["gemm.gemm_s"]
+    # priors 0.8 and 2e9: a 2*256^3 = 34 MFLOP GEMM is predicted 0.6 x (2.03e9 / 0.8) / (3.03e9 / 0.6) -> -50 %
+    assert e["before_max"] > 0.4 and e["after_max"] < 1e-3
+
+
+def test_noisy_collectives_fit_latency_and_bandwidth():
+    rng = np.random.default_rng(1)
+    records = []
+    for nbytes in 2.0 ** np.arange(10, 31, 2):  # 1 KiB .. 1 GiB, 2 ranks
+        t = 2 * 1 * 5e-6 + nbytes * 2 * 1 / 2 / (REF["link_bytes_per_s"] * 0.5)  # 2(n-1) steps of 5 us; busbw 50 %
+        records.append({"kind": "collective", "outcome": {"status": "ok"},
+                        "measurement": {"op": "all_reduce", "bytes": nbytes, "ranks": 2,
+                                        "collective_s": t * (1 + 0.02 * rng.standard_normal())}})
+    result = F.fit(records, REF, k=4)
+    c = result["coefficients"]["time"]
+    assert c["bus_efficiency_intra_node"]["value"] == pytest.approx(0.5, rel=0.05)
+    assert c["collective_latency_intra_node_s"]["value"] == pytest.approx(5e-6, rel=0.1)
+    e = result["error"]["collective.collective_s"]
+    assert e["after_mean"] < 0.05 < e["before_mean"]
+
+
+def test_fit_stays_inside_bounds():
+    records = gemm_records(emax=3.0, f_half=3e9)  # faster than peak: a wrong datasheet figure
+    c = F.fit(records, REF, k=2)["coefficients"]["time"]
+    assert c["gemm_efficiency_max"]["value"] <= F.BOUNDS[("time", "gemm_efficiency_max")][1]
+
+
+def test_the_band_is_the_worst_held_out_error_and_a_failed_run_is_ignored():
+    rows = [{"kind": "memory", "outcome": {"status": "ok"}, "prediction": {"peak_bytes": p},
+             "measurement": {"peak_bytes": m}} for p, m in ((100, 100), (103, 100), (95, 100))]
+    rows.append({"kind": "memory", "outcome": {"status": "oom"}, "prediction": {"peak_bytes": 1}, "measurement": {}})
+    result = F.fit(rows, REF)
+    assert result["error"]["memory.peak_bytes"]["runs"] == 3
+    assert result["bands"]["peak_memory"] == 0.05  # |95/100 - 1|
+
+
+def test_fit_command_stores_the_fit_and_keeps_runs_and_history(tmp_path, capsys):
+    path = tmp_path / "gpu.json"
+    calibration.append_runs(path, gemm_records(0.6, 3e9), "gpu", "h100-sxm", {})
+    assert calibrate_main(["fit", str(path), "--folds", "3"]) == 0
+    assert calibrate_main(["fit", str(path), "--folds", "3"]) == 0
+    doc = json.loads(path.read_text())
+    assert len(doc["runs"]) == 6 and len(doc["fit_history"]) == 1
+    # the fit is relative to the catalog's H100 bf16 peak (989 TFLOP/s), not REF: emax = 0.6 x 1e15 / 989.4e12
+    assert doc["fit"]["coefficients"]["time"]["gemm_efficiency_max"]["value"] == pytest.approx(0.6 * 1e15 / 989.4e12, rel=1e-3)
+    out = capsys.readouterr().out
+    assert "time.gemm_efficiency_max" in out and "held-out" in out
+    cal = calibration.load(str(path), "h100-sxm")
+    assert dict(((s, n), v) for s, n, v in cal.overrides)[("time", "gemm_efficiency_max")] == pytest.approx(0.6065, rel=1e-3)
+
+
+def test_fit_refuses_bad_input_in_one_line(tmp_path, capsys):
+    empty = tmp_path / "e.json"
+    calibration.save_profile(empty, calibration.new_profile("e", "cpu", {}))
+    assert calibrate_main(["fit", str(empty)]) == 2
+    assert calibrate_main(["fit", str(empty), "--folds", "1"]) == 2
+    assert calibrate_main(["report", str(tmp_path / "none.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("calibrate: error: ") for line in err)
