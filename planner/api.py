@@ -232,7 +232,10 @@ def layout_record(cluster: Cluster, lay: Layouts, ev: dict, i: int) -> dict:
     parts = {k: int(mem.at(k, i)) for k in memory.BREAKDOWN_KEYS}
     total = sum(parts.values())  # = the float total below 2**53 bytes; past it the parts still add up exactly
     capacity = int(cluster.gpu.memory_bytes)
-    band = cluster.calibration.band("peak_memory") if cluster.calibration else prior_band("peak_memory")
+    def band_of(quantity):
+        return cluster.calibration.band(quantity) if cluster.calibration else prior_band(quantity)
+
+    band = band_of("peak_memory")
     band_bytes = int(math.ceil(total * band))
     return {
         "layout": lay.row(i),
@@ -251,7 +254,8 @@ def layout_record(cluster: Cluster, lay: Layouts, ev: dict, i: int) -> dict:
             "peak_phase": memory.PHASES[int(mem.at("phase", i))],
             "breakdown": parts,
         },
-        "time": {"step_s": float(ev["time"]["step_s"].flat[i]), "breakdown": _at(ev["time"]["breakdown"], i)},
+        "time": {"step_s": float(ev["time"]["step_s"].flat[i]), "error_band": band_of("step_time"),
+                 "breakdown": _at(ev["time"]["breakdown"], i)},
         "throughput": _at(ev["time"]["throughput"], i),
     }
 

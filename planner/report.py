@@ -43,7 +43,7 @@ def memory_table(memory: dict) -> str:
 def time_text(record: dict) -> str:
     t, th = record["time"], record["throughput"]
     parts = ", ".join(f"{k} {v:.3f}" for k, v in t["breakdown"].items() if v > 0)
-    return (f"step {t['step_s']:.3f} s ({parts})\n"
+    return (f"step {t['step_s']:.3f} s +-{t['error_band']:.0%} ({parts})\n"
             f"{th['tokens_per_s']:,.0f} tokens/s, {th['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU, "
             f"MFU {th['mfu']:.1%}, HFU {th['hfu']:.1%}")
 

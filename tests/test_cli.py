@@ -68,7 +68,7 @@ ESTIMATE_KEYS = {
                                         "allocated_bytes", "reserved_bytes", "fit_margin_bytes", "error_band",
                                         "error_band_bytes", "verdict")),
     *(f"memory.breakdown.{k}" for k in ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")),
-    "time", "time.step_s", "time.breakdown",
+    "time", "time.step_s", "time.breakdown", "time.error_band",
     *(f"time.breakdown.{k}" for k in ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble", "offload",
                                       "optimizer", "other")),
     "throughput", *(f"throughput.{k}" for k in ("tokens_per_s", "samples_per_s", "model_tflops_per_gpu",
