@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.engines import SelectivePolicy
+from planner.engines import Modules, SelectivePolicy
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
 from planner.options import Recompute
@@ -39,7 +39,52 @@ class Saved:
 
 
 def saved_tensors(model: ModelSpec, training: Training, seq: float) -> list[Saved]:
-    """What one block saves for backward, per token, with `seq` keys per query (the attention
+    """What one block of the engine's modules saves for backward, per token, with `seq` keys per
+    query (the attention scores per token)."""
+    if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "llama":
+        return hf_llama_saved(model, training, seq)
+    return megatron_saved(model, training, seq)
+
+
+def hf_rms_norm_saved(e: float, h: int, where: str) -> list[Saved]:
+    """transformers LlamaRMSNorm.forward (eager Python, the same on CPU and CUDA): the fp32 upcast of
+    its input (kept by pow and mul), the fp32 rstd per token, and the normalized input cast back to
+    the 16-bit dtype (kept by the weight's mul). In fp32 both casts are no-ops and the two saved
+    tensors are the input and the normalized input."""
+    return [Saved(f"{where} norm input, fp32", 4.0 * h, SP), Saved(f"{where} norm rstd, fp32", 4.0, SP),
+            Saved(f"{where} norm normalized input", e * h, SP)]
+
+
+def hf_llama_saved(model: ModelSpec, training: Training, seq: float) -> list[Saved]:
+    """transformers 5 LlamaDecoderLayer (modeling_llama.py; Mistral, Qwen2 and the other llama-layout
+    models share it), counted with saved_tensors_hooks (tests/test_activations_real.py):
+    per token 16h + 4q + 4kv + 4a + 8f + 8 bytes in bf16 with SDPA. SDPA's flash kernel keeps q and
+    k after rotary, v, its output (already [b, s, a, d] in memory, so o_proj's input is a view of it)
+    and an fp32 log-sum-exp per head (aten _scaled_dot_product_flash_attention, CUDA and CPU alike);
+    eager attention (eager_attention_forward) keeps q, k and v repeated to all heads, the fp32
+    softmax and its 16-bit cast, and o_proj's contiguous input. LlamaMLP keeps gate, up, act(gate)
+    and down's input."""
+    e = training.precision.element_bytes
+    h, q, kv, f, a = model.hidden, model.q_width, model.kv_width, model.ffn, model.heads
+    out = hf_rms_norm_saved(e, h, "attention") + [Saved("q/k/v input (norm output)", e * h, SP)]
+    if training.flash_attention:
+        out += [Saved("q after rotary", e * q, TP), Saved("k after rotary", e * kv, TP), Saved("v", e * kv, TP),
+                Saved("attention output (o_proj input)", e * q, TP),
+                Saved("flash log-sum-exp (fp32)", 4.0 * a, TP, core=True)]
+    else:
+        out += [Saved("q after rotary", e * q, TP), Saved("k repeated to every head", e * q, TP),
+                Saved("v repeated to every head", e * q, TP),
+                Saved("softmax output (fp32)", 4.0 * a * seq, TP, core=True),
+                Saved("softmax output, 16-bit", e * a * seq, TP, core=True),
+                Saved("o_proj input (contiguous)", e * q, TP)]
+    k = model.experts_per_token
+    out += hf_rms_norm_saved(e, h, "mlp") + [Saved("gate/up input (norm output)", e * h, SP)]
+    out += [Saved(name, k * e * f, TP) for name in ("gate output", "up output", "act(gate)", "down input")]
+    return out
+
+
+def megatron_saved(model: ModelSpec, training: Training, seq: float) -> list[Saved]:
+    """What one Megatron block saves for backward, per token, with `seq` keys per query (the attention
     scores per token). Megatron-LM's kernels: fused SwiGLU saves the [gate|up] fc1 output (2f)
     and the fc2 input (f) (core/fusions/fused_bias_swiglu.py save_for_backward); FlashAttention
     keeps its output and an fp32 log-sum-exp per head (Dao 2023 section 3.1) instead of the
@@ -137,12 +182,17 @@ def embedding_dropout_bytes(model: ModelSpec, training: Training, lay: Layouts, 
 
 
 def head_input_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
-    """Last stage: the final norm's input and the output layer's input, one micro-batch
+    """Last stage: the final norm's saved tensors and the output layer's input, one micro-batch
     (Korthikanti section 4.3: the output layer's activations are kept for the micro-batch in its
-    backward)."""
+    backward; a Hugging Face model's final LlamaRMSNorm keeps what its blocks' norms keep)."""
     tokens = training.seq_len / lay.cp * lay.mbs
     sp = np.where(lay.sequence_parallel > 0, lay.tp, 1.0)
-    return (stage == lay.pp - 1) * 2 * training.precision.element_bytes * tokens * model.hidden / sp
+    e, h = training.precision.element_bytes, model.hidden
+    if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "llama":
+        per_token = sum(x.bytes_per_token for x in hf_rms_norm_saved(e, h, "final")) + e * h
+    else:
+        per_token = 2 * e * h
+    return (stage == lay.pp - 1) * tokens * per_token / sp
 
 
 def logits_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, bytes_per_element: float) -> np.ndarray:

@@ -46,6 +46,18 @@ class SelectivePolicy(Word):
     of the ops on its save list, every other matmul (activation_checkpoint.py SelectiveAC)."""
 
 
+class Modules(Word):
+    """Whose transformer block the engine trains: it decides what the block saves for backward
+    (planner/activations.py)."""
+
+    MEGATRON = "megatron"
+    """Megatron-core's TransformerLayer with fused kernels (Korthikanti et al. 2022's list)."""
+    HUGGING_FACE = "hugging_face"
+    """transformers' decoder layers (eager RMSNorm in fp32, separate projections, SDPA)."""
+    TORCHTITAN = "torchtitan"
+    """torchtitan's own models/llama3 block."""
+
+
 class Launcher(Word):
     """Which configs planner/export.py writes and how its launch script starts the job."""
 
@@ -111,6 +123,8 @@ class Engine:
     """ZeRO stages whose reduction at the accumulation boundary copies the reduced gradients into a
     new partition buffer while the full gradients not yet reduced are still held."""
     # ---- how it runs -------------------------------------------------------------------------
+    modules: Modules
+    """Whose transformer block runs, which decides the saved-tensor list."""
     fused_gemms: bool
     """q|k|v and gate|up run as one GEMM each (Megatron linear_qkv, linear_fc1)."""
     eager_elementwise: bool
@@ -205,12 +219,12 @@ _DS_COMMON = dict(
 DEEPSPEED = Engine(
     name="deepspeed", summary="DeepSpeed ZeRO 0-3 + offload on Hugging Face modules; 1F1B PipelineModule (ZeRO 0/1)",
     tensor_parallel=False, fused_gemms=False, eager_elementwise=True, p2p_split_over_tp=False,
-    launcher=Launcher.DEEPSPEED, **_DS_COMMON)
+    modules=Modules.HUGGING_FACE, launcher=Launcher.DEEPSPEED, **_DS_COMMON)
 
 MEGATRON_DEEPSPEED = Engine(
     name="megatron-deepspeed", summary="Megatron TP/SP/CP and fused kernels + DeepSpeed ZeRO, offload and pipeline",
     tensor_parallel=True, fused_gemms=True, eager_elementwise=False, p2p_split_over_tp=False,
-    launcher=Launcher.MEGATRON_DEEPSPEED, **_DS_COMMON)
+    modules=Modules.MEGATRON, launcher=Launcher.MEGATRON_DEEPSPEED, **_DS_COMMON)
 
 MEGATRON = Engine(
     name="megatron", summary="Megatron-LM: TP/SP/CP/PP with interleaving; --zero 1 = distributed optimizer",
@@ -237,6 +251,7 @@ MEGATRON = Engine(
     grads_sharded_step=(),
     accumulation_copy=(),
     reduction_copy=(),
+    modules=Modules.MEGATRON,
     fused_gemms=True,
     eager_elementwise=False,
     grad_buckets=GradBuckets.MEGATRON_DDP,
@@ -278,6 +293,7 @@ FSDP = Engine(
     grads_sharded_step=(2, 3),
     accumulation_copy=(),
     reduction_copy=(),
+    modules=Modules.HUGGING_FACE,
     fused_gemms=False,
     eager_elementwise=True,
     grad_buckets=GradBuckets.PER_BLOCK,
@@ -308,6 +324,7 @@ TORCHTITAN = replace(
     pipeline_defers_grad_reduction=True,
     # models/llama3: separate wq, wk, wv and w1, w3, w2 (fused_gemms False as Hugging Face's); no
     # torch.compile by default (CompileConfig.enable = False), so elementwise kernels run eagerly
+    modules=Modules.TORCHTITAN,
     selective_policy=SelectivePolicy.OP_SAC,  # Trainer.Config.activation_checkpoint = SelectiveAC.Config
     loss_chunks=8,  # components/loss.py ChunkedLossWrapper.Config.num_chunks, set by every llama3 config
     launcher=Launcher.TORCHTITAN,

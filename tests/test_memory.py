@@ -284,9 +284,9 @@ def test_korthikanti_table2(name, b, setting):
 def test_swiglu_gqa_flash_terms():
     # tensor by tensor for a Llama-2-70B block: per token per layer, bf16, t = 1, flash attention:
     # norms+qkv/mlp inputs 4h*2, q 2*8192, k,v 2*1024 each, out-proj input 2*8192, MLP 3*2*28672,
-    # fp32 log-sum-exp 4*64
+    # fp32 log-sum-exp 4*64 (Megatron's modules)
     m = lookup("llama-2-70b")
-    per_token = activations.kept_per_layer(m, layout.Training(seq_len=1), layout.single())[0]
+    per_token = activations.kept_per_layer(m, layout.Training(seq_len=1, engine="megatron"), layout.single())[0]
     assert per_token == 8 * 8192 + 2 * (2 * 8192 + 2 * 1024) + 3 * 2 * 28672 + 4 * 64
 
 
@@ -318,7 +318,7 @@ def test_last_stage_keeps_the_head_inputs():
     # one micro-batch, on the last stage only (s 4096, b 2, h 4096): 4 * 4096 * 2 * 4096 bytes
     m = lookup("llama-2-7b")
     lay = layout.single(pp=4, mbs=2, gas=8)
-    training = layout.Training(seq_len=4096)
+    training = layout.Training(seq_len=4096, engine="megatron")
     assert activations.head_input_bytes(m, training, lay, np.array([3]))[0] == 4 * 4096 * 2 * 4096
     assert activations.head_input_bytes(m, training, lay, S0)[0] == 0
     # the whole last stage therefore holds more than its blocks' activations alone

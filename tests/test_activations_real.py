@@ -1,0 +1,113 @@
+"""What real transformers blocks save for backward, counted with saved_tensors_hooks
+(calibrate/saved.py), against planner/activations.py for the engines that train Hugging Face
+modules (deepspeed, fsdp).
+
+A LlamaModel of 2 and of 4 decoder layers runs one forward under the hooks; half the difference is
+what one layer saves, with every storage counted once and the weights left out. Six shapes move h,
+q (heads x head_dim), kv, f, the heads and the sequence one at a time, so a coefficient 10x wrong
+on any of them fails. CPU and CUDA keep the same tensors here: LlamaRMSNorm and the MLP are eager
+Python, and SDPA's CPU flash kernel saves what the CUDA one does (q, k, v, output, fp32 logsumexp;
+CUDA adds an 8-byte philox seed/offset per call, nothing per token).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from calibrate.saved import counting  # noqa: E402
+from planner import activations, layout  # noqa: E402
+from planner.hf_config import from_hf_config  # noqa: E402
+
+BASE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=176, head_dim=16)
+SHAPES = [  # (config changes, seq, batch)
+    ({}, 32, 2),
+    ({"hidden_size": 128}, 32, 2),  # h alone (head_dim fixed: q, kv unchanged)
+    ({"head_dim": 32}, 32, 2),  # q and kv
+    ({"num_key_value_heads": 4}, 32, 2),  # kv alone
+    ({"intermediate_size": 352}, 32, 2),  # f alone
+    ({"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 8}, 64, 1),  # heads, sequence
+]
+
+
+def hf_config(layers: int, impl: str, change: dict) -> dict:
+    return {**BASE, **change, "num_hidden_layers": layers, "vocab_size": 128, "max_position_embeddings": 128,
+            "tie_word_embeddings": False, "attn_implementation": impl, "model_type": "llama"}
+
+
+def saved_bytes(layers: int, impl: str, change: dict, seq: int, batch: int, dtype, checkpointing=False) -> int:
+    cfg = transformers.LlamaConfig(**hf_config(layers, impl, change))
+    torch.manual_seed(0)
+    model = transformers.LlamaModel(cfg).to(dtype).train()
+    if checkpointing:
+        model.gradient_checkpointing_enable()  # transformers: torch.utils.checkpoint around each decoder layer
+    ids = torch.randint(0, 128, (batch, seq))
+    with counting(model.parameters()) as c:
+        model(input_ids=ids, use_cache=False)
+    return c.total_bytes
+
+
+def per_layer(impl, change, seq, batch, dtype, checkpointing=False) -> int:
+    two = saved_bytes(2, impl, change, seq, batch, dtype, checkpointing)
+    four = saved_bytes(4, impl, change, seq, batch, dtype, checkpointing)
+    assert (four - two) % 2 == 0
+    return (four - two) // 2
+
+
+def planner_per_layer(impl, change, seq, batch, precision, recompute="none") -> float:
+    spec = from_hf_config(hf_config(2, impl, change))
+    training = layout.Training(seq_len=seq, precision=precision, flash_attention=impl == "sdpa", engine="deepspeed")
+    return float(activations.kept_per_layer(spec, training, layout.single(mbs=batch, recompute=recompute))[0])
+
+
+@pytest.mark.parametrize("change, seq, batch", SHAPES)
+def test_sdpa_layer_bf16(change, seq, batch):
+    measured = per_layer("sdpa", change, seq, batch, torch.bfloat16)
+    cfg = {**BASE, **change}
+    h, d = cfg["hidden_size"], cfg["head_dim"]
+    q, kv, f, a = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d, cfg["intermediate_size"], \
+        cfg["num_attention_heads"]
+    # two norms (4h fp32 + 4 rstd + 2h cast) + their outputs 2h each; q, k, v, out; lse 4a; MLP 4 x 2f
+    assert measured == seq * batch * (16 * h + 4 * q + 4 * kv + 4 * a + 8 * f + 8)
+    assert planner_per_layer("sdpa", change, seq, batch, "bf16") == measured
+
+
+@pytest.mark.parametrize("change, seq, batch", SHAPES)
+def test_eager_layer_bf16(change, seq, batch):
+    measured = per_layer("eager", change, seq, batch, torch.bfloat16)
+    cfg = {**BASE, **change}
+    h, q, f, a = cfg["hidden_size"], cfg["num_attention_heads"] * cfg["head_dim"], cfg["intermediate_size"], \
+        cfg["num_attention_heads"]
+    # q, k and v repeated to every head, o_proj input: 4 x 2q; softmax fp32 4as and its bf16 copy 2as
+    assert measured == seq * batch * (16 * h + 8 * q + 6 * a * seq + 8 * f + 8)
+    assert planner_per_layer("eager", change, seq, batch, "bf16") == measured
+
+
+def test_fp32_layer():
+    measured = per_layer("sdpa", {}, 32, 2, torch.float32)
+    # norms keep input + normalized input (4h each) + 4 rstd, outputs 4h; q, k, v, out, lse; MLP 4 x 4f
+    assert measured == 32 * 2 * (2 * (4 * 64 + 4 * 64 + 4 + 4 * 64) + 4 * (2 * 64 + 2 * 32) + 4 * 4 + 4 * 4 * 176)
+    assert planner_per_layer("sdpa", {}, 32, 2, "fp32") == measured
+
+
+def test_gradient_checkpointing_keeps_each_layer_input():
+    measured = per_layer("sdpa", {}, 32, 2, torch.bfloat16, checkpointing=True)
+    assert measured == 32 * 2 * 2 * 64  # the decoder layer's bf16 input, s b h x 2 bytes
+    assert planner_per_layer("sdpa", {}, 32, 2, "bf16", recompute="full") == measured
+
+
+def test_final_norm_and_head_input():
+    # the model beyond its layers: the final LlamaRMSNorm (4h fp32 + 4 rstd + 2h cast; its output is
+    # lm_head's input, 2h more once an lm_head reads it), the rotary cos/sin shared by every layer and
+    # the embedding's int64 token ids (the planner leaves these two out: 2 x 2 x head_dim per
+    # position and 8 bytes per token, once per model)
+    two = saved_bytes(2, "sdpa", {}, 32, 2, torch.bfloat16)
+    layers = 2 * per_layer("sdpa", {}, 32, 2, torch.bfloat16)
+    rotary, ids = 2 * 32 * 16 * 2, 32 * 2 * 8  # cos, sin (1, 1, s, head_dim) bf16; ids (b, s) int64
+    assert two - layers - rotary - ids == 32 * 2 * (4 * 64 + 4 + 2 * 64)
+    spec = from_hf_config(hf_config(2, "sdpa", {}))
+    training = layout.Training(seq_len=32, engine="deepspeed")
+    head = activations.head_input_bytes(spec, training, layout.single(mbs=2), 0)[0]
+    assert float(head) == two - layers - rotary - ids + 32 * 2 * 2 * 64
