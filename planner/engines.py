@@ -111,6 +111,9 @@ class Engine:
     """fp16 training keeps an fp32 copy of the gradients, sharded with the optimizer."""
     fp32_full_weights: bool
     """fp32 training keeps full fp32 weights and a separate fp32 master partition (ZeRO-1/2)."""
+    sharded_param_is_master: bool
+    """Under mixed precision the sharded parameter stays fp32 and is the optimizer's master copy;
+    16-bit parameters exist only all-gathered (FSDP2: MixedPrecisionPolicy casts at all-gather)."""
     grads_sharded_backward: tuple
     """ZeRO stages whose gradients are sharded while backward runs (the others hold the full
     gradient until the reduction at the accumulation boundary)."""
@@ -185,6 +188,7 @@ _DS_COMMON = dict(
     fp32_grads=False,  # engine.py communication_data_type: bf16/fp16 gradients reduced in 16 bits
     fp16_grad_copy=False,
     fp32_full_weights=True,  # stage_1_and_2.py keeps bit16_groups_flat (fp32 here) + fp32 master partition
+    sharded_param_is_master=False,  # bit16 partitions beside single_partition_of_fp32_groups
     # stage_1_and_2.py process_gradients reduces in the hook only for partition_gradients (stage 2)
     # or overlap_comm, and reduce_ready_partitions_and_remove_grads reduces a stage-1 gradient only at
     # the accumulation boundary: ZeRO-1's param.grad holds the full 16-bit gradient until then
@@ -245,6 +249,7 @@ MEGATRON = Engine(
     # docs dist_optimizer.md: fp16 params + fp16 grads 20 vs 4 + 16/d bytes/param
     fp16_grad_copy=True,
     fp32_full_weights=False,
+    sharded_param_is_master=False,
     # param_and_grad_buffer.py: grad_data is the full padded buffer on every rank, even with the
     # distributed optimizer, which reduce-scatters into this rank's slice of it
     grads_sharded_backward=(),
@@ -288,6 +293,9 @@ FSDP = Engine(
     fp32_grads=True,  # MixedPrecisionPolicy(reduce_dtype=torch.float32) as torchtitan sets it
     fp16_grad_copy=False,
     fp32_full_weights=False,
+    # _fully_shard/_fsdp_param.py FSDPParam: the sharded parameter keeps the module's fp32 dtype,
+    # all-gathers are cast to MixedPrecisionPolicy.param_dtype (measured: 4/D B/param, fp32 shards)
+    sharded_param_is_master=True,
     # FSDP2 reduce-scatters each unit's gradient in its backward and keeps the sharded gradient
     grads_sharded_backward=(2, 3),
     grads_sharded_step=(2, 3),

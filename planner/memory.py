@@ -59,9 +59,11 @@ def weight_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> n
     """16/32-bit weights on the GPU: sharded by ZeRO-3 (unless a pipeline keeps them gathered),
     none when ZeRO-3 offloads them."""
     dense, expert = rank_params(model, training, lay, stage)
-    held = _sharded(state_bytes(training).weights, (lay.zero >= 3) & ~deferred_reduction(training, lay),
-                    dense, expert, lay)
-    return np.where(lay.offload_params > Offload.NONE, 0.0, held)
+    sharded = (lay.zero >= 3) & ~deferred_reduction(training, lay)
+    held = _sharded(state_bytes(training).weights, sharded, dense, expert, lay)
+    # FSDP2 (_fsdp_param.py FSDPParam): the fp32 shard is the master, counted with the optimizer
+    master_only = sharded & training.engine.sharded_param_is_master & training.precision.has_master_copy
+    return np.where((lay.offload_params > Offload.NONE) | master_only, 0.0, held)
 
 
 def grad_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, at_step: bool = False) -> np.ndarray:
@@ -165,11 +167,12 @@ def zero3_live_param_bytes(model: ModelSpec, training: Training, lay: Layouts, s
 
 
 def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
-    """FSDP2 with sharded parameters: the all-gathered current block and the prefetched next one
-    (fully_shard's default forward/backward prefetch of one unit; one unit per block); none when a
-    pipeline keeps the whole stage gathered (counted as weights)."""
+    """FSDP2 with reshard_after_forward (--zero 3): the all-gathered current block and the
+    prefetched next one (fully_shard's default forward/backward prefetch of one unit; one unit per
+    block); none when every block stays gathered from forward to backward (--zero 2, or a pipeline
+    keeping the stage gathered), which is counted as whole weights."""
     units = 2 * block_params(model, lay) * training.precision.element_bytes
-    return np.where((lay.zero >= 2) & ~deferred_reduction(training, lay), units, 0.0)
+    return np.where((lay.zero >= 3) & ~deferred_reduction(training, lay), units, 0.0)
 
 
 def reduction_copy_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple:

@@ -1,0 +1,72 @@
+"""Worker: PyTorch FSDP2 (fully_shard per decoder layer and at the root) on a small transformers
+Llama, run under torchrun. Each rank counts by unique storage what the engine holds after an
+optimizer step: the sharded parameters (DTensor local shards), the sharded gradients and AdamW's
+states. Usage: python -m torch.distributed.run --nproc_per_node 2 -m calibrate.fsdp_worker
+'{"mixed": true, "reshard_after_forward": true, ...}'
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from calibrate.worker_io import write_result
+
+LLAMA = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "intermediate_size": 176, "vocab_size": 512, "tie_word_embeddings": False, "max_position_embeddings": 64}
+
+
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (a view or alias is counted once)."""
+    seen = {}
+    for t in tensors:
+        if t is None:
+            continue
+        s = _local(t).untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def main(cfg: dict) -> None:
+    import transformers
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**LLAMA, **cfg.get("llama", {})}))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cfg["mixed"] else MixedPrecisionPolicy()
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp, reshard_after_forward=cfg["reshard_after_forward"])
+    fully_shard(model, mp_policy=mp, reshard_after_forward=cfg["reshard_after_forward"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    ids = torch.randint(0, LLAMA["vocab_size"], (cfg["mbs"], cfg["seq"]))
+
+    def step():
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)  # gradients stay allocated, as at the next backward
+
+    step()  # optimizer states are created lazily at the first step
+    params = [p for p in model.parameters()]
+    result = {
+        "param_bytes": storage_bytes(params),
+        "param_dtype": str(_local(params[0]).dtype),
+        "grad_bytes": storage_bytes(p.grad for p in params),
+        "optimizer_bytes": storage_bytes(v for st in opt.state.values() for v in st.values()
+                                         if torch.is_tensor(v) and v.dim() > 0),
+        "params": sum(p.numel() for p in params),
+    }
+    write_result(result)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
