@@ -77,7 +77,7 @@ def collect(suites, profile_kind: str, gpu: str, only: str | None) -> list:
 def cmd_run(args) -> int:
     from tqdm import tqdm
 
-    from calibrate.record import environment, run_case
+    from calibrate.record import environment, expand_rows, run_case
 
     gpu = args.gpu or detect_gpu()
     if gpu == "cpu":
@@ -98,12 +98,17 @@ def cmd_run(args) -> int:
     with tqdm(cases, unit="run", desc="calibrate", file=sys.stderr) as bar:  # run i of n, elapsed, ETA
         for case in bar:
             bar.set_postfix_str(case.name)
-            record = run_case(case)
-            record["environment"] = env
-            append_runs(path, [record], name, gpu, env)  # each record lands as soon as it is measured
-            rows.append(record)
+            records = expand_rows(run_case(case))
+            for record in records:
+                record["environment"] = env
+            append_runs(path, records, name, gpu, env)  # each run lands as soon as it is measured
+            rows += records
     print(summary(rows, time.perf_counter() - start, path))
     return 0 if all(r["outcome"]["status"] == "ok" for r in rows) else 1
+
+
+UNITS = ("_bytes", "_s", "_per_s")
+"""Measured quantities the summary prints (the others are the config of a point)."""
 
 
 def summary(rows: list, elapsed_s: float, path) -> str:
@@ -113,8 +118,12 @@ def summary(rows: list, elapsed_s: float, path) -> str:
         pairs = []
         for q, measured in sorted(r["measurement"].items()):
             predicted = r["prediction"].get(q)
-            if isinstance(measured, (int, float)) and isinstance(predicted, (int, float)) and measured:
+            if isinstance(measured, bool) or not isinstance(measured, (int, float)) or not q.endswith(UNITS):
+                continue
+            if isinstance(predicted, (int, float)) and measured:
                 pairs.append(f"{q} {predicted:.4g} / {measured:.4g} ({predicted / measured - 1:+.1%})")
+            else:
+                pairs.append(f"{q} - / {measured:.4g}")
         lines.append(f"{r['outcome']['status']:8s} {r['outcome']['wall_s']:7.1f}  {r['name']}: "
                      + ("; ".join(pairs) or "-"))
     ok = sum(r["outcome"]["status"] == "ok" for r in rows)

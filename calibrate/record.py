@@ -96,3 +96,13 @@ def run_case(case: Case) -> dict:
     return {"name": case.name, "kind": case.kind, "config": case.config, "prediction": case.predict(),
             "measurement": measurement, "outcome": outcome.to_json(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def expand_rows(record: dict) -> list:
+    """A run that measured many points (a size sweep: measurement {"rows": [...]}) becomes one record
+    per point, so that every record pairs one measured quantity set with its config."""
+    rows = record["measurement"].get("rows")
+    if not rows:
+        return [record]
+    return [{**record, "name": f"{record['name']}/{row.get('op', '')}/{row.get('bytes', i)}",
+             "config": {**record["config"], "point": i}, "measurement": row} for i, row in enumerate(rows)]

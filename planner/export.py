@@ -144,6 +144,9 @@ def deepspeed_config(model: ModelSpec, cluster: Cluster, training: Training, row
         bf16["bf16_master_weights_and_grads"] = True
         bf16["bf16_optimizer_states"] = True
     cfg["bf16"] = bf16
+    if training.zero_config.fp32_grad_accum:
+        # runtime/config.py get_data_types_params: data_types.grad_accum_dtype (DtypeEnum "fp32")
+        cfg["data_types"] = {"grad_accum_dtype": "fp32"}
     if training.precision == "fp16":
         # dynamic loss scaling with DeepSpeed's documented defaults (FP16_FORMAT in precision_config.py):
         # loss_scale 0 = dynamic, initial scale 2**16, window 1000, hysteresis 2, floor 1

@@ -182,6 +182,8 @@ class TrainingInput:
     sub_group_size: int | None = None
     overlap_comm: bool | None = None
     contiguous_gradients: bool | None = None
+    fp32_grad_accum: bool | None = None
+    """DeepSpeed data_types.grad_accum_dtype "fp32" (default: the model dtype)."""
     tokens: float | None = None
     """Training tokens: report days, GPU-hours and cost."""
     price_per_gpu_hour: float | None = None
@@ -191,13 +193,14 @@ class TrainingInput:
         _boolean(self.flash_attention, "--no-flash-attention")
         _boolean(self.overlap_comm, "--overlap-comm")
         _boolean(self.contiguous_gradients, "--no-contiguous-gradients")
+        _boolean(self.fp32_grad_accum, "--fp32-grad-accum")
         if self.gbs is not None and self.tokens_per_step is not None:
             raise InputError("--gbs and --tokens-per-step: give one of them, not both")
 
     def resolve(self, gbs: int, engine: str) -> "Training":
         from planner.layout import Training, ZeroConfig
 
-        zero = {k: getattr(self, k) for k in (*ZERO_FIELDS, "overlap_comm", "contiguous_gradients")}
+        zero = {k: getattr(self, k) for k in (*ZERO_FIELDS, "overlap_comm", "contiguous_gradients", "fp32_grad_accum")}
         return Training(seq_len=self.seq_len or DEFAULTS["seq_len"], gbs=gbs,
                         precision=self.precision or DEFAULTS["precision"],
                         optimizer=self.optimizer or DEFAULTS["optimizer"], flash_attention=self.flash_attention,

@@ -41,11 +41,14 @@ class ZeroConfig:
     """Parameters smaller than this stay whole on every rank (ZeRO-3)."""
     sub_group_size: int = 1_000_000_000
     """Elements per optimizer sub-group step (ZeRO-3 fp32 gradient chunk)."""
+    fp32_grad_accum: bool = False
+    """data_types.grad_accum_dtype "fp32": with bf16 and ZeRO-1 DeepSpeed then runs BF16_Optimizer
+    (engine.py _do_optimizer_sanity_check), which accumulates gradients in a full fp32 buffer."""
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("overlap_comm", "contiguous_gradients"):
+            if f.name in ("overlap_comm", "contiguous_gradients", "fp32_grad_accum"):
                 if value is not None and not isinstance(value, bool):
                     raise InputError(f"--{f.name.replace('_', '-')}: must be true or false, got {value!r}")
             else:

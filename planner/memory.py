@@ -55,6 +55,27 @@ def deferred_reduction(training: Training, lay: Layouts) -> np.ndarray:
     return (lay.pp > 1) & training.engine.pipeline_defers_grad_reduction
 
 
+def deepspeed_bf16_optimizer(training: Training, lay: Layouts) -> np.ndarray:
+    """Where DeepSpeed wraps the optimizer in BF16_Optimizer instead of ZeRO's (DeepSpeed 0.19.8
+    engine.py _do_optimizer_sanity_check): bf16 with ZeRO-1, fp32 gradient accumulation and no
+    offload; bf16 with ZeRO disabled under the pipeline engine (accumulating in bf16)."""
+    if training.engine.buffers is not Buffers.DEEPSPEED or training.precision is not Precision.BF16:
+        return np.zeros(lay.zero.shape, dtype=bool)
+    fp32_acc = training.zero_config.fp32_grad_accum
+    return (((lay.zero == 1) & fp32_acc & (lay.offload_optimizer == Offload.NONE))
+            | ((lay.zero == 0) & (lay.pp > 1) & (not fp32_acc)))
+
+
+def bf16_optimizer_grad_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+    """BF16_Optimizer's gradients, whole on every rank (bf16_optimizer.py __init__: fp32_groups_gradients_flat
+    = zeros_like(bf16_groups_flat, dtype=grad_acc_dtype); the bf16 param.grad stays until step()'s
+    clear_lp_grads). Measured on 2 gloo ranks (calibrate/deepspeed_worker.py): 2 + 4 B/param with
+    fp32 accumulation before step()."""
+    dense, expert = rank_params(model, training, lay, stage)
+    accumulate = 4.0 if training.zero_config.fp32_grad_accum else 2.0
+    return (2.0 + accumulate) * (dense + expert)
+
+
 def weight_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
     """16/32-bit weights on the GPU: sharded by ZeRO-3 (unless a pipeline keeps them gathered),
     none when ZeRO-3 offloads them."""
@@ -80,7 +101,8 @@ def grad_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, at_ste
     held = _sharded(state_bytes(training).grads, sharded, dense, expert, lay)
     if not at_step:
         held = held * (1 + (np.isin(lay.zero, engine.accumulation_copy) & (lay.gas > 1)))
-    return np.where((lay.offload_optimizer > Offload.NONE) & sharded, 0.0, held)
+    held = np.where((lay.offload_optimizer > Offload.NONE) & sharded, 0.0, held)
+    return np.where(deepspeed_bf16_optimizer(training, lay), bf16_optimizer_grad_bytes(model, training, lay, stage), held)
 
 
 def _optimizer_partition_bytes(model, training, lay, stage):
@@ -88,7 +110,8 @@ def _optimizer_partition_bytes(model, training, lay, stage):
     per_param = optimizer_bytes_per_param(model, training)
     if training.precision is Precision.FP32 and training.engine.fp32_full_weights:
         per_param = per_param + np.where(lay.zero >= 1, 4.0, 0.0)  # ZeRO-1/2 keep a separate fp32 master partition
-    return _sharded(per_param, lay.zero >= 1, dense, expert, lay)
+    # BF16_Optimizer partitions its fp32 master and states over the data-parallel ranks, ZeRO or not
+    return _sharded(per_param, (lay.zero >= 1) | deepspeed_bf16_optimizer(training, lay), dense, expert, lay)
 
 
 def optimizer_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
@@ -180,7 +203,8 @@ def reduction_copy_bytes(model: ModelSpec, training: Training, lay: Layouts, sta
     gradients into a new partition while the full ones are still held (DeepSpeed ZeRO-1: the full
     16-bit gradient, the new grads_in_partition with its straddling parameters, the reduce buckets;
     measured: the worst rank's transient equals it to the byte); zeros elsewhere."""
-    on = np.isin(lay.zero, training.engine.reduction_copy) & (lay.offload_optimizer == Offload.NONE)
+    on = np.isin(lay.zero, training.engine.reduction_copy) & (lay.offload_optimizer == Offload.NONE) \
+        & ~deepspeed_bf16_optimizer(training, lay)
     grads = grad_bytes(model, training, lay, stage) + grad_bytes(model, training, lay, stage, at_step=True)
     buffers = deepspeed_straddle_bytes(model, training, lay, stage, at_step=True) + deepspeed_reduce_buckets(training, lay)
     return np.where(on, grads, 0.0), np.where(on, buffers, 0.0)
@@ -198,7 +222,9 @@ def engine_buffers(model: ModelSpec, training: Training, lay: Layouts, stage) ->
         fwd = fwd + deepspeed_reduce_buckets(training, lay)
         step = deepspeed_step_grad_copies(model, training, lay, stage) \
             + np.where(zero3, 0.0, deepspeed_straddle_bytes(model, training, lay, stage, at_step=True))
-        return fwd, step
+        # BF16_Optimizer all-reduces its flat gradient buffer in place: no ZeRO buckets or copies
+        bf16_opt = deepspeed_bf16_optimizer(training, lay)
+        return np.where(bf16_opt, 0.0, fwd), np.where(bf16_opt, 0.0, step)
     if kind is Buffers.FSDP:
         return fsdp_unsharded_unit_bytes(model, training, lay, stage), 0.0 * lay.tp
     return 0.0 * lay.tp, 0.0 * lay.tp  # Megatron's grads live in its contiguous grad buffer (counted in grads)

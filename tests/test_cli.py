@@ -143,8 +143,8 @@ def test_cli_subprocess_exit_status_and_light_imports():
 
 FROZEN = {
     "estimate": ["--allgather-bucket-size", "--calibration", "--cp", "--dp", "--ds-estimator", "--emit", "--engine", "--ep", "--ffn",
-                 "--ffn-kind", "--gbs", "--gpu", "--gpu-memory-gib", "--gpus", "--gpus-per-node", "--hbm-gb-per-s",
-                 "--heads", "--hidden", "--host-ram-gib", "--inter-node-gb-per-s", "--intra-node-gb-per-s", "--json",
+                 "--ffn-kind", "--fp32-grad-accum", "--gbs", "--gpu", "--gpu-memory-gib", "--gpus", "--gpus-per-node",
+                 "--hbm-gb-per-s", "--heads", "--hidden", "--host-ram-gib", "--inter-node-gb-per-s", "--intra-node-gb-per-s", "--json",
                  "--kv-heads", "--layers", "--mbs", "--model", "--no-contiguous-gradients", "--no-flash-attention",
                  "--no-overlap-comm", "--nvme-gb-per-s", "--offload-optimizer", "--offload-params", "--optimizer",
                  "--overlap-comm", "--params", "--pcie-gb-per-s", "--peak-tflops", "--pp", "--precision",
@@ -152,7 +152,8 @@ FROZEN = {
                  "--sequence-parallel", "--stage3-max-live-parameters", "--stage3-max-reuse-distance",
                  "--stage3-param-persistence-threshold", "--stage3-prefetch-bucket-size", "--sub-group-size",
                  "--tied-embeddings", "--tokens", "--tp", "--vocab", "--vpp", "--zero"],
-    "recommend": ["--allgather-bucket-size", "--calibration", "--emit", "--engine", "--ffn", "--ffn-kind", "--gbs", "--gpu",
+    "recommend": ["--allgather-bucket-size", "--calibration", "--emit", "--engine", "--ffn", "--ffn-kind",
+                  "--fp32-grad-accum", "--gbs", "--gpu",
                   "--gpu-memory-gib", "--gpus", "--gpus-per-node", "--hbm-gb-per-s", "--heads", "--hidden",
                   "--host-ram-gib", "--inter-node-gb-per-s", "--intra-node-gb-per-s", "--json", "--kv-heads",
                   "--layers", "--max-mbs", "--memory-headroom", "--model", "--no-contiguous-gradients",

@@ -1,0 +1,108 @@
+"""Micro-benchmarks: GEMM throughput, collective bus bandwidth, CPU AdamW rate; each measurement
+carries what the fit needs (calibrate/fit.py: FLOPs and seconds; op, bytes, ranks and seconds;
+parameters and seconds).
+
+busbw follows nccl-tests (doc/PERFORMANCE.md): algbw = bytes / seconds; all_reduce busbw =
+algbw x 2(n-1)/n, all_gather and reduce_scatter busbw = algbw x (n-1)/n."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+from calibrate.record import Case
+
+CPU_GEMMS = (64, 128, 256, 512, 1024)
+GPU_GEMMS = (256, 512, 1024, 2048, 4096, 8192)
+CPU_COLLECTIVE_BYTES = tuple(2**k for k in range(10, 25, 2))  # 1 KiB .. 16 MiB
+GPU_COLLECTIVE_BYTES = tuple(2**k for k in range(10, 31, 2))  # 1 KiB .. 1 GiB
+
+
+def bus_bytes_per_s(op: str, nbytes: float, ranks: int, seconds: float) -> float:
+    """nccl-tests' bus bandwidth of one collective (doc/PERFORMANCE.md)."""
+    factor = 2 * (ranks - 1) / ranks if op == "all_reduce" else (ranks - 1) / ranks
+    return nbytes / seconds * factor
+
+
+def gemm_run(n: int, dtype: str, repeats: int = 5) -> dict:
+    """Median seconds of an n x n x n matmul (2 n^3 FLOPs) on the default device."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    a = torch.randn(n, n, dtype=getattr(torch, dtype), device=device)
+    b = torch.randn(n, n, dtype=getattr(torch, dtype), device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    torch.matmul(a, b)
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        sync()
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    return {"m": n, "n": n, "k": n, "dtype": dtype, "flops": 2.0 * n**3, "gemm_s": seconds,
+            "flops_per_s": 2.0 * n**3 / seconds}
+
+
+def adam_run(params: int, foreach: bool, repeats: int = 3) -> dict:
+    """Median seconds of one torch AdamW step over `params` fp32 parameters on the CPU."""
+    import torch
+
+    p = torch.nn.Parameter(torch.zeros(params))
+    p.grad = torch.ones(params)
+    opt = torch.optim.AdamW([p], lr=1e-3, foreach=foreach)
+    opt.step()  # states are created at the first step
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    return {"params": params, "foreach": foreach, "adam_step_s": seconds, "adam_params_per_s": params / seconds}
+
+
+def _gemm_prediction(flops: float, gpu: str | None) -> dict:
+    """The planner's time for one GEMM on the catalog GPU (no catalog peak for a CPU: none)."""
+    if gpu in (None, "cpu"):
+        return {}
+    from planner.calibration import coefficient_values
+    from planner.compute import gemm_s
+    from planner.hardware import lookup_gpu
+
+    return {"gemm_s": float(gemm_s(flops, lookup_gpu(gpu).peak_flops_per_s["bf16"], coefficient_values("time")))}
+
+
+def _collective_rows(ranks: list) -> dict:
+    rows = ranks[0]["rows"]
+    for r in rows:
+        r["bus_bytes_per_s"] = bus_bytes_per_s(r["op"], r["bytes"], r["ranks"], r["collective_s"])
+    return {"rows": rows}
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def cases(profile_kind: str, gpu: str | None = None) -> list:
+    gpu_run = profile_kind == "gpu"
+    dtype = "bfloat16" if gpu_run else "float32"
+    out = []
+    for n in GPU_GEMMS if gpu_run else CPU_GEMMS:
+        out.append(Case(name=f"bench/gemm/{dtype}/{n}", kind="gemm", config={"m": n, "n": n, "k": n, "dtype": dtype},
+                        predict=lambda n=n: _gemm_prediction(2.0 * n**3, gpu), reduce=lambda r: r[0],
+                        run_inline=lambda n=n: gemm_run(n, dtype)))
+    sizes = GPU_COLLECTIVE_BYTES if gpu_run else CPU_COLLECTIVE_BYTES
+    ranks = _gpus() if gpu_run else 2
+    if ranks >= 2:  # one launch measures every size; the profile keeps one record per size and op
+        out.append(Case(name="bench/collectives", kind="collective", config={"sizes": list(sizes)},
+                        predict=dict, reduce=_collective_rows, module="calibrate.bench_worker",
+                        args=[json.dumps({"sizes": list(sizes)})], nproc=ranks, timeout_s=300))
+    for params, foreach in ((2**20, False), (2**20, True), (2**22, True)):
+        out.append(Case(name=f"bench/cpu_adam/{params}/{'foreach' if foreach else 'single'}", kind="cpu_adam",
+                        config={"params": params, "foreach": foreach}, predict=dict, reduce=lambda r: r[0],
+                        run_inline=lambda p=params, f=foreach: adam_run(p, f)))
+    return out

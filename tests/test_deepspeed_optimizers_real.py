@@ -1,0 +1,43 @@
+"""DeepSpeed's bf16 optimizer wrappers on 2 gloo ranks, started by DeepSpeed's own launcher
+(calibrate/deepspeed_worker.py), against the planner. P = 158,016 parameters, D = 2.
+
+- bf16 + ZeRO-1 + data_types.grad_accum_dtype fp32 -> BF16_Optimizer (engine.py
+  _do_optimizer_sanity_check): bf16 weights 2, bf16 param.grad 2, the full fp32 accumulation buffer
+  4, fp32 master and Adam states partitioned 12/D: 14 B/param before step() at D = 2, where ZeRO-1's
+  own optimizer holds 2 + 2 + 12/D = 10.
+- bf16 + ZeRO disabled, no pipeline -> FP16_UnfusedOptimizer over bf16 (DDP_BFLOAT16): bf16 weights
+  and grads 2 + 2, fp32 master and states whole 12: 16 B/param.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from calibrate.deepspeed_cases import SCALARS_BYTES, cases
+from calibrate.record import run_case
+
+pytestmark = pytest.mark.slow
+P, D = 158_016, 2
+
+
+@pytest.fixture(scope="module")
+def records():
+    return {r["name"]: r for r in (run_case(c) for c in cases("cpu"))}
+
+
+def test_bf16_optimizer_with_fp32_accumulation(records):
+    r = records["deepspeed/bf16-optimizer/zero1-fp32-accum"]
+    assert r["outcome"]["status"] == "ok", r["outcome"]
+    m = r["measurement"]
+    assert m["optimizer_class"] == "BF16_Optimizer"
+    assert 0 <= m["model_state_bytes"] - (2 + 2 + 4 + 12 / D) * P <= SCALARS_BYTES  # 14 P
+    assert r["prediction"]["model_state_bytes"] == (2 + 2 + 4 + 12 / D) * P
+
+
+def test_zero_disabled_bf16_keeps_whole_fp32_master(records):
+    r = records["deepspeed/fp16-unfused/zero0-bf16"]
+    assert r["outcome"]["status"] == "ok", r["outcome"]
+    m = r["measurement"]
+    assert m["optimizer_class"] == "FP16_UnfusedOptimizer"
+    assert 0 <= m["model_state_bytes"] - 16 * P <= SCALARS_BYTES
+    assert r["prediction"]["model_state_bytes"] == 16 * P
