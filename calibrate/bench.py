@@ -98,9 +98,11 @@ def cases(profile_kind: str, gpu: str | None = None) -> list:
     sizes = GPU_COLLECTIVE_BYTES if gpu_run else CPU_COLLECTIVE_BYTES
     ranks = _gpus() if gpu_run else 2
     if ranks >= 2:  # one launch measures every size; the profile keeps one record per size and op
-        out.append(Case(name="bench/collectives", kind="collective", config={"sizes": list(sizes)},
-                        predict=dict, reduce=_collective_rows, module="calibrate.bench_worker",
-                        args=[json.dumps({"sizes": list(sizes)})], nproc=ranks, timeout_s=300))
+        # medians of 20: on a shared 2-core host single gloo calls vary by 10x
+        spec = {"sizes": list(sizes), "repeats": 20}
+        out.append(Case(name="bench/collectives", kind="collective", config=spec, predict=dict,
+                        reduce=_collective_rows, module="calibrate.bench_worker", args=[json.dumps(spec)],
+                        nproc=ranks, timeout_s=300))
     for params, foreach in ((2**20, False), (2**20, True), (2**22, True)):
         out.append(Case(name=f"bench/cpu_adam/{params}/{'foreach' if foreach else 'single'}", kind="cpu_adam",
                         config={"params": params, "foreach": foreach}, predict=dict, reduce=lambda r: r[0],

@@ -79,9 +79,10 @@ def _device_used(records, c, ref):
                      + c["memory"]["nccl_bytes_per_group"] * x["process_groups"] for x in m], dtype=float)
 
 
-def _peak_memory(records, c, ref):
-    # model states and activations are exact terms with no coefficient: the prediction is the record's own
-    return np.array([r["prediction"]["peak_bytes"] for r in records], dtype=float)
+def _recorded(quantity: str):
+    """Exact terms with no coefficient (model states, saved activations): the prediction recorded
+    with the run."""
+    return lambda records, c, ref: np.array([r["prediction"][quantity] for r in records], dtype=float)
 
 
 GROUPS = (
@@ -92,7 +93,9 @@ GROUPS = (
     FitGroup("memory", "reserved_peak_bytes", (("memory", "allocator_fragmentation"),), _reserved, "peak_memory"),
     FitGroup("memory", "device_used_bytes", (("memory", "cuda_context_bytes"), ("memory", "nccl_bytes_per_group")),
              _device_used, "peak_memory"),
-    FitGroup("memory", "peak_bytes", (), _peak_memory, "peak_memory"),
+    FitGroup("memory", "peak_bytes", (), _recorded("peak_bytes"), "peak_memory"),
+    FitGroup("memory", "model_state_bytes", (), _recorded("model_state_bytes"), "peak_memory"),
+    FitGroup("activations", "layer_saved_bytes", (), _recorded("layer_saved_bytes"), "peak_memory"),
 )
 
 
@@ -100,7 +103,8 @@ def usable(records: list, group: FitGroup) -> list:
     """The group's successful runs that measured its quantity."""
     def ok(r):
         m = r.get("measurement") or {}
-        return (r.get("kind") == group.kind and r.get("outcome", {}).get("status") == "ok"
+        predicted = group.coefficients or isinstance((r.get("prediction") or {}).get(group.quantity), (int, float))
+        return (r.get("kind") == group.kind and r.get("outcome", {}).get("status") == "ok" and predicted
                 and isinstance(m.get(group.quantity), (int, float)) and m[group.quantity] > 0)
     return [r for r in records if ok(r)]
 

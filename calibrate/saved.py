@@ -45,3 +45,25 @@ def counting(exclude=()):
     c = SavedCounter(exclude)
     with torch.autograd.graph.saved_tensors_hooks(c.pack, c.unpack):
         yield c
+
+
+def llama_saved_bytes(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat16", checkpointing: bool = False) -> int:
+    """Bytes a transformers LlamaModel of `hf_config` saves for backward in one forward."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.LlamaModel(transformers.LlamaConfig(**hf_config)).to(getattr(torch, dtype)).train()
+    if checkpointing:
+        model.gradient_checkpointing_enable()  # transformers: torch.utils.checkpoint around each decoder layer
+    ids = torch.randint(0, hf_config["vocab_size"], (batch, seq))
+    with counting(model.parameters()) as c:
+        model(input_ids=ids, use_cache=False)
+    return c.total_bytes
+
+
+def llama_layer_bytes(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat16", checkpointing: bool = False) -> int:
+    """What one decoder layer saves: half the difference between 4 and 2 layers (every storage once)."""
+    two = llama_saved_bytes({**hf_config, "num_hidden_layers": 2}, seq, batch, dtype, checkpointing)
+    four = llama_saved_bytes({**hf_config, "num_hidden_layers": 4}, seq, batch, dtype, checkpointing)
+    assert (four - two) % 2 == 0
+    return (four - two) // 2

@@ -22,6 +22,11 @@ def fsdp_prediction(precision: str, zero: int, mbs: int, seq: int) -> dict:
     weights = float(memory.weight_bytes(model, training, lay, 0)[0])
     grads = float(memory.grad_bytes(model, training, lay, 0, at_step=True)[0])
     optimizer = float(memory.optimizer_bytes(model, training, lay, 0)[0])
+    if zero == 2:
+        # --zero 2 (reshard_after_forward False) books every gathered 16-bit block as weights: they
+        # are held from forward into backward, the peak; after step() they are freed, so the
+        # measured moment has no planner figure for the whole model states
+        return {"grad_bytes": grads}
     return {"model_state_bytes": weights + grads + optimizer, "grad_bytes": grads}
 
 
@@ -42,4 +47,41 @@ def cases(profile_kind: str) -> list:
                 config={"engine": "fsdp", "llama": LLAMA, "worker": cfg, "layout": {"dp": RANKS, "zero": zero}},
                 predict=lambda p=precision, z=zero: fsdp_prediction(p, z, 2, 32), reduce=_reduce,
                 module="calibrate.fsdp_worker", args=[json.dumps(cfg)], nproc=RANKS, timeout_s=180))
+    return out + activation_cases()
+
+
+ACTIVATION_SHAPES = (  # transformers Llama layers: (name, attention, dtype, gradient checkpointing)
+    ("activations/hf-llama/sdpa-bf16", "sdpa", "bfloat16", False),
+    ("activations/hf-llama/eager-bf16", "eager", "bfloat16", False),
+    ("activations/hf-llama/sdpa-fp32", "sdpa", "float32", False),
+    ("activations/hf-llama/sdpa-bf16-checkpointed", "sdpa", "bfloat16", True),
+)
+ACT_SEQ, ACT_BATCH = 32, 2
+
+
+def activation_prediction(attention: str, dtype: str, checkpointing: bool) -> dict:
+    """The planner's bytes one decoder layer keeps for backward (deepspeed engine: Hugging Face modules)."""
+    from planner import activations, layout
+    from planner.hf_config import from_hf_config
+
+    model = from_hf_config({**LLAMA, "model_type": "llama"})
+    training = layout.Training(seq_len=ACT_SEQ, precision={"bfloat16": "bf16", "float32": "fp32"}[dtype],
+                               flash_attention=attention == "sdpa", engine="deepspeed")
+    lay = layout.single(mbs=ACT_BATCH, recompute="full" if checkpointing else "none")
+    return {"layer_saved_bytes": float(activations.kept_per_layer(model, training, lay)[0])}
+
+
+def activation_cases() -> list:
+    from calibrate.saved import llama_layer_bytes
+
+    out = []
+    for name, attention, dtype, checkpointing in ACTIVATION_SHAPES:
+        hf = {**LLAMA, "attn_implementation": attention}
+        out.append(Case(
+            name=name, kind="activations",
+            config={"llama": hf, "seq": ACT_SEQ, "batch": ACT_BATCH, "dtype": dtype, "checkpointing": checkpointing},
+            predict=lambda a=attention, d=dtype, c=checkpointing: activation_prediction(a, d, c),
+            reduce=lambda r: r[0],
+            run_inline=lambda hf=hf, d=dtype, c=checkpointing: {
+                "layer_saved_bytes": llama_layer_bytes(hf, ACT_SEQ, ACT_BATCH, d, c)}))
     return out

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from calibrate.saved import counting  # noqa: E402
+from calibrate.saved import llama_layer_bytes, llama_saved_bytes  # noqa: E402
 from planner import activations, layout  # noqa: E402
 from planner.hf_config import from_hf_config  # noqa: E402
 
@@ -38,22 +38,11 @@ def hf_config(layers: int, impl: str, change: dict) -> dict:
 
 
 def saved_bytes(layers: int, impl: str, change: dict, seq: int, batch: int, dtype, checkpointing=False) -> int:
-    cfg = transformers.LlamaConfig(**hf_config(layers, impl, change))
-    torch.manual_seed(0)
-    model = transformers.LlamaModel(cfg).to(dtype).train()
-    if checkpointing:
-        model.gradient_checkpointing_enable()  # transformers: torch.utils.checkpoint around each decoder layer
-    ids = torch.randint(0, 128, (batch, seq))
-    with counting(model.parameters()) as c:
-        model(input_ids=ids, use_cache=False)
-    return c.total_bytes
+    return llama_saved_bytes(hf_config(layers, impl, change), seq, batch, str(dtype).replace("torch.", ""), checkpointing)
 
 
 def per_layer(impl, change, seq, batch, dtype, checkpointing=False) -> int:
-    two = saved_bytes(2, impl, change, seq, batch, dtype, checkpointing)
-    four = saved_bytes(4, impl, change, seq, batch, dtype, checkpointing)
-    assert (four - two) % 2 == 0
-    return (four - two) // 2
+    return llama_layer_bytes(hf_config(2, impl, change), seq, batch, str(dtype).replace("torch.", ""), checkpointing)
 
 
 def planner_per_layer(impl, change, seq, batch, precision, recompute="none") -> float:

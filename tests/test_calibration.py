@@ -130,3 +130,31 @@ def test_a_profile_costs_no_heavy_import(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_the_shipped_cpu_profile_still_matches_the_planner():
+    """data/calibration/cpu-gloo.json holds real runs (python -m calibrate run cpu-gloo --gpu cpu);
+    every memory case measured there is predicted again by today's planner and must still match
+    the measured bytes (up to the optimizers' 0-d scalars)."""
+    pytest.importorskip("torch")
+    from calibrate import deepspeed_cases, torch_cases
+
+    doc = calibration.read_profile("cpu-gloo")
+    assert doc["hardware"]["gpu"] == "cpu" and doc["fit"]["error"]
+    known = {c.name: c for c in deepspeed_cases.cases("cpu") + torch_cases.cases("cpu")}
+    checked = 0
+    for run in doc["runs"]:
+        if run["kind"] != "memory" or run["outcome"]["status"] != "ok" or run["name"] not in known:
+            continue
+        predicted = known[run["name"]].predict().get("model_state_bytes")
+        measured = run["measurement"]["model_state_bytes"]
+        if predicted is None:  # FSDP2 --zero 2: no planner figure at the measured moment
+            continue
+        assert 0 <= measured - predicted <= deepspeed_cases.SCALARS_BYTES, (run["name"], predicted, measured)
+        checked += 1
+    assert checked >= 4
+
+
+def test_a_cpu_profile_is_refused_for_a_gpu(capsys):
+    code, out, err = run_cli(LLAMA7 + ["--calibration", "cpu-gloo"], capsys)
+    assert code == 2 and "measured on cpu, not h100-sxm" in err
