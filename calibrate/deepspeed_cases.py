@@ -7,29 +7,30 @@ from __future__ import annotations
 import json
 
 from calibrate.deepspeed_worker import LLAMA
-from calibrate.record import Case
+from calibrate.record import Case, gpu_memory, ranks_for
 
-RANKS = 2
 SCALARS_BYTES = 128
 """Loss-scale and step counters the optimizers keep as 0-d tensors (8-84 bytes measured)."""
 
 
-def prediction(zero: int, gas: int, fp32_grad_accum: bool) -> dict:
+def prediction(zero: int, gas: int, fp32_grad_accum: bool, ranks: int) -> dict:
     from planner import layout, memory
     from planner.hf_config import from_hf_config
 
     model = from_hf_config({**LLAMA, "model_type": "llama"})
     training = layout.Training(seq_len=16, engine="deepspeed",
                                zero_config=layout.ZeroConfig(fp32_grad_accum=fp32_grad_accum))
-    lay = layout.single(dp=RANKS, zero=zero, gas=gas)
+    lay = layout.single(dp=ranks, zero=zero, gas=gas)
     parts = [memory.weight_bytes(model, training, lay, 0), memory.grad_bytes(model, training, lay, 0),
              memory.optimizer_bytes(model, training, lay, 0)]
     return {"model_state_bytes": float(sum(p[0] for p in parts))}
 
 
 def _reduce(ranks: list) -> dict:
-    worst = max(r["before_step"]["total_bytes"] for r in ranks)
-    return {"model_state_bytes": worst, "optimizer_class": ranks[0]["optimizer"]}
+    worst = max(ranks, key=lambda r: r["before_step"]["total_bytes"])
+    groups = 1 + (len(ranks) > 1)  # planner.memory.process_groups: world, and DP when > 1 rank
+    return {"model_state_bytes": worst["before_step"]["total_bytes"], "optimizer_class": worst["optimizer"],
+            **gpu_memory(worst, groups)}
 
 
 CONFIGS = (  # (name, zero, gas, fp32 accumulation): the optimizer DeepSpeed 0.19.8 picks
@@ -39,12 +40,13 @@ CONFIGS = (  # (name, zero, gas, fp32 accumulation): the optimizer DeepSpeed 0.1
 
 
 def cases(profile_kind: str) -> list:
+    ranks = ranks_for(profile_kind)
     out = []
     for name, zero, gas, fp32_acc in CONFIGS:
         cfg = {"zero": zero, "gas": gas, **({"ds": {"data_types": {"grad_accum_dtype": "fp32"}}} if fp32_acc else {})}
         out.append(Case(name=name, kind="memory", config={"engine": "deepspeed", "llama": LLAMA, "worker": cfg},
-                        predict=lambda z=zero, g=gas, f=fp32_acc: prediction(z, g, f), reduce=_reduce,
-                        module="calibrate.deepspeed_worker", args=[json.dumps(cfg)], nproc=RANKS,
+                        predict=lambda z=zero, g=gas, f=fp32_acc: prediction(z, g, f, ranks), reduce=_reduce,
+                        module="calibrate.deepspeed_worker", args=[json.dumps(cfg)], nproc=ranks,
                         launcher="deepspeed", env={"DS_ACCELERATOR": "cpu"} if profile_kind == "cpu" else {},
                         timeout_s=240))
     return out

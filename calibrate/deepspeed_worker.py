@@ -12,11 +12,12 @@ import json
 import os
 import sys
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
-
 import torch  # noqa: E402
 
-from calibrate.worker_io import write_result  # noqa: E402
+if not torch.cuda.is_available():
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported
+
+from calibrate.worker_io import cuda_memory, device, write_result  # noqa: E402
 
 LLAMA = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
          "intermediate_size": 176, "vocab_size": 512, "tie_word_embeddings": False, "max_position_embeddings": 64}
@@ -76,7 +77,7 @@ def main(cfg: dict) -> None:
           **cfg.get("ds", {})}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds)
-    ids = torch.randint(0, LLAMA["vocab_size"], (1, 16))
+    ids = torch.randint(0, LLAMA["vocab_size"], (1, 16), device=device())
     before_step = None
     for _ in range(cfg.get("steps", 2)):
         for micro in range(cfg["gas"]):
@@ -87,7 +88,7 @@ def main(cfg: dict) -> None:
             engine.step()
     write_result({"optimizer": type(engine.optimizer).__name__, "params": sum(p.numel() for p in model.parameters())
                   if cfg["zero"] < 3 else sum(p.ds_numel for p in model.parameters()),
-                  "before_step": before_step, "after_step": held_bytes(engine)})
+                  "before_step": before_step, "after_step": held_bytes(engine), **cuda_memory()})
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from calibrate.worker_io import write_result
+from calibrate.worker_io import cuda_memory, device, write_result
 
 LLAMA = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
          "intermediate_size": 176, "vocab_size": 512, "tie_word_embeddings": False, "max_position_embeddings": 64}
@@ -38,15 +38,16 @@ def storage_bytes(tensors) -> int:
 def main(cfg: dict) -> None:
     import transformers
 
-    dist.init_process_group("gloo")
+    dev = device()
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**LLAMA, **cfg.get("llama", {})}))
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**LLAMA, **cfg.get("llama", {})})).to(dev)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cfg["mixed"] else MixedPrecisionPolicy()
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=mp, reshard_after_forward=cfg["reshard_after_forward"])
     fully_shard(model, mp_policy=mp, reshard_after_forward=cfg["reshard_after_forward"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
-    ids = torch.randint(0, LLAMA["vocab_size"], (cfg["mbs"], cfg["seq"]))
+    ids = torch.randint(0, LLAMA["vocab_size"], (cfg["mbs"], cfg["seq"]), device=dev)
 
     def step():
         loss = model(input_ids=ids, labels=ids).loss
@@ -63,6 +64,7 @@ def main(cfg: dict) -> None:
         "optimizer_bytes": storage_bytes(v for st in opt.state.values() for v in st.values()
                                          if torch.is_tensor(v) and v.dim() > 0),
         "params": sum(p.numel() for p in params),
+        **cuda_memory(),
     }
     write_result(result)
     dist.destroy_process_group()

@@ -106,3 +106,24 @@ def expand_rows(record: dict) -> list:
         return [record]
     return [{**record, "name": f"{record['name']}/{row.get('op', '')}/{row.get('bytes', i)}",
              "config": {**record["config"], "point": i}, "measurement": row} for i, row in enumerate(rows)]
+
+
+GPU_MEMORY = ("allocated_peak_bytes", "reserved_peak_bytes", "device_used_bytes")
+"""What a GPU rank adds to its result (calibrate/worker_io.py cuda_memory)."""
+
+
+def ranks_for(profile_kind: str) -> int:
+    """Ranks per run: 2 gloo processes on a CPU; on GPUs one per device, at most 2 (the cases are
+    sized for data parallelism of 2; a one-GPU machine runs them with 1)."""
+    if profile_kind == "cpu":
+        return 2
+    import torch
+
+    return max(1, min(2, torch.cuda.device_count()))
+
+
+def gpu_memory(rank_result: dict, process_groups: int) -> dict:
+    """A GPU rank's allocator peaks and device use, with the communicators it belongs to (what
+    calibrate/fit.py fits the allocator reserve, CUDA context and NCCL buffers to)."""
+    out = {k: rank_result[k] for k in GPU_MEMORY if k in rank_result}
+    return {**out, "process_groups": process_groups} if out else {}

@@ -19,3 +19,26 @@ def write_result(payload: dict) -> None:
     tmp = out / f".rank{rank()}.json.tmp"
     tmp.write_text(json.dumps(payload))
     os.replace(tmp, out / f"rank{rank()}.json")
+
+
+def cuda_memory() -> dict:
+    """On a GPU: the caching allocator's peaks and what the device has in use (CUDA context and
+    NCCL buffers included); {} on a CPU. Quantities as calibrate/fit.py reads them."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    return {"allocated_peak_bytes": torch.cuda.max_memory_allocated(),
+            "reserved_peak_bytes": torch.cuda.max_memory_reserved(), "device_used_bytes": total - free}
+
+
+def device():
+    """This rank's device: cuda:LOCAL_RANK when there is a GPU, else the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")

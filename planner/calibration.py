@@ -144,8 +144,10 @@ def load(spec: str | None, gpu_name: str) -> Calibration | None:
 
 
 def new_profile(name: str, gpu: str, environment: dict) -> dict:
-    return {"schema": SCHEMA, "profile": name, "hardware": {"gpu": gpu}, "environment": environment,
-            "runs": [], "fit": None, "fit_history": []}
+    return {"schema": SCHEMA, "profile": name,
+            "about": f"Measured by `python -m calibrate run {name}` on this hardware; every run records its "
+                     "environment, exact config, the planner's prediction then, the measurement and the outcome.",
+            "hardware": {"gpu": gpu}, "environment": environment, "runs": [], "fit": None, "fit_history": []}
 
 
 def save_profile(path: Path, doc: dict) -> None:
