@@ -67,3 +67,19 @@ def llama_layer_bytes(hf_config: dict, seq: int, batch: int, dtype: str = "bfloa
     four = llama_saved_bytes({**hf_config, "num_hidden_layers": 4}, seq, batch, dtype, checkpointing)
     assert (four - two) % 2 == 0
     return (four - two) // 2
+
+
+def transient_peak_bytes(fn) -> int:
+    """Peak, above what was live before, of the bytes allocated while `fn` runs on the CPU:
+    torch.profiler(profile_memory=True) records each op's own allocations and frees
+    (self_cpu_memory_usage, signed); their running sum in time order peaks at the step's peak."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e for e in prof.events() if e.self_cpu_memory_usage), key=lambda e: e.time_range.start)
+    live = peak = 0
+    for e in events:
+        live += e.self_cpu_memory_usage
+        peak = max(peak, live)
+    return peak

@@ -100,3 +100,30 @@ def test_final_norm_and_head_input():
     training = layout.Training(seq_len=32, engine="deepspeed")
     head = activations.head_input_bytes(spec, training, layout.single(mbs=2), 0)[0]
     assert float(head) == two - layers - rotary - ids + 32 * 2 * 2 * 64
+
+
+@pytest.mark.parametrize("layers, vocab", [(1, 8192), (3, 8192), (1, 2048)])
+def test_step_peak_is_activations_plus_logits(layers, vocab):
+    """The transient peak of one forward+backward of LlamaForCausalLM (torch.profiler allocation
+    events; gradients preallocated by the step before) against the planner's activations of the
+    stage plus its logits at 10 bytes per vocabulary element (16-bit logits, their fp32 copy in
+    transformers' ForCausalLMLoss, the fp32 log-softmax cross_entropy keeps)."""
+    from calibrate.saved import transient_peak_bytes
+
+    cfg = {**hf_config(layers, "sdpa", {}), "vocab_size": vocab}
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).to(torch.bfloat16).train()
+    ids = torch.randint(0, vocab, (2, 64))
+
+    def step():
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+
+    step()
+    measured = transient_peak_bytes(step)
+    spec = from_hf_config(cfg)
+    training = layout.Training(seq_len=64, engine="deepspeed")
+    lay = layout.single(mbs=2)
+    predicted = activations.stage_activation_bytes(spec, training, lay, 0)[0] \
+        + activations.logits_bytes(spec, training, lay, 0, 10)[0]
+    # e.g. 1 layer, V 8192: 128 tokens x (10 x 8192 logits + 2,840 layer + 516 head) = 10.9 MB
+    assert measured == pytest.approx(predicted, rel=0.02)

@@ -470,3 +470,13 @@ def test_export_imports_no_heavy_packages():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_fp32_grad_accumulation_reaches_deepspeed(tmp_path, monkeypatch):
+    # runtime/config.py get_data_types_params -> DeepSpeedConfig.grad_accum_dtype: "fp32", which with
+    # bf16 and ZeRO-1 makes deepspeed.initialize wrap the optimizer in BF16_Optimizer
+    case = dict(engine="deepspeed", precision="bf16", optimizer="adamw", row=dict(dp=8, zero=1, mbs=1, gas=1))
+    row, _, out = emit_case(tmp_path, case, zero_config=ZeroConfig(fp32_grad_accum=True))
+    assert ds_load(out["ds_config.json"], row, "deepspeed", monkeypatch).grad_accum_dtype == "fp32"
+    row, _, out = emit_case(tmp_path / "default", case)
+    assert ds_load(out["ds_config.json"], row, "deepspeed", monkeypatch).grad_accum_dtype is None
