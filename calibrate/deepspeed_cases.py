@@ -49,4 +49,33 @@ def cases(profile_kind: str) -> list:
                         module="calibrate.deepspeed_worker", args=[json.dumps(cfg)], nproc=ranks,
                         launcher="deepspeed", env={"DS_ACCELERATOR": "cpu"} if profile_kind == "cpu" else {},
                         timeout_s=240))
-    return out
+    return out + (pipe_cases(profile_kind) if ranks >= 2 else [])
+
+
+def pipe_prediction(zero: int, gas: int) -> dict:
+    """The planner's model-state bytes per parameter of a stage of a 2-stage DeepSpeed pipeline, one
+    rank per stage (the worker's MLP stack is no catalog model: compared per parameter)."""
+    from planner import layout, memory, sharding
+    from planner.model import lookup
+
+    model = lookup("llama-2-7b")
+    training = layout.Training(seq_len=16, engine="deepspeed")
+    lay = layout.single(pp=2, dp=1, zero=zero, gas=gas)
+    dense, expert = sharding.rank_params(model, training, lay, 0)
+    held = sum(f(model, training, lay, 0)[0] for f in (memory.weight_bytes, memory.grad_bytes, memory.optimizer_bytes))
+    return {"model_state_bytes_per_param": float(held / (dense + expert)[0])}
+
+
+def _reduce_pipe(ranks: list) -> dict:
+    worst = max(ranks, key=lambda r: max(a["total_bytes"] for a in r["after_backward"]))
+    peak = max(a["total_bytes"] for a in worst["after_backward"])
+    return {"model_state_bytes_per_param": peak / worst["stage_params"], "optimizer_class": worst["optimizer"]}
+
+
+def pipe_cases(profile_kind: str) -> list:
+    """bf16 without ZeRO under the pipeline engine: DeepSpeed picks BF16_Optimizer."""
+    cfg = {"zero": 0, "gas": 4}
+    return [Case(name="deepspeed/pipe/bf16-optimizer-zero0", kind="memory", config={"engine": "deepspeed", "worker": cfg},
+                 predict=lambda: pipe_prediction(0, 4), reduce=_reduce_pipe, module="calibrate.deepspeed_pipe_worker",
+                 args=[json.dumps(cfg)], nproc=2, env={"DS_ACCELERATOR": "cpu"} if profile_kind == "cpu" else {},
+                 timeout_s=240)]

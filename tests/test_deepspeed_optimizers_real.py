@@ -5,6 +5,9 @@
   _do_optimizer_sanity_check): bf16 weights 2, bf16 param.grad 2, the full fp32 accumulation buffer
   4, fp32 master and Adam states partitioned 12/D: 14 B/param before step() at D = 2, where ZeRO-1's
   own optimizer holds 2 + 2 + 12/D = 10.
+- bf16 + ZeRO disabled under the pipeline engine (2 stages, one rank each, 4 micro-batches) ->
+  BF16_Optimizer accumulating in bf16: after every backward of the schedule 2 (weights) + 2
+  (param.grad) + 2 (accumulation buffer) + 12 (master and states, D = 1) = 18 B per stage parameter.
 - bf16 + ZeRO disabled, no pipeline -> FP16_UnfusedOptimizer over bf16 (DDP_BFLOAT16): bf16 weights
   and grads 2 + 2, fp32 master and states whole 12: 16 B/param.
 """
@@ -41,3 +44,12 @@ def test_zero_disabled_bf16_keeps_whole_fp32_master(records):
     assert m["optimizer_class"] == "FP16_UnfusedOptimizer"
     assert 0 <= m["model_state_bytes"] - 16 * P <= SCALARS_BYTES
     assert r["prediction"]["model_state_bytes"] == 16 * P
+
+
+def test_pipeline_without_zero_holds_bf16_optimizer_gradients_through_the_schedule(records):
+    r = records["deepspeed/pipe/bf16-optimizer-zero0"]
+    assert r["outcome"]["status"] == "ok", r["outcome"]
+    m = r["measurement"]
+    assert m["optimizer_class"] == "BF16_Optimizer"
+    assert m["model_state_bytes_per_param"] == pytest.approx(18.0, abs=1e-3)  # 0-d scalars apart
+    assert r["prediction"]["model_state_bytes_per_param"] == pytest.approx(18.0, rel=1e-12)
