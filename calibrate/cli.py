@@ -107,7 +107,7 @@ def cmd_run(args) -> int:
     return 0 if all(r["outcome"]["status"] == "ok" for r in rows) else 1
 
 
-UNITS = ("_bytes", "_s", "_per_s")
+UNITS = ("_bytes", "_s", "_per_s", "_per_param")
 """Measured quantities the summary prints (the others are the config of a point)."""
 
 

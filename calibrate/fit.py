@@ -95,6 +95,7 @@ GROUPS = (
              _device_used, "peak_memory"),
     FitGroup("memory", "peak_bytes", (), _recorded("peak_bytes"), "peak_memory"),
     FitGroup("memory", "model_state_bytes", (), _recorded("model_state_bytes"), "peak_memory"),
+    FitGroup("memory", "model_state_bytes_per_param", (), _recorded("model_state_bytes_per_param"), "peak_memory"),
     FitGroup("activations", "layer_saved_bytes", (), _recorded("layer_saved_bytes"), "peak_memory"),
 )
 
