@@ -87,6 +87,8 @@ class Recommendation:
     suggestions: list = field(default_factory=list)
     """When nothing fits: what would."""
     elapsed_s: float = 0.0
+    landscape: dict | None = None
+    """recommend(landscape=N): fitting layouts as {label, gpu_bytes, tokens_per_s, pareto} lists."""
 
     def to_json(self) -> dict:
         """The `planner recommend --json` object."""
@@ -154,10 +156,14 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
 
 
 def recommend(model, cluster=None, training=None, *, top: int | None = None, memory_headroom: float | None = None,
-              max_mbs: int | None = None) -> Recommendation:
+              max_mbs: int | None = None, pinned: dict | None = None, landscape: int = 0) -> Recommendation:
     """The `top` fastest layouts that fit (with `memory_headroom` of GPU memory kept free), searched
     over every TP/PP/VPP/CP/DP/EP degree, ZeRO stage, offload, micro-batch up to `max_mbs`,
-    recompute and sequence parallelism the engine allows."""
+    recompute and sequence parallelism the engine allows.
+
+    pinned: {field: value} of LayoutInput fields (words as the flags take them) that every layout
+    keeps, e.g. {"tp": 8, "zero": 1}. landscape: also return up to this many fitting layouts as
+    (memory, speed) points with the Pareto front (Recommendation.landscape), for plots."""
     from planner.bounds import check
 
     cin = coerce(cluster, ClusterInput, "--gpus")
@@ -180,7 +186,10 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     if tin.engine is None:
         defaults["engine"] = train.engine.name
     defaults.update(_training_defaults(tin, cin))
-    result = search.search(spec, clus, train, headroom, max_mbs)
+    pins = _pin_codes(pinned or {}, clus.num_gpus)
+    result = search.search(spec, clus, train, headroom, max_mbs, pinned=pins)
+    if pins and result["valid"].size == 0:
+        _raise_contradiction(spec, clus, train, max_mbs, pins, pinned)
     assumptions = {
         "gpu": clus.gpu.name, "gpus_per_node": clus.gpus_per_node, "seq_len": train.seq_len, "gbs": gbs,
         "tokens_per_step": gbs * train.seq_len, "engine": train.engine.name, "precision": str(train.precision),
@@ -188,6 +197,8 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
         "calibration": clus.calibration.name if clus.calibration else None,
         "peak_memory_band": clus.calibration.band("peak_memory") if clus.calibration else prior_band("peak_memory"),
     }
+    if pins:
+        assumptions["pinned"] = {k: pinned[k] for k in search.PINNABLE if k in pinned}
     if result["coarsened"]:  # the space was larger than one search materializes
         assumptions["search_coarsened"] = list(result["coarsened"])
     valid, ev = result["valid"], result["eval"]
@@ -199,8 +210,60 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
             rec["time_to_train"] = _time_to_train(rec["time"]["step_s"], gbs * train.seq_len, tin, clus)
         records.append(rec)
     hints = [] if records else search.what_would_fit(spec, clus, train, headroom, max_mbs, result)
+    points = search.landscape(result, landscape) if landscape else None
     return Recommendation(spec, clus, train, assumptions, defaults, result["candidates"], result["rejected"],
-                          records, hints, result["elapsed_s"])
+                          records, hints, result["elapsed_s"], points)
+
+
+def _pin_codes(pinned: dict, gpus: int) -> dict:
+    """{field: int code} of the pinned layout values, each checked; InputError naming the flags when
+    they cannot multiply to the GPU count."""
+    from planner.bounds import check
+    from planner.options import Offload, Recompute
+
+    unknown = sorted(set(pinned) - set(search.PINNABLE))
+    if unknown:
+        raise InputError(f"--{unknown[0].replace('_', '-')}: not a layout field recommend can pin; "
+                         f"pinnable: {', '.join(search.PINNABLE)}")
+    codes = {}
+    for key, value in pinned.items():
+        flag = "--" + key.replace("_", "-")
+        if key in ("offload_optimizer", "offload_params"):
+            codes[key] = int(Offload.parse(value, flag))
+        elif key == "recompute":
+            codes[key] = int(Recompute.parse(value, flag))
+        elif key == "sequence_parallel":
+            _boolean_pin(value, flag)
+            codes[key] = int(value)
+        elif key == "zero":
+            if value not in (0, 1, 2, 3) or isinstance(value, bool):
+                raise InputError(f"--zero: must be one of 0, 1, 2, 3, got {value!r}")
+            codes[key] = int(value)
+        else:
+            codes[key] = check(key, value, flag)
+    axes = [k for k in ("tp", "pp", "cp", "dp") if k in codes]
+    product = math.prod(codes[k] for k in axes)
+    if axes and (gpus % product or ("dp" in codes and len(axes) == 4 and product != gpus)):
+        flags = "*".join(f"--{k}" for k in axes)
+        raise InputError(f"{flags}: {product} does not {'equal' if len(axes) == 4 else 'divide'} --gpus {gpus}")
+    return codes
+
+
+def _boolean_pin(value, flag: str) -> None:
+    if not isinstance(value, bool):
+        raise InputError(f"{flag}: must be true or false, got {value!r}")
+
+
+def _raise_contradiction(spec, clus, train, max_mbs, pins: dict, pinned: dict) -> None:
+    """No layout with the pinned values passes the rules: name the pins and the rule that every
+    one of them breaks (else the one most of them break)."""
+    lay, _, _ = search.enumerate_layouts(spec, clus, train, max_mbs, pinned=pins)
+    given = " ".join(f"--{k.replace('_', '-')} {pinned[k]}" for k in search.PINNABLE if k in pinned)
+    broken = [(int(m.sum()), r) for r, m in rules.violations(spec, clus, train, lay)] if lay.size else []
+    if not broken or max(b[0] for b in broken) == 0:
+        raise InputError(f"{given}: no layout of --gpus {clus.num_gpus} and --gbs {train.gbs} has these values (the batch must divide by --mbs*--dp)")
+    count, rule = max(broken, key=lambda b: b[0])
+    raise InputError(f"{given}: no layout with these passes the rules: {rule.message(spec, clus, train)}")
 
 
 def _training_defaults(tin: TrainingInput, cin: ClusterInput) -> dict:

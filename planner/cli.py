@@ -132,6 +132,27 @@ def add_training_flags(p):
     g.add_argument("--price-per-gpu-hour", type=positive_float, help=help_text("price_per_gpu_hour"))
 
 
+LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "dp": None, "cp": 1, "ep": 1, "vpp": 1, "zero": 0, "offload_optimizer": "none",
+                   "offload_params": "none", "mbs": 1, "recompute": "none", "sequence_parallel": False}
+"""estimate's layout defaults; recommend takes the same flags with no default: each one given pins its axis."""
+
+
+def add_layout_flags(g, pinning: bool):
+    def default(key):
+        return None if pinning else LAYOUT_DEFAULTS[key]
+
+    pin = " (pins the axis; the search covers the rest)" if pinning else ""
+    for key in ("tp", "pp", "dp", "cp", "ep", "vpp"):
+        text = "default gpus/(tp*pp*cp)" if key == "dp" and not pinning else ""
+        g.add_argument("--" + key, type=positive_int, default=default(key), help=_h(text + pin, key))
+    g.add_argument("--zero", type=int, default=default("zero"), choices=(0, 1, 2, 3), help=pin or None)
+    g.add_argument("--offload-optimizer", default=default("offload_optimizer"), help="none, cpu, nvme" + pin)
+    g.add_argument("--offload-params", default=default("offload_params"), help="none, cpu, nvme" + pin)
+    g.add_argument("--mbs", type=positive_int, default=default("mbs"), help=_h(pin, "mbs"))
+    g.add_argument("--recompute", default=default("recompute"), help="none, selective, full" + pin)
+    g.add_argument("--sequence-parallel", action="store_true", default=default("sequence_parallel"), help=pin or None)
+
+
 def build_parser() -> Parser:
     p = Parser(prog="planner", description="Memory and throughput planner for distributed LLM training.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -140,17 +161,8 @@ def build_parser() -> Parser:
     add_model_flags(e)
     add_cluster_flags(e)
     add_training_flags(e)
-    g = e.add_argument_group("layout")
-    for key, default in (("tp", 1), ("pp", 1), ("dp", None), ("cp", 1), ("ep", 1), ("vpp", 1)):
-        text = "default gpus/(tp*pp*cp)" if key == "dp" else ""
-        g.add_argument("--" + key, type=positive_int, default=default, help=_h(text, key))
-    g.add_argument("--schedule", default=None, help="1f1b, interleaved, gpipe (default: interleaved when --vpp > 1)")
-    g.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
-    g.add_argument("--offload-optimizer", default="none", help="none, cpu, nvme")
-    g.add_argument("--offload-params", default="none", help="none, cpu, nvme")
-    g.add_argument("--mbs", type=positive_int, default=1, help=help_text("mbs"))
-    g.add_argument("--recompute", default="none", help="none, selective, full")
-    g.add_argument("--sequence-parallel", action="store_true")
+    add_layout_flags(e.add_argument_group("layout"), pinning=False)
+    e.add_argument("--schedule", default=None, help="1f1b, interleaved, gpipe (default: interleaved when --vpp > 1)")
     e.add_argument("--ds-estimator", action="store_true", help="also print DeepSpeed's own estimator figures")
     e.add_argument("--emit", metavar="DIR", help="write ds_config.json, accelerate config and launch command")
     e.add_argument("--json", action="store_true")
@@ -165,6 +177,7 @@ def build_parser() -> Parser:
     r.add_argument("--memory-headroom", type=number,
                    help="fraction of GPU memory kept free (default 0.05) [a number >= 0 and < 1]")
     r.add_argument("--max-mbs", type=positive_int, help=_h("largest micro-batch tried (default 16)", "max_mbs"))
+    add_layout_flags(r.add_argument_group("pinned layout axes"), pinning=True)
     r.add_argument("--emit", metavar="DIR")
     r.add_argument("--json", action="store_true")
 
@@ -229,8 +242,9 @@ def cmd_estimate(args, out) -> int:
 def cmd_recommend(args, out) -> int:
     from planner import api, report
 
+    pinned = {k: getattr(args, k) for k in LAYOUT_DEFAULTS if getattr(args, k) is not None}
     r = api.recommend(model_input(args), cluster_input(args), training_input(args), top=args.top,
-                      memory_headroom=args.memory_headroom, max_mbs=args.max_mbs)
+                      memory_headroom=args.memory_headroom, max_mbs=args.max_mbs, pinned=pinned)
     if r.layouts and args.emit:
         r.layouts[0]["emitted"] = _emit(args.emit, r.model, r.cluster, r.training, r.layouts[0]["layout"])
     if args.json:

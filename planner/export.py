@@ -75,14 +75,7 @@ def emit(out_dir, model: ModelSpec, cluster: Cluster, training: Training, layout
     InputError if the layout breaks a planner rule, or "--emit: ..." if `out_dir` cannot be
     created or written.
     """
-    if training.engine.launcher is Launcher.TORCHTITAN:
-        raise InputError("--emit: no export for --engine torchtitan yet (it takes the layout as "
-                         "--parallelism.* flags of its own trainer); use --json for the layout")
-    row = _normalise_row(layout_row)
-    opts = dict(EXTRA_DEFAULTS)
-    opts.update(extra or {})
-    _check(model, cluster, training, row)
-
+    files = render(model, cluster, training, layout_row, extra, check_only=True)  # bad input fails before mkdir
     out = Path(out_dir).expanduser()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -93,24 +86,40 @@ def emit(out_dir, model: ModelSpec, cluster: Cluster, training: Training, layout
     if not out.is_dir():
         raise InputError(f"--emit: {str(out)!r} exists and is not a directory")
     out = out.resolve()
-
-    files: list[tuple[str, str, int]] = []
-    ds = None
-    if training.engine.deepspeed:
-        ds = deepspeed_config(model, cluster, training, row, opts)
-        files.append((DS_CONFIG, json.dumps(ds, indent=2) + "\n", 0o644))
-    files.append((ACCELERATE_CONFIG, accelerate_yaml(model, cluster, training, row, out / DS_CONFIG), 0o644))
-    files.append((LAUNCH, launch_script(model, cluster, training, row, opts), 0o755))
-    if _wants_megatron(training, row):
-        args = megatron_args(model, training, row, ds_config_path=str(out / DS_CONFIG))
-        files.append((MEGATRON_ARGS, "".join(a + "\n" for a in args), 0o644))
-
+    files = render(model, cluster, training, layout_row, extra, directory=out)
     written = []
     for name, text, mode in files:
         path = out / name
         atomic_write(path, text, mode, flag="--emit")
         written.append(path)
     return written
+
+
+def render(model: ModelSpec, cluster: Cluster, training: Training, layout_row: dict, extra: dict | None = None,
+           directory: Path | None = None, check_only: bool = False) -> list[tuple[str, str, int]]:
+    """The launch configs of `layout_row` as (file name, text, mode), in writing order, without
+    writing anything (the app's downloads). Paths inside the files point into `directory`, or are
+    bare file names when it is None. check_only: raise on bad input, return []."""
+    if training.engine.launcher is Launcher.TORCHTITAN:
+        raise InputError("--emit: no export for --engine torchtitan yet (it takes the layout as "
+                         "--parallelism.* flags of its own trainer); use --json for the layout")
+    row = _normalise_row(layout_row)
+    opts = dict(EXTRA_DEFAULTS)
+    opts.update(extra or {})
+    _check(model, cluster, training, row)
+    if check_only:
+        return []
+    ds_path = Path(DS_CONFIG) if directory is None else directory / DS_CONFIG
+    files: list[tuple[str, str, int]] = []
+    if training.engine.deepspeed:
+        ds = deepspeed_config(model, cluster, training, row, opts)
+        files.append((DS_CONFIG, json.dumps(ds, indent=2) + "\n", 0o644))
+    files.append((ACCELERATE_CONFIG, accelerate_yaml(model, cluster, training, row, ds_path), 0o644))
+    files.append((LAUNCH, launch_script(model, cluster, training, row, opts), 0o755))
+    if _wants_megatron(training, row):
+        args = megatron_args(model, training, row, ds_config_path=str(ds_path))
+        files.append((MEGATRON_ARGS, "".join(a + "\n" for a in args), 0o644))
+    return files
 
 
 # ---------------------------------------------------------------------------------------------

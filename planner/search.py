@@ -65,7 +65,16 @@ class Space:
     """How many micro-batch sizes count as considered (1..max_mbs, or the coarsened ones)."""
     ep: tuple
     offload: tuple
+    """Offload codes searched for the optimizer states (and the parameters, unless pinned)."""
+    zero: tuple = (0, 1, 2, 3)
+    recompute: tuple = tuple(Recompute)
+    sequence_parallel: tuple = (0, 1)
+    pinned: tuple = ()
+    """(field, code) pairs the user fixed: every candidate has these values."""
     coarsened: tuple = ()
+
+    def pinned_value(self, name: str):
+        return dict(self.pinned).get(name)
 
 
 def _pow2(values) -> tuple:
@@ -86,9 +95,10 @@ COARSENINGS = (  # applied in order until the space fits SEARCH_BUDGET
 def _structures(model: ModelSpec, cluster: Cluster, training: Training, space: Space) -> tuple:
     """(all (tp, pp, cp, dp) combinations, the ones whose layers and batch can divide)."""
     g = cluster.num_gpus
-    rows = [(tp, pp, cp, g // (tp * pp * cp)) for tp in space.tp for pp in divisors(g // tp)
-            if not space.pp_powers_of_two or pp & (pp - 1) == 0
-            for cp in space.cp if (g // tp // pp) % cp == 0]
+    pin_pp, pin_dp = space.pinned_value("pp"), space.pinned_value("dp")
+    rows = [(tp, pp, cp, g // (tp * pp * cp)) for tp in space.tp if g % tp == 0 for pp in divisors(g // tp)
+            if (not space.pp_powers_of_two or pp & (pp - 1) == 0) and pin_pp in (None, pp)
+            for cp in space.cp if (g // tp // pp) % cp == 0 and pin_dp in (None, g // (tp * pp * cp))]
     struct = np.array(rows, dtype=np.int64).reshape(-1, 4)
     # a structure whose pp exceeds the layers or whose dp does not divide the batch keeps no row
     possible = (struct[:, 1] <= model.layers) & (training.gbs % np.maximum(struct[:, 3], 1) == 0)
@@ -126,11 +136,35 @@ def _base_rows(vpp_ok: np.ndarray, mbs_ok: np.ndarray, dp_index: np.ndarray, spa
 
 def _rest(space: Space) -> tuple:
     """Choices multiplied onto every base row: zero, offloads, recompute, sp, ep."""
-    return 4, len(space.offload), len(space.offload), len(Recompute), 2, len(space.ep)
+    return (np.array(space.zero), np.array(space.offload), np.array(_offload_params(space)),
+            np.array(space.recompute), np.array(space.sequence_parallel), np.array(space.ep))
+
+
+def _offload_params(space: Space) -> tuple:
+    pin = space.pinned_value("offload_params")
+    return space.offload if pin is None else (pin,)
+
+
+PINNABLE = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "offload_optimizer", "offload_params", "mbs", "recompute",
+            "sequence_parallel")
+"""Layout fields a search can be told to keep fixed (recommend --tp 8 --zero 1 ...)."""
+
+
+def pin(space: Space, pinned: dict) -> Space:
+    """`space` restricted to the pinned values ({field: int code}); the pinned value is searched even
+    where the free search would not try it (tp across nodes, an mbs above max_mbs): the rules judge it."""
+    assert set(pinned) <= set(PINNABLE), pinned
+    narrowed = {k: (int(v),) for k, v in pinned.items()
+                if k in ("tp", "cp", "vpp", "mbs", "ep", "zero", "recompute", "sequence_parallel")}
+    if "offload_optimizer" in pinned:
+        narrowed["offload"] = (int(pinned["offload_optimizer"]),)
+    if "mbs" in pinned:
+        narrowed["mbs_considered"] = 1
+    return replace(space, **narrowed, pinned=tuple(sorted((k, int(v)) for k, v in pinned.items())))
 
 
 def enumerate_layouts(model: ModelSpec, cluster: Cluster, training: Training, max_mbs: int = 16,
-                      budget: int = SEARCH_BUDGET) -> tuple:
+                      budget: int = SEARCH_BUDGET, pinned: dict | None = None) -> tuple:
     """Every combination of the searched dimensions, how many were dropped for divisibility, and the
     coarsening steps taken to stay within `budget` materialized candidates.
 
@@ -139,43 +173,46 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, training: Training, ma
     recompute none/selective/full; sequence parallel off/on; ep: divisors of the expert count.
     (tp, pp, cp, dp, mbs, vpp) combinations whose batch or layers do not divide are counted, not
     built (the work grows with the combinations that divide, never with the GPU count); every other
-    rule is applied afterwards, vectorized."""
+    rule is applied afterwards, vectorized. `pinned` fields ({field: int code}) take only their value."""
     g = cluster.num_gpus
     space = Space(tp=tuple(divisors(min(cluster.gpus_per_node, g))), pp_powers_of_two=False, cp=CP_CHOICES,
                   vpp=VPP_CHOICES, mbs=tuple(m for m in divisors(training.gbs) if m <= max_mbs) or (1,),
                   mbs_considered=max_mbs, ep=tuple(divisors(model.experts)), offload=tuple(Offload))
+    space = pin(space, pinned or {})
     steps = iter(COARSENINGS)
     while True:
         struct_all, struct = _structures(model, cluster, training, space)
         vpp_ok, mbs_ok, dp_index = _divisible(model, training, struct, space)
         rows = int((vpp_ok.sum(axis=1) * mbs_ok.sum(axis=1)[dp_index]).sum())
-        size = rows * int(np.prod(_rest(space)))
+        size = rows * int(np.prod([len(c) for c in _rest(space)]))
         if size <= budget:
             break
         step = next(steps, None)
         if step is None:
             raise InputError(f"--gpus: {g} GPUs with --gbs {training.gbs} give {size:,} layouts to search even "
                              f"coarsened (at most {budget:,}); pick a GPU count or a global batch with fewer divisors")
-        space = replace(step[1](space), coarsened=space.coarsened + (step[0],))
+        space = pin(replace(step[1](space), coarsened=space.coarsened + (step[0],)), dict(space.pinned))
     b, mbs, vpp = _base_rows(vpp_ok, mbs_ok, dp_index, space)
     considered = len(struct_all) * space.mbs_considered * len(space.vpp)
-    dropped = (considered - len(b)) * int(np.prod(_rest(space)))
+    rest = _rest(space)
+    dropped = (considered - len(b)) * int(np.prod([len(c) for c in rest]))
     tp, pp, cp, dp = (struct[b, j] for j in range(4))
-    experts, offload = np.array(space.ep), np.array(space.offload)
-    grids = np.meshgrid(np.arange(len(b)), *(np.arange(n) for n in _rest(space)), indexing="ij")
+    grids = np.meshgrid(np.arange(len(b)), *(np.arange(len(c)) for c in rest), indexing="ij")
     k, zero, oo, op, rc, sp, e = (x.ravel() for x in grids)
+    zero, oo, op, rc, sp, e = (c[i] for c, i in zip(rest, (zero, oo, op, rc, sp, e)))
     tp, pp, cp, dp, mbs, vpp = (a[k] for a in (tp, pp, cp, dp, mbs, vpp))
-    lay = Layouts(tp=tp, pp=pp, dp=dp, cp=cp, ep=experts[e], vpp=vpp, zero=zero, offload_optimizer=offload[oo],
-                  offload_params=offload[op], mbs=mbs, gas=training.gbs // (mbs * dp), recompute=rc,
+    lay = Layouts(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vpp=vpp, zero=zero, offload_optimizer=oo,
+                  offload_params=op, mbs=mbs, gas=training.gbs // (mbs * dp), recompute=rc,
                   sequence_parallel=sp, schedule=np.where(vpp > 1, Schedule.INTERLEAVED, Schedule.ONE_F_ONE_B))
     return lay, dropped, space.coarsened
 
 
 def search(model: ModelSpec, cluster: Cluster, training: Training, headroom: float = 0.05, max_mbs: int = 16,
-           budget: int = SEARCH_BUDGET) -> dict:
-    """All candidates, the ones that fit ranked by tokens/s, and rejection counts per reason."""
+           budget: int = SEARCH_BUDGET, pinned: dict | None = None) -> dict:
+    """All candidates (those with the `pinned` values), the ones that fit ranked by tokens/s, and
+    rejection counts per reason."""
     start = time.perf_counter()
-    lay, dropped, coarsened = enumerate_layouts(model, cluster, training, max_mbs, budget)
+    lay, dropped, coarsened = enumerate_layouts(model, cluster, training, max_mbs, budget, pinned)
     reason, groups = first_violation(model, cluster, training, lay)
     rejected = {g: int(np.count_nonzero(reason == i)) for i, g in enumerate(groups)}
     rejected[DIVISIBILITY] = rejected.get(DIVISIBILITY, 0) + dropped
@@ -289,3 +326,29 @@ def best_text(result: dict) -> str:
     """The fastest fitting layout of a search result with its memory per GPU."""
     i = int(result["order"][0])
     return f"{short(result['valid'].row(i))}, {result['eval']['memory']['total'][i] / 2**30:.1f} GiB per GPU"
+
+
+def pareto_front(memory_bytes: np.ndarray, tokens_per_s: np.ndarray) -> np.ndarray:
+    """Mask of the points no other point beats on both axes (less memory and more speed): sorted by
+    memory, a point is on the front when it is faster than every point that needs less."""
+    order = np.lexsort((-tokens_per_s, memory_bytes))
+    speed = tokens_per_s[order]
+    best_before = np.concatenate(([-np.inf], np.maximum.accumulate(speed)[:-1]))
+    mask = np.zeros(memory_bytes.shape, dtype=bool)
+    mask[order[speed > best_before]] = True
+    return mask
+
+
+def landscape(result: dict, limit: int) -> dict:
+    """Up to `limit` fitting layouts for a speed-versus-memory plot: the whole Pareto front, then
+    layouts evenly spaced through the speed ranking."""
+    fitting = result["order"]
+    memory_bytes = np.asarray(result["eval"]["memory"]["total"])[fitting]
+    speed = np.asarray(result["eval"]["time"]["throughput"]["tokens_per_s"])[fitting]
+    front = np.flatnonzero(pareto_front(memory_bytes, speed))[:limit]
+    spread = np.unique(np.linspace(0, fitting.size - 1, max(0, limit - front.size)).astype(np.int64)) if fitting.size else []
+    picked = np.union1d(front, spread).astype(np.int64)
+    on_front = np.isin(picked, front)
+    return {"label": [short(result["valid"].row(int(fitting[k]))) for k in picked],
+            "gpu_bytes": [int(memory_bytes[k]) for k in picked], "tokens_per_s": [float(speed[k]) for k in picked],
+            "pareto": [bool(f) for f in on_front], "fitting": int(fitting.size)}

@@ -128,3 +128,39 @@ def test_recommend_time_to_train():
     steps = 1e12 / (64 * 4096)  # tokens / tokens per step
     assert rec["time_to_train"]["days"] == pytest.approx(steps * rec["time"]["step_s"] / 86400)
     assert rec["time_to_train"]["cost"] == pytest.approx(2 * steps * rec["time"]["step_s"] * 8 / 3600)
+
+
+def test_pinned_axes_keep_their_values_and_find_the_full_searchs_best_of_them():
+    code, text = recommend("--model", "llama-3-70b", "--gpus", "64", "--engine", "megatron", "--tp", "8", "--zero", "1",
+                           "--top", "20", "--json")
+    assert code == 0
+    d = json.loads(text)
+    assert d["assumptions"]["pinned"] == {"tp": 8, "zero": 1}
+    assert d["layouts"] and all(r["layout"]["tp"] == 8 and r["layout"]["zero"] == 1 for r in d["layouts"])
+    # the unpinned search over the same inputs, filtered to tp 8 / ZeRO-1 afterwards, ranks the same layout first
+    model, cluster = lookup("llama-3-70b"), hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 64, 8)
+    res = search.search(model, cluster, layout.Training(gbs=1024, engine="megatron"))
+    first = next(int(i) for i in res["order"] if res["valid"].tp[i] == 8 and res["valid"].zero[i] == 1)
+    assert d["layouts"][0]["throughput"]["tokens_per_s"] == pytest.approx(
+        float(res["eval"]["time"]["throughput"]["tokens_per_s"][first]), rel=1e-9)
+    # pinning removes the other values from the space instead of rejecting them
+    assert d["candidates_evaluated"] < res["candidates"] / 10
+
+
+@pytest.mark.parametrize("argv, flags", [
+    (["--gpus", "48", "--tp", "3"], "--tp"),                    # 3 divides 48 but not the 64 heads
+    (["--gpus", "32", "--tp", "8", "--pp", "8"], "--tp*--pp"),  # 64 > 32 GPUs
+    (["--gpus", "32", "--tp", "8", "--pp", "2", "--dp", "4", "--cp", "2"], "--tp*--pp*--cp*--dp"),  # 64 != 32
+    (["--gpus", "32", "--recompute", "some"], "--recompute"),
+])
+def test_contradicting_pins_name_their_flags(argv, flags, capsys):
+    code, _ = recommend("--model", "llama-3-70b", "--engine", "megatron", *argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith(f"planner: error: {flags}")
+
+
+def test_pareto_front():
+    memory_bytes = np.array([1, 2, 3, 4, 4])
+    tokens_per_s = np.array([1.0, 3.0, 2.0, 4.0, 3.5])
+    # (3 B, 2 tok/s) is beaten by (2 B, 3 tok/s); (4 B, 3.5) by (4 B, 4)
+    assert search.pareto_front(memory_bytes, tokens_per_s).tolist() == [True, True, False, True, False]

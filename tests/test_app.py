@@ -1,0 +1,181 @@
+"""The Streamlit dashboard (app.py) under streamlit.testing's AppTest: what it shows equals the CLI's
+`--json` answer for the same inputs, and bad input is a message on the page, not a traceback."""
+
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from planner import cli  # noqa: E402
+from planner.errors import InputError  # noqa: E402
+from planner.search import short  # noqa: E402
+
+APP = Path(__file__).resolve().parent.parent / "app.py"
+GiB = 2**30
+
+
+def cli_json(*argv) -> dict:
+    out = io.StringIO()
+    assert cli.main([*argv, "--json"], out=out) == 0
+    return json.loads(out.getvalue())
+
+
+def started() -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=120).run()
+    assert not at.exception
+    return at
+
+
+def problems(at: AppTest) -> list:
+    return [e.value for e in at.error] + [e.value for e in at.exception]
+
+
+def metrics(at: AppTest) -> dict:
+    return {m.label: m.value for m in at.metric}
+
+
+def assert_table_is(at: AppTest, answer: dict) -> None:
+    table = at.dataframe[0].value
+    assert len(table) == len(answer["layouts"]) > 0
+    for (_, row), rec in zip(table.iterrows(), answer["layouts"]):
+        assert row["layout"] == short(rec["layout"])
+        assert row["GiB/GPU"] == pytest.approx(rec["memory"]["gpu_bytes"] / GiB, rel=1e-12)
+        assert row["tokens/s"] == pytest.approx(rec["throughput"]["tokens_per_s"], rel=1e-12)
+        assert row["binding constraint"] == rec["binding_constraint"]
+
+
+def estimate_flags(row: dict) -> list:
+    flags = []
+    for key in ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "offload_optimizer", "offload_params", "mbs", "recompute",
+                "schedule"):
+        flags += ["--" + key.replace("_", "-"), str(row[key])]
+    return flags + (["--sequence-parallel"] if row["sequence_parallel"] else [])
+
+
+def assert_metrics_are(at: AppTest, est: dict) -> None:
+    shown = metrics(at)
+    assert shown["Peak GiB per GPU"] == f"{est['memory']['gpu_bytes'] / GiB:.2f}"
+    assert shown["Step time (s)"] == f"{est['time']['step_s']:.3f}"
+    assert shown["Tokens/s"] == f"{est['throughput']['tokens_per_s']:,.0f}"
+    assert shown["MFU"] == f"{est['throughput']['mfu']:.1%}"
+
+
+@pytest.mark.slow
+def test_default_page_is_the_cli_answer_for_70b_on_16_gpus():
+    at = started()
+    assert not problems(at)
+    answer = cli_json("recommend", "--model", "llama-3-70b", "--gpus", "16", "--top", "10")
+    assert_table_is(at, answer)
+    # the chosen layout (#1) is `planner estimate` of that layout with the recommended batch and engine
+    row = answer["layouts"][0]["layout"]
+    est = cli_json("estimate", "--model", "llama-3-70b", "--gpus", "16", "--gbs", str(row["gbs"]),
+                   "--engine", answer["assumptions"]["engine"], *estimate_flags(row))
+    assert_metrics_are(at, est)
+    # memory per stage, step time, and the speed-versus-memory scatter; the three launch files
+    assert len(at.get("vega_lite_chart")) == 3
+    assert [b.label for b in at.get("download_button")] == ["ds_config.json", "accelerate_config.yaml", "launch.sh"]
+
+
+@pytest.mark.slow
+def test_changed_inputs_and_pinned_axes_follow_the_cli():
+    at = started()
+    at.selectbox(key="model_name").set_value("llama-3-8b")
+    at.number_input(key="gpus").set_value(32)
+    at.selectbox(key="engine").set_value("megatron")
+    at.selectbox(key="pin_tp").set_value(2)
+    at.selectbox(key="pin_zero").set_value(1)
+    at.run()
+    assert not problems(at)
+    answer = cli_json("recommend", "--model", "llama-3-8b", "--gpus", "32", "--engine", "megatron", "--tp", "2",
+                      "--zero", "1", "--top", "10")
+    assert all(r["layout"]["tp"] == 2 and r["layout"]["zero"] == 1 for r in answer["layouts"])
+    assert_table_is(at, answer)
+    # choosing the third row shows that layout's estimate
+    at.selectbox(key="chosen").set_value(3).run()
+    row = answer["layouts"][2]["layout"]
+    est = cli_json("estimate", "--model", "llama-3-8b", "--gpus", "32", "--gbs", str(row["gbs"]), "--engine", "megatron",
+                   *estimate_flags(row))
+    assert_metrics_are(at, est)
+    assert at.subheader[1].value == f"Chosen layout: {short(row)}"
+
+
+@pytest.mark.slow
+def test_manual_layout_time_to_train_and_bad_layouts():
+    at = started()
+    at.radio(key="mode").set_value("manual").run()  # the layout widgets appear in manual mode
+    at.selectbox(key="engine").set_value("megatron-deepspeed")
+    at.number_input(key="man_tp").set_value(8)
+    at.number_input(key="man_pp").set_value(2)
+    at.selectbox(key="man_zero").set_value(1)
+    at.selectbox(key="man_recompute").set_value("selective")
+    at.checkbox(key="man_sp").set_value(True)
+    at.number_input(key="tokens_b").set_value(1000.0)
+    at.run()
+    at.number_input(key="price").set_value(2.0).run()
+    assert not problems(at)
+    flags = ["--model", "llama-3-70b", "--gpus", "16", "--engine", "megatron-deepspeed", "--tp", "8", "--pp", "2",
+             "--zero", "1", "--recompute", "selective", "--sequence-parallel", "--gbs", "1024", "--tokens", "1e12",
+             "--price-per-gpu-hour", "2"]
+    est = cli_json("estimate", *flags)
+    assert_metrics_are(at, est)
+    assert metrics(at)["Time to train"] == f"{est['time_to_train']['days']:.1f} days"
+    assert len(at.get("vega_lite_chart")) == 2
+    assert "megatron_args.txt" in [b.label for b in at.get("download_button")]
+    # an impossible layout is one line on the page; fixing it brings the answer back
+    at.number_input(key="man_tp").set_value(3).run()
+    assert not at.exception and len(at.error) == 1 and at.error[0].value.startswith("--gpus: 16 is not divisible")
+    at.number_input(key="man_tp").set_value(8).run()
+    assert not problems(at)
+    assert_metrics_are(at, est)
+
+
+@pytest.mark.slow
+def test_nothing_fits_and_foreign_calibration_are_messages():
+    at = started()
+    at.selectbox(key="model_name").set_value("llama-3.1-405b")
+    at.selectbox(key="engine").set_value("megatron")  # no offload: 405B needs thousands of GiB on one GPU
+    at.number_input(key="gpus").set_value(1)
+    at.run()
+    assert not at.exception and at.error and at.error[0].value.startswith("Nothing fits.")
+    code, _ = cli.main(["recommend", "--model", "llama-3.1-405b", "--engine", "megatron", "--gpus", "1"],
+                       out=io.StringIO()), None
+    assert code == 2  # the CLI agrees
+    at.selectbox(key="engine").set_value("deepspeed")
+    at.number_input(key="gpus").set_value(16)
+    at.selectbox(key="calibration").set_value("cpu-gloo")  # measured on CPU, not on h100-sxm
+    at.run()
+    assert not at.exception and len(at.error) == 1 and at.error[0].value.startswith("--calibration")
+
+
+def load_app_module():
+    spec = importlib.util.spec_from_file_location("planner_app", APP)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # main() runs only as __main__ (streamlit run)
+    return module
+
+
+@pytest.mark.parametrize("name, raw, words", [
+    ("notes.json", b"this is not json", "not valid JSON"),
+    ("list.json", b"[1, 2, 3]", "not a Hugging Face model config"),
+    ("big.json", b"{" + b" " * (2**20 + 1) + b"}", "a config.json is under 1 MiB"),
+])
+def test_uploads_that_are_not_a_config_are_one_line(name, raw, words):
+    app = load_app_module()
+    with pytest.raises(InputError, match=words):
+        app.config_from_upload(name, raw)
+
+
+def test_an_uploaded_config_with_nonsense_values_is_refused_by_the_api():
+    app = load_app_module()
+    config = app.config_from_upload("config.json", json.dumps(
+        {"model_type": "llama", "hidden_size": -4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+         "vocab_size": 32000, "intermediate_size": 11008}).encode())
+    from planner import api
+
+    with pytest.raises(InputError, match="hidden"):
+        api.estimate({"config": config}, {"gpus": 8})
