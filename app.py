@@ -7,6 +7,8 @@ downloads. The page only arranges them; it holds no formula of its own.
 
 from __future__ import annotations
 
+import traceback
+
 import altair as alt
 import pandas as pd
 import streamlit as st
@@ -229,6 +231,13 @@ def show_recommendation(rec: dict) -> int:
     rej = ", ".join(f"{k} {v:,}" for k, v in sorted(rec["rejected"].items(), key=lambda kv: -kv[1]))
     st.caption(f"{rec['candidates_evaluated']:,} candidates evaluated; rejected: {rej or 'none'}. "
                "Click a row (or pick its number) to make it the chosen layout.")
+    if rec["engines"]:
+        st.markdown("**Other engines**: the fastest layout of each that fits, against #1")
+        st.dataframe(pd.DataFrame([{"engine": e["engine"], "layout": short(e["layout"]) if e["layout"] else e["note"],
+                                    "tokens/s": e["tokens_per_s"],
+                                    "speed vs #1": None if e["relative_speed"] is None else f"{e['relative_speed']:.2f}x"}
+                                   for e in rec["engines"]]), hide_index=True,
+                     column_config={"tokens/s": st.column_config.NumberColumn(format="%.0f")})
     n = len(rec["layouts"])
     if st.session_state.get("chosen", 1) > n:
         st.session_state["chosen"] = 1
@@ -330,6 +339,10 @@ def main() -> None:
         show_downloads(est)
     except InputError as exc:
         st.error(str(exc))
+    except Exception as exc:  # a bug of ours: one line on the page, the traceback in the server's log
+        traceback.print_exc()
+        st.error(f"internal error ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                 "please report it with these inputs")
 
 
 if __name__ == "__main__":  # streamlit runs the page as __main__; tests import its helpers

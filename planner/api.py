@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from planner import memory, rules, search
 from planner.calibration import prior_band, verdict
+from planner.engines import NAMES as ENGINE_NAMES
 from planner.errors import InputError
 from planner.hardware import Cluster
 from planner.inputs import (DEFAULTS, ClusterInput, LayoutInput, ModelInput, TrainingInput, coerce, resolve_model,
@@ -89,12 +90,15 @@ class Recommendation:
     elapsed_s: float = 0.0
     landscape: dict | None = None
     """recommend(landscape=N): fitting layouts as {label, gpu_bytes, tokens_per_s, pareto} lists."""
+    engines: list = field(default_factory=list)
+    """The fastest fitting layout under each other engine: {engine, layout, tokens_per_s,
+    relative_speed (to layouts[0]; > 1 is faster), note (why there is none)}."""
 
     def to_json(self) -> dict:
         """The `planner recommend --json` object."""
         return {"model": self.model.shape_dict(), "assumptions": self.assumptions, "defaults": self.defaults,
                 "candidates_evaluated": self.candidates_evaluated, "rejected": self.rejected,
-                "layouts": self.layouts, "suggestions": self.suggestions}
+                "layouts": self.layouts, "suggestions": self.suggestions, "engines": self.engines}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,8 +215,26 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
         records.append(rec)
     hints = [] if records else search.what_would_fit(spec, clus, train, headroom, max_mbs, result)
     points = search.landscape(result, landscape) if landscape else None
+    best = records[0]["throughput"]["tokens_per_s"] if records else None
+    others = [_engine_best(spec, clus, tin, gbs, name, headroom, max_mbs, pins, best)
+              for name in ENGINE_NAMES if name != train.engine.name]
     return Recommendation(spec, clus, train, assumptions, defaults, result["candidates"], result["rejected"],
-                          records, hints, result["elapsed_s"], points)
+                          records, hints, result["elapsed_s"], points, others)
+
+
+def _engine_best(spec, clus, tin: TrainingInput, gbs: int, engine: str, headroom: float, max_mbs: int, pins: dict,
+                 best_tokens_per_s: float | None) -> dict:
+    """The fastest fitting layout of the same model, cluster, batch and pins under another engine,
+    with its speed relative to the recommended one (> 1: faster)."""
+    train = tin.resolve(gbs, engine)
+    result = search.search(spec, clus, train, headroom, max_mbs, pinned=pins)
+    if not result["order"].size:
+        why = "the pinned axes break its rules" if pins and result["valid"].size == 0 else "nothing fits"
+        return {"engine": engine, "layout": None, "tokens_per_s": None, "relative_speed": None, "note": why}
+    i = int(result["order"][0])
+    speed = float(result["eval"]["time"]["throughput"]["tokens_per_s"][i])
+    return {"engine": engine, "layout": result["valid"].row(i), "tokens_per_s": speed,
+            "relative_speed": None if best_tokens_per_s is None else speed / best_tokens_per_s, "note": None}
 
 
 def _pin_codes(pinned: dict, gpus: int) -> dict:
@@ -364,7 +386,7 @@ def validate() -> dict:
     from planner import validate as V
 
     rows = V.compare()
-    return {"cases": rows, "mape": V.mape(rows),
+    return {"cases": rows, "mape": V.mape(rows), "by_group": V.by_group(rows),
             "mape_by_metric": {m: V.mape(rows, m) for m in sorted({r["metric"] for r in rows})}}
 
 

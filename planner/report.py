@@ -97,7 +97,9 @@ def recommend_text(r) -> str:
     lines = ["assumed: " + ", ".join(f"{k} {v}" for k, v in r.assumptions.items()),
              describe(r.model, r.cluster, r.training), ""]
     if not r.layouts:
-        return "\n".join(lines + ["nothing fits. " + "; ".join(r.suggestions), rejections_text(r)])
+        fits_elsewhere = [e for e in r.engines if e["layout"] is not None]
+        return "\n".join(lines + ["nothing fits. " + "; ".join(r.suggestions), rejections_text(r)]
+                         + ([engines_text(fits_elsewhere)] if fits_elsewhere else []))
     head = ["#", "layout", "GiB/GPU", "free", "fit", "step s", "tokens/s", "MFU", "binding constraint"]
     rows = []
     for k, rec in enumerate(r.layouts, 1):
@@ -109,9 +111,25 @@ def recommend_text(r) -> str:
     if len(r.layouts) > 1:
         gap = 1 - r.layouts[1]["throughput"]["tokens_per_s"] / r.layouts[0]["throughput"]["tokens_per_s"]
         lines.append(f"runner-up is {gap:.1%} slower")
+    lines.append(engines_text(r.engines))
     if r.layouts[0].get("time_to_train"):
         lines.append("#1 " + train_time_text(r.layouts[0]["time_to_train"]))
     lines.append(rejections_text(r))
+    return "\n".join(lines)
+
+
+def engines_text(engines: list) -> str:
+    """The fastest layout under each other engine, against the recommended one."""
+    lines = ["other engines (the fastest layout of each that fits; speed against #1):"]
+    width = max((len(e["engine"]) for e in engines), default=0)
+    for e in engines:
+        if e["layout"] is None:
+            lines.append(f"  {e['engine']:{width}s}  {e['note']}")
+            continue
+        rel = e["relative_speed"]
+        how = ("" if rel is None else ", " + (f"{rel:.2f}x faster" if rel > 1.005 else
+                                              f"{1 / rel:.2f}x slower" if rel < 0.995 else "as fast"))
+        lines.append(f"  {e['engine']:{width}s}  {short(e['layout'])}: {e['tokens_per_s']:,.0f} tokens/s{how}")
     return "\n".join(lines)
 
 
@@ -119,7 +137,10 @@ def validate_text(v: dict) -> str:
     rows = v["cases"]
     head = ["case", "metric", "published", "predicted", "error"]
     body = [[r["id"], r["metric"], f"{r['published']:.4g}", f"{r['predicted']:.4g}", f"{r['error']:+.1%}"] for r in rows]
-    lines = [table(head, body)]
+    lines = [table(head, body), ""]
+    groups = [[g["source"], g["engine"], g["metric"], str(g["cases"]), f"{g['mape']:.1%}", f"{g['mean_error']:+.1%}", g["leaning"]]
+              for g in v["by_group"]]
+    lines += [table(["source", "engine", "metric", "cases", "MAPE", "mean error", "leaning"], groups), ""]
     lines += [f"MAPE {m}: {x:.1%}" for m, x in v["mape_by_metric"].items()]
     lines.append(f"MAPE all {len(rows)} figures: {v['mape']:.1%}")
     return "\n".join(lines)

@@ -60,20 +60,40 @@ def compare() -> list[dict]:
         th, step_s = ev["time"]["throughput"], float(ev["time"]["step_s"][0])
         # Narayanan 2021 TFLOP/s count the recompute pass (eq. 3): compare hardware FLOPs
         if "tflops_per_gpu" in measured:
-            rows.append(_row(run, "TFLOP/s per GPU (hardware)", measured["tflops_per_gpu"],
+            rows.append(_row(run, training, "TFLOP/s per GPU (hardware)", measured["tflops_per_gpu"],
                              float(th["hardware_tflops_per_gpu"][0])))
         if "iter_time_s" in measured:
-            rows.append(_row(run, "iteration time s", measured["iter_time_s"], step_s))
+            rows.append(_row(run, training, "iteration time s", measured["iter_time_s"], step_s))
         if "memory_gib_activations" in measured:
             acts = activations.stage_activation_bytes(model, training, lay, np.zeros(1, dtype=np.int64))
-            rows.append(_row(run, "activation GiB (first stage)", measured["memory_gib_activations"],
+            rows.append(_row(run, training, "activation GiB (first stage)", measured["memory_gib_activations"],
                              float(acts[0]) / 2**30))
     return rows
 
 
-def _row(run, metric, published, predicted) -> dict:
+def _row(run, training, metric, published, predicted) -> dict:
     return {"id": run["id"], "metric": metric, "published": published, "predicted": predicted,
-            "error": predicted / published - 1.0, "source": run["source"].split(",")[0]}
+            "error": predicted / published - 1.0, "source": run["source"].split(",")[0],
+            "engine": training.engine.name}
+
+
+# the sign of an error that flatters the plan: more throughput, less time or memory than measured
+OPTIMISTIC_SIGN = {"TFLOP/s per GPU (hardware)": 1.0, "iteration time s": -1.0, "activation GiB (first stage)": -1.0}
+
+
+def by_group(rows: list[dict]) -> list[dict]:
+    """Per (source, engine, metric): cases, mean absolute error, mean signed error and which way it leans
+    (optimistic: the plan promises more speed or less memory than was measured)."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["source"], r["engine"], r["metric"]), []).append(r["error"])
+    out = []
+    for (source, engine, metric), errors in groups.items():
+        signed = float(np.mean(errors))
+        lean = signed * OPTIMISTIC_SIGN[metric]
+        out.append({"source": source, "engine": engine, "metric": metric, "cases": len(errors), "mape": float(np.mean(np.abs(errors))),
+                    "mean_error": signed, "leaning": "optimistic" if lean > 0 else "pessimistic" if lean < 0 else "none"})
+    return out
 
 
 def mape(rows: list[dict], metric_prefix: str = "") -> float:

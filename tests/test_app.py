@@ -71,6 +71,9 @@ def test_default_page_is_the_cli_answer_for_70b_on_16_gpus():
     assert not problems(at)
     answer = cli_json("recommend", "--model", "llama-3-70b", "--gpus", "16", "--top", "10")
     assert_table_is(at, answer)
+    engines = at.dataframe[1].value  # the fastest layout under each other engine
+    assert list(engines["engine"]) == [e["engine"] for e in answer["engines"]]
+    assert list(engines["layout"]) == [short(e["layout"]) if e["layout"] else e["note"] for e in answer["engines"]]
     # the chosen layout (#1) is `planner estimate` of that layout with the recommended batch and engine
     row = answer["layouts"][0]["layout"]
     est = cli_json("estimate", "--model", "llama-3-70b", "--gpus", "16", "--gbs", str(row["gbs"]),

@@ -132,6 +132,15 @@ def _choose(driver, label: str, option: str) -> None:
     box.send_keys(Keys.ENTER)
 
 
+def _radio(driver, option: str):
+    """A radio option by its text (textContent: .text is empty for what is scrolled out of view)."""
+    from selenium.webdriver.common.by import By
+
+    return _wait_for(driver, lambda d: next((r for r in d.find_elements(By.CSS_SELECTOR, '[data-testid="stRadioOption"]')
+                                             if r.get_attribute("textContent").strip() == option), False),
+                     what=f"the radio option {option!r}")
+
+
 def test_dashboard_in_a_real_browser(app_url, browser, tmp_path):
     from selenium.webdriver.common.by import By
 
@@ -162,3 +171,35 @@ def test_dashboard_in_a_real_browser(app_url, browser, tmp_path):
     target.parent.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(target))
     assert target.stat().st_size > 20_000  # a rendered page, not a blank one
+
+    # a click on the table's second row makes it the chosen layout
+    second = short(json.loads(out.getvalue())["layouts"][1]["layout"])
+    grid = browser.find_element(By.CSS_SELECTOR, '[data-testid="stDataFrame"]')
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    top_left = (-grid.size["width"] // 2, -grid.size["height"] // 2)  # offsets are from the element's centre
+    row_px = 35  # glide-data-grid's default header and row height in Streamlit
+    ActionChains(browser).move_to_element_with_offset(grid, top_left[0] + 20, top_left[1] + row_px + row_px + row_px // 2) \
+        .click().perform()
+    _wait_for(browser, lambda d: f"Chosen layout: {second}" in d.find_element(By.TAG_NAME, "body").text,
+              what=f"row 2 ({second!r}) chosen by a click")
+
+
+def test_an_uploaded_config_with_nonsense_values_is_a_message(app_url, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    browser.get(app_url)
+    _wait_for(browser, lambda d: "Chosen layout:" in d.find_element(By.TAG_NAME, "body").text, what="first answer")
+    _radio(browser, "config.json").click()
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({"model_type": "llama", "hidden_size": -4096, "num_hidden_layers": 32,
+                               "num_attention_heads": 32, "vocab_size": 32000, "intermediate_size": 11008}))
+    upload = _wait_for(browser, lambda d: d.find_element(By.CSS_SELECTOR, 'input[type="file"]'), what="the uploader")
+    upload.send_keys(str(bad))
+    alert = _wait_for(browser, lambda d: next((e for e in d.find_elements(By.CSS_SELECTOR, '[data-testid="stAlert"]')
+                                               if "hidden" in e.text), False), what="the error line")
+    body = browser.find_element(By.TAG_NAME, "body").text
+    assert "Traceback" not in body and len(alert.text.strip().splitlines()) == 1
+    # the page still works: back to the catalog, the answer returns
+    _radio(browser, "catalog").click()
+    _wait_for(browser, lambda d: "Chosen layout:" in d.find_element(By.TAG_NAME, "body").text, what="answer again")

@@ -78,7 +78,8 @@ ESTIMATE_KEYS = {
 }
 RECOMMEND_KEYS = {"model", "assumptions", "candidates_evaluated", "rejected", "layouts", "suggestions",
                   "layouts[].layout", "layouts[].memory", "layouts[].time", "layouts[].throughput",
-                  "layouts[].binding_constraint", "layouts[].memory.gpu_bytes", "layouts[].time.step_s"}
+                  "layouts[].binding_constraint", "layouts[].memory.gpu_bytes", "layouts[].time.step_s",
+                  "engines", "engines[].engine", "engines[].layout", "engines[].relative_speed"}
 
 
 def test_json_schema_is_frozen():

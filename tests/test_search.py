@@ -164,3 +164,25 @@ def test_pareto_front():
     tokens_per_s = np.array([1.0, 3.0, 2.0, 4.0, 3.5])
     # (3 B, 2 tok/s) is beaten by (2 B, 3 tok/s); (4 B, 3.5) by (4 B, 4)
     assert search.pareto_front(memory_bytes, tokens_per_s).tolist() == [True, True, False, True, False]
+
+
+def test_engine_comparison_is_each_engines_own_recommendation():
+    code, text = recommend("--model", "llama-3-70b", "--gpus", "64", "--engine", "deepspeed", "--json")
+    d = json.loads(text)
+    best = d["layouts"][0]["throughput"]["tokens_per_s"]
+    assert [e["engine"] for e in d["engines"]] == [n for n in ENGINE_NAMES if n != "deepspeed"]
+    for entry in d["engines"]:
+        code, own = recommend("--model", "llama-3-70b", "--gpus", "64", "--engine", entry["engine"], "--json")
+        own = json.loads(own)["layouts"][0]
+        assert entry["layout"] == own["layout"]
+        assert entry["relative_speed"] == pytest.approx(own["throughput"]["tokens_per_s"] / best, rel=1e-9)
+    # 3D parallelism beats ZeRO-3 data parallelism at this scale (Narayanan et al. 2021, section 5.2: PTD-P vs ZeRO-3)
+    assert max(e["relative_speed"] for e in d["engines"] if e["engine"] == "megatron-deepspeed") > 1
+
+
+def test_engine_comparison_keeps_the_pins_and_says_when_they_break_an_engine():
+    code, text = recommend("--model", "llama-3-70b", "--gpus", "64", "--engine", "megatron", "--tp", "8", "--json")
+    d = json.loads(text)
+    by = {e["engine"]: e for e in d["engines"]}
+    assert by["deepspeed"]["layout"] is None and by["deepspeed"]["note"] == "the pinned axes break its rules"
+    assert by["megatron-deepspeed"]["layout"]["tp"] == 8

@@ -6,6 +6,7 @@ tuning; a change that worsens them fails here. The figures are quoted in the REA
 import io
 
 import numpy as np
+import pytest
 
 from planner import cli, validate
 
@@ -45,3 +46,17 @@ def test_overall_mape_and_cli():
     out = io.StringIO()
     assert cli.main(["validate"], out=out) == 0
     assert "MAPE all 38 figures" in out.getvalue()
+
+
+def test_groups_say_which_way_they_lean():
+    rows = [{"source": "S", "engine": "megatron", "metric": "iteration time s", "error": e} for e in (-0.10, -0.02)]
+    rows += [{"source": "S", "engine": "megatron", "metric": "TFLOP/s per GPU (hardware)", "error": e} for e in (-0.2, 0.1)]
+    rows += [{"source": "S", "engine": "megatron", "metric": "activation GiB (first stage)", "error": 0.04}]
+    got = {g["metric"]: g for g in validate.by_group(rows)}
+    # time under the measurement promises speed: optimistic; mean -6 %, |.| mean 6 %
+    assert got["iteration time s"]["leaning"] == "optimistic"
+    assert got["iteration time s"]["mean_error"] == pytest.approx(-0.06) and got["iteration time s"]["cases"] == 2
+    # throughput below the measurement on average (-5 %): pessimistic, though one case is over; MAPE (0.2+0.1)/2
+    assert got["TFLOP/s per GPU (hardware)"]["leaning"] == "pessimistic"
+    assert got["TFLOP/s per GPU (hardware)"]["mape"] == pytest.approx(0.15)
+    assert got["activation GiB (first stage)"]["leaning"] == "pessimistic"  # more memory than measured: safe side
