@@ -146,6 +146,9 @@ class Engine:
     """--overlap-comm / --no-overlap-comm (DeepSpeed's overlap_comm) applies."""
     param_gather_per_bucket: bool
     """ZeRO-1/2 parameter all-gather after the step: one call per bucket (else one per group)."""
+    param_gather_overlaps_forward: bool
+    """With overlap on, that all-gather runs bucket by bucket under the next forward (Megatron-core
+    --overlap-param-gather) instead of before it (DeepSpeed all_gather_dp_groups)."""
     zero3_fetch_per_block: bool
     """ZeRO-3 gathers one unit per block (FSDP) rather than one per submodule (DeepSpeed)."""
     p2p_split_over_tp: bool
@@ -214,6 +217,7 @@ _DS_COMMON = dict(
     overlap_flag=True,
     # runtime/utils.py all_gather_dp_groups: all_gather_into_tensor, one call per parameter group
     param_gather_per_bucket=False,
+    param_gather_overlaps_forward=False,  # runtime/utils.py all_gather_dp_groups: synchronous, after the step
     # partitioned_param_coordinator.py fetch_sub_module: one coalesced all-gather per submodule
     zero3_fetch_per_block=False,
     selective_policy=SelectivePolicy.CORE_ATTENTION,  # Megatron-DeepSpeed's; deepspeed.checkpointing wraps any function
@@ -264,10 +268,13 @@ MEGATRON = Engine(
     all_reduce_stages=(0,),
     # distributed_data_parallel.py no_sync: reduction only in the last micro-batch
     reduce_every_micro_step=(),
-    # distributed_data_parallel_config.py overlap_grad_reduce: bool = False
-    overlap_default=(),
-    overlap_flag=False,
+    # distributed_data_parallel_config.py overlap_grad_reduce (and overlap_param_gather) default to
+    # False; the planner launches Megatron with --overlap-grad-reduce --overlap-param-gather (export.py
+    # megatron_args), as Megatron-core's own recipes do; --no-overlap-comm plans without them
+    overlap_default=(0, 1),
+    overlap_flag=True,
     param_gather_per_bucket=True,  # param_and_grad_buffer.py start_param_sync per bucket group
+    param_gather_overlaps_forward=True,  # param_and_grad_buffer.py finish_param_sync: next bucket's gather
     zero3_fetch_per_block=False,
     # Narayanan et al. 2021 section 4.1: scatter/gather over the TP ranks' NICs
     p2p_split_over_tp=True,
@@ -310,6 +317,7 @@ FSDP = Engine(
     reduce_every_micro_step=(2, 3),
     overlap_default=(0, 1, 2, 3),  # FSDP2 issues each unit's reduce-scatter during backward
     overlap_flag=False,
+    param_gather_overlaps_forward=False,  # ZeRO-1/2 gathers are DeepSpeed/Megatron's; FSDP2 gathers per unit (zero3 path)
     param_gather_per_bucket=True,
     zero3_fetch_per_block=True,
     p2p_split_over_tp=False,

@@ -436,8 +436,15 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
             a.append("--no-pipeline-parallel")  # plain DeepSpeed engine instead of PipelineModule
         if row["recompute"] != "none":
             a.append("--deepspeed-activation-checkpointing")  # uses ds_config activation_checkpointing
-    elif row["zero"] >= 1:
-        a.append("--use-distributed-optimizer")  # Megatron's ZeRO-1-like optimizer-state sharding
+    else:
+        if row["zero"] >= 1:
+            a.append("--use-distributed-optimizer")  # Megatron's ZeRO-1-like optimizer-state sharding
+        # the overlaps the planner's step time assumes (timing.py overlapped_dp_s); Megatron-LM
+        # training/arguments.py: --overlap-param-gather needs --use-distributed-optimizer
+        if bool(training.overlaps_grad_reduce(row["zero"])):
+            a.append("--overlap-grad-reduce")
+            if row["zero"] >= 1:
+                a.append("--overlap-param-gather")
     if row["recompute"] == "selective":
         a.append("--recompute-granularity selective")
     elif row["recompute"] == "full":

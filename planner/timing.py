@@ -4,11 +4,12 @@ The step is the slowest pipeline stage's m micro-batches (Narayanan et al. 2021,
 plus per-step communication, offload and the optimizer update:
 
     step = m*(compute + recompute + exposed TP/EP/CP) + bubble + PP p2p
-           + exposed DP + max(hideable DP - compute it hides behind, 0) + offload + optimizer + other
+           + DP not overlapped + overlapped DP beyond the compute it runs under + offload + optimizer + other
 
-Each term below is one mechanism with its source. Communication terms return what stays on the
-critical path ("exposed") and what overlap can hide ("hideable"); the step caps the hidden part
-by the compute it runs under. Every breakdown part is non-negative and they sum to step_s.
+Each term below is one mechanism with its source. Overlapped data-parallel collectives are priced
+against the compute they really run under (overlapped_dp_s: one micro-batch's backward for a
+gradient reduction, the next forward for Megatron's parameter gather, bucket by bucket). Every
+breakdown part is non-negative and they sum to step_s.
 """
 
 from __future__ import annotations
@@ -83,7 +84,10 @@ def microbatch_s(model: ModelSpec, cluster: Cluster, training: Training, lay: La
     layer_comm = passes * (tp_ar + ep_all_to_all_s(model, cluster, training, lay, c)) \
         + cp_ring_exposed_s(model, cluster, training, lay, c, core_fwd, core_bwd)
     n = max_layers_on_stage(model.layers, lay.pp, training.engine.pipeline_edge_layers)
-    out = {"compute": n * (layer_fwd + layer_bwd) + C.head_s(model, cluster, training, lay, c),
+    head = C.head_s(model, cluster, training, lay, c)
+    out = {"compute": n * (layer_fwd + layer_bwd) + head,
+           # the head's backward is twice its forward (dgrad + wgrad: Narayanan 2021 eq. 3's 3x)
+           "fwd_mb": n * layer_fwd + head / 3.0,
            "recompute": n * np.select([full, selective], [layer_fwd, core_fwd], 0.0),
            "tp_comm": n * layer_comm}
     out["slot"] = out["compute"] + out["recompute"] + out["tp_comm"]
@@ -157,18 +161,18 @@ def grad_reductions_per_step(training: Training, lay: Layouts) -> np.ndarray:
     return np.where(every, lay.gas, 1).astype(np.float64)
 
 
-def grad_overlap_fraction(training: Training, lay: Layouts, c: dict) -> np.ndarray:
-    """Fraction of the gradient reduction that can overlap backward: the engine's default (DeepSpeed
-    overlap_comm None -> stage 3; FSDP always; Megatron --overlap-grad-reduce off) or the user's
-    --overlap-comm."""
-    overlap = training.overlaps_grad_reduce(lay.zero)
-    return np.where(overlap, c["dp_overlap_fraction_with_overlap"], c["dp_overlap_fraction"])
+def grad_overlaps(training: Training, lay: Layouts) -> np.ndarray:
+    """Whether the gradient reduction runs under backward: the engine's default (DeepSpeed
+    overlap_comm None -> stage 3; FSDP always; Megatron as the planner launches it) or the user's
+    --overlap-comm; never where a pipeline engine reduces after its schedule (DeepSpeed
+    pipe/engine.py _exec_reduce_grads)."""
+    return training.overlaps_grad_reduce(lay.zero) & ~deferred_reduction(training, lay)
 
 
 def grad_reduce_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> tuple:
-    """(exposed, hideable) seconds of the gradient reduction in buckets, dense over dp*cp, experts
-    over dp*cp/ep: an all-reduce where the engine all-reduces (no ZeRO; DeepSpeed ZeRO-1/2 too),
-    else a reduce-scatter."""
+    """(seconds of one gradient reduction, its buckets, reductions per step): buckets dense over
+    dp*cp, experts over dp*cp/ep; an all-reduce where the engine all-reduces (no ZeRO; DeepSpeed
+    ZeRO-1/2 too), else a reduce-scatter."""
     dense, expert = _held_params(model, training, lay)
     n_dp, bw_dp, n_edp, bw_edp, lat = _dp_groups(cluster, lay, c)
     g = state_bytes(training).grads
@@ -180,15 +184,14 @@ def grad_reduce_s(model: ModelSpec, cluster: Cluster, training: Training, lay: L
         return np.where(all_reduce, ring_time_s(elems * g, n, bw, "all_reduce", lat, calls),
                         ring_time_s(elems * g, n, bw, "reduce_scatter", lat, calls))
 
-    total = (reduce(dense, n_dp, bw_dp) + reduce(expert, n_edp, bw_edp)) * grad_reductions_per_step(training, lay)
-    hidden = grad_overlap_fraction(training, lay, c)
-    return (1 - hidden) * total, hidden * total
+    one = reduce(dense, n_dp, bw_dp) + reduce(expert, n_edp, bw_edp)
+    return one, np.maximum(np.ceil((dense + expert) / bucket), 1.0), grad_reductions_per_step(training, lay)
 
 
-def param_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
-    """ZeRO-1/2 (and Megatron's distributed optimizer): all-gather of the updated 16-bit parameters
-    after the step; DeepSpeed 0.19 runtime/utils.py all_gather_dp_groups makes one call per
-    parameter group, Megatron one per DDP bucket."""
+def param_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> tuple:
+    """(seconds, buckets) of the ZeRO-1/2 (and Megatron distributed optimizer) all-gather of the
+    updated 16-bit parameters after the step; DeepSpeed 0.19 runtime/utils.py all_gather_dp_groups
+    makes one call per parameter group, Megatron one per DDP bucket."""
     dense, expert = _held_params(model, training, lay)
     n_dp, bw_dp, n_edp, bw_edp, lat = _dp_groups(cluster, lay, c)
     w = state_bytes(training).weights
@@ -196,7 +199,20 @@ def param_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
         if training.engine.param_gather_per_bucket else 1.0
     gather = ring_time_s(dense * w, n_dp, bw_dp, "all_gather", lat, calls) \
         + ring_time_s(expert * w, n_edp, bw_edp, "all_gather", lat, calls)
-    return np.where((lay.zero == 1) | (lay.zero == 2), gather, 0.0)
+    return np.where((lay.zero == 1) | (lay.zero == 2), gather, 0.0), np.maximum(calls, 1.0) + 0 * lay.tp
+
+
+def overlapped_exposed_s(total_s, buckets, window_s):
+    """Exposed seconds of `buckets` equal collectives on one communication stream under `window_s`
+    of compute: each is issued as its share of the compute completes (a gradient bucket when its
+    last gradient is ready: megatron-core 0.16.1 distributed_data_parallel.py
+    _make_backward_post_hook -> register_grad_ready -> start_grad_sync; DeepSpeed stage_1_and_2.py
+    reduce_independent_p_g_buckets_and_remove_grads on its reduction stream) or one bucket ahead
+    of it (a parameter bucket's gather: param_and_grad_buffer.py finish_param_sync dispatches the
+    next). One bucket always shows (the last gradients, the first parameters); each other shows by
+    what it takes beyond its share of the compute."""
+    per = total_s / buckets
+    return per + (buckets - 1.0) * np.maximum(per - window_s / buckets, 0.0)
 
 
 def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> tuple:
@@ -295,6 +311,7 @@ def _pipeline_terms(model, cluster, training, lay, c) -> dict:
     mb = microbatch_s(model, cluster, training, lay, c)
     flops = flops_per_step(model, training, lay)
     out = {"compute": m * mb["compute"], "recompute": m * mb["recompute"], "tp_comm": m * mb["tp_comm"],
+           "fwd_mb": mb["fwd_mb"], "bwd_mb": mb["compute"] - mb["fwd_mb"] + mb["recompute"],
            "pp_bubble": pipeline_bubble_s(lay, mb["slot"]), "pp_comm": pipeline_p2p_s(model, cluster, training, lay, c),
            "model_flops_per_gpu": flops["model_flops"] / lay.world,
            "hardware_flops_per_gpu": flops["hardware_flops"] / lay.world}
@@ -304,14 +321,36 @@ def _pipeline_terms(model, cluster, training, lay, c) -> dict:
 
 
 def _step_terms(model, cluster, training, lay, c) -> dict:
-    """Data-parallel communication, offload and the optimizer update of one step."""
-    grad_exposed, grad_hideable = grad_reduce_s(model, cluster, training, lay, c)
+    """Data-parallel communication, offload and the optimizer update of one step: what is exposed
+    whatever the compute ("dp_fixed"), and the overlapped collectives with what they need to be
+    priced against the compute that hides them (overlapped_dp_s)."""
+    grad_one, grad_buckets, reductions = grad_reduce_s(model, cluster, training, lay, c)
     gather_exposed, gather_hideable = zero3_gather_s(model, cluster, training, lay, c)
-    out = {"dp_exposed": grad_exposed + gather_exposed + param_gather_s(model, cluster, training, lay, c),
-           "dp_hideable": grad_hideable + gather_hideable,
+    pg, pg_buckets = param_gather_s(model, cluster, training, lay, c)
+    grad_overlap = grad_overlaps(training, lay)
+    pg_overlap = grad_overlap & training.engine.param_gather_overlaps_forward
+    out = {"dp_fixed": gather_exposed + np.where(grad_overlap, 0.0, reductions * grad_one) + np.where(pg_overlap, 0.0, pg),
+           "grad_one": np.where(grad_overlap, grad_one, 0.0), "grad_buckets": grad_buckets, "reductions": reductions,
+           "pg": np.where(pg_overlap, pg, 0.0), "pg_buckets": pg_buckets, "gather_hideable": gather_hideable,
            "offload": offload_s(model, cluster, training, lay, c), "optimizer": optimizer_s(model, cluster, training, lay, c)}
-    out["total"] = out["dp_exposed"] + out["offload"] + out["optimizer"]
+    out["total"] = out["dp_fixed"] + out["offload"] + out["optimizer"]
     return out
+
+
+def overlapped_dp_s(step, pipe, c: dict):
+    """Exposed seconds of the overlapped data-parallel collectives: each reduction under one micro-
+    batch's backward (the one whose gradients it carries: Megatron reduces in the last micro-batch,
+    distributed_data_parallel.py no_sync; DeepSpeed ZeRO-2 in every one), the parameter gather under
+    the next step's first forward, ZeRO-3 gathers under the whole step's compute. Compute carrying
+    communication slows by contention for SMs and memory: it hides dp_overlap_fraction_with_overlap
+    of its length. `step` and `pipe` map term names to arrays or to one candidate's values."""
+    f = c["dp_overlap_fraction_with_overlap"]
+    grads = step["reductions"] * overlapped_exposed_s(step["grad_one"], step["grad_buckets"], f * pipe["bwd_mb"])
+    params = overlapped_exposed_s(step["pg"], step["pg_buckets"], f * pipe["fwd_mb"])
+    each = grads + params + np.maximum(step["gather_hideable"] - pipe["busy"], 0.0)
+    # they share the rank's links: together they cannot hide more than the step's compute
+    together = step["reductions"] * step["grad_one"] + step["pg"] + step["gather_hideable"] - pipe["busy"]
+    return np.maximum(each, together)
 
 
 def step_time(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> dict:
@@ -326,16 +365,19 @@ def step_time(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
     pipe = grouped(codes, PIPE_FIELDS, lambda sub: _pipeline_terms(model, cluster, training, sub, c), lay)
     step = grouped(codes, STEP_FIELDS, lambda sub: _step_terms(model, cluster, training, sub, c), lay)
     other = max(float(c["step_overhead_s"]), 0.0)
-    hidden_short = np.maximum(step["dp_hideable"] - pipe["busy"], 0.0)
-    step_s = pipe["total"] + step["total"] + hidden_short + other
+    overlapped = overlapped_dp_s(step, pipe, c)
+    step_s = pipe["total"] + step["total"] + overlapped + other
 
     def part(src, key):
         return lambda i: src[key] if i is None else src.at(key, i)
 
     def dp_comm(i):
         if i is None:
-            return step["dp_exposed"] + hidden_short
-        return step.at("dp_exposed", i) + max(step.at("dp_hideable", i) - pipe.at("busy", i), 0.0)
+            return step["dp_fixed"] + overlapped
+        one_step = {k: step.at(k, i) for k in ("reductions", "grad_one", "grad_buckets", "pg", "pg_buckets",
+                                               "gather_hideable")}
+        one_pipe = {k: pipe.at(k, i) for k in ("bwd_mb", "fwd_mb", "busy")}
+        return step.at("dp_fixed", i) + float(overlapped_dp_s(one_step, one_pipe, c))
 
     breakdown = Lazy({"compute": part(pipe, "compute"), "recompute": part(pipe, "recompute"),
                       "tp_comm": part(pipe, "tp_comm"), "dp_comm": dp_comm, "pp_comm": part(pipe, "pp_comm"),

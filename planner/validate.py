@@ -37,8 +37,12 @@ def run_setup(run: dict):
     cluster = hardware.Cluster(hardware.lookup_gpu("a100-80gb"), run["num_gpus"], run["gpus_per_node"])
     zero = run["zero_stage"] or 0
     engine = "megatron-deepspeed" if zero >= 2 else "megatron"
+    # Megatron-LM of 2021 all-reduced gradients after the backward pass (megatron/model/distributed.py
+    # DistributedDataParallel.allreduce_gradients); --overlap-grad-reduce came with Megatron-core
+    overlap = None if engine != "megatron" else False
     training = layout.Training(seq_len=run["seq_len"], gbs=run["gbs"], precision="fp16", engine=engine,
-                               flash_attention=bool(run["flash_attention"]))
+                               flash_attention=bool(run["flash_attention"]),
+                               zero_config=layout.ZeroConfig(overlap_comm=overlap))
     mbs = run["mbs"] or ASSUMED_MBS
     vpp = run["vpp"] or 1
     lay = layout.single(tp=run["tp"], pp=run["pp"], dp=run["dp"], cp=run["cp"] or 1, vpp=vpp, zero=zero, mbs=mbs,

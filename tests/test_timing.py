@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from planner import collectives, compute, hardware, layout, memory, pipeline, timing
+from planner import collectives, compute, export, hardware, layout, memory, pipeline, timing
 from planner.model import ModelSpec, lookup
 
 A100 = hardware.lookup_gpu("a100-80gb")
@@ -277,30 +277,89 @@ def test_deepspeed_gradient_all_reduce():
     # 14 calls of 14 ring steps of 3.4 us, 2 bytes x Psi x 2(n-1)/n, once per micro-batch (gas 2);
     # overlap_comm defaults to off for stage 2, so all of it is exposed
     lay = layout.single(dp=8, zero=2, gas=2)
-    exposed, hideable = timing.grad_reduce_s(LLAMA7, node(), DS, lay, C)
-    one = 14 * 14 * 3.4e-6 + 2 * PSI7 * 1.75 / (300e9 * 0.78)  # 0.101 s
-    assert exposed[0] == pytest.approx(2 * one, rel=1e-12) and hideable[0] == 0
+    one, buckets, reductions = timing.grad_reduce_s(LLAMA7, node(), DS, lay, C)
+    expected = 14 * 14 * 3.4e-6 + 2 * PSI7 * 1.75 / (300e9 * 0.78)  # 0.101 s
+    assert one[0] == pytest.approx(expected, rel=1e-12) and buckets[0] == 14 and reductions[0] == 2
+    assert not timing.grad_overlaps(DS, lay)[0]
+    step = timing.step_time(LLAMA7, node(), DS, lay)
+    gather = timing.param_gather_s(LLAMA7, node(), DS, lay, C)[0][0]  # after the step, not overlapped either
+    assert step["breakdown"].at("dp_comm", 0) == pytest.approx(2 * expected + gather, rel=1e-12)
 
 
 def test_zero3_and_distributed_optimizer_reduce_scatter():
     # ZeRO-3 (stage3.py reduce_scatter_coalesced) and Megatron's distributed optimizer reduce-scatter:
     # (n-1)/n of the bytes; Megatron-LM reduces bf16 gradients in fp32 (4 B, --grad-reduce-in-bf16 off),
     # in buckets of max(40M, 1M x 8) = 40M parameters: 169 calls of 7 steps
-    z3_exposed, z3_hideable = timing.grad_reduce_s(LLAMA7, node(), DS, layout.single(dp=8, zero=3), C)
-    rs = 14 * 7 * 3.4e-6 + 2 * PSI7 * 0.875 / (300e9 * 0.78)
-    # overlap_comm resolves to true for stage 3: 70% of it may hide behind backward (prior)
-    assert z3_exposed[0] + z3_hideable[0] == pytest.approx(rs, rel=1e-12)
-    assert z3_hideable[0] == pytest.approx(0.7 * rs, rel=1e-12)
-    meg, _ = timing.grad_reduce_s(LLAMA7, node(), layout.Training(engine="megatron"), layout.single(dp=8, zero=1), C)
+    lay = layout.single(dp=8, zero=3)
+    z3, buckets, _ = timing.grad_reduce_s(LLAMA7, node(), DS, lay, C)
+    assert z3[0] == pytest.approx(14 * 7 * 3.4e-6 + 2 * PSI7 * 0.875 / (300e9 * 0.78), rel=1e-12)
+    assert buckets[0] == 14 and timing.grad_overlaps(DS, lay)[0]  # overlap_comm resolves to true for stage 3
+    meg, buckets, _ = timing.grad_reduce_s(LLAMA7, node(), layout.Training(engine="megatron"),
+                                           layout.single(dp=8, zero=1), C)
     assert meg[0] == pytest.approx(169 * 7 * 3.4e-6 + 4 * PSI7 * 0.875 / (300e9 * 0.78), rel=1e-12)
+    assert buckets[0] == 169
+
+
+def _two_stream_exposed_s(total_s, buckets, window_s, ahead=False):
+    """Event by event: compute finishes bucket k's share at k*window/B; one communication stream
+    runs the collectives in order, each when it is issued and the previous one is done. Gradients:
+    issued when their share completes; parameters (ahead): bucket k+1 issued when bucket k's gather
+    is waited for, and bucket k's compute starts only after its gather."""
+    per, share = total_s / buckets, window_s / buckets
+    if not ahead:
+        comm_end = 0.0
+        for k in range(1, buckets + 1):
+            comm_end = max(comm_end, k * share) + per
+        return comm_end - window_s
+    compute_end, gather_end = 0.0, per  # bucket 1 is gathered before anything can run
+    for k in range(1, buckets + 1):
+        start = max(compute_end, gather_end)  # wait for this bucket's parameters
+        if k < buckets:
+            gather_end = max(gather_end, start) + per  # the next one is issued at the wait
+        compute_end = start + share
+    return compute_end - window_s
+
+
+@pytest.mark.parametrize("total_s, buckets, window_s", [
+    (1.0, 10, 20.0), (1.0, 10, 5.0), (1.0, 10, 0.5), (3.0, 1, 2.0), (0.2, 7, 0.0), (4.0, 25, 30.0)])
+def test_overlapped_collectives_match_a_two_stream_simulation(total_s, buckets, window_s):
+    got = float(timing.overlapped_exposed_s(total_s, buckets, window_s))
+    assert got == pytest.approx(_two_stream_exposed_s(total_s, buckets, window_s), rel=1e-9, abs=1e-12)
+    assert got == pytest.approx(_two_stream_exposed_s(total_s, buckets, window_s, ahead=True), rel=1e-9, abs=1e-12)
+
+
+def test_megatron_overlaps_hide_all_but_a_bucket():
+    # Llama-3-70B tp8 pp4 dp2 with the distributed optimizer on 64 H100: with --overlap-grad-reduce
+    # --overlap-param-gather (the planner's Megatron launch) one gradient bucket and one parameter
+    # bucket show; Megatron-LM's defaults (--no-overlap-comm) expose every bucket of both
+    model, cluster = lookup("llama-3-70b"), hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 64, 8)
+    lay = layout.single(tp=8, pp=4, dp=2, zero=1, mbs=8, gas=8, recompute="selective", sequence_parallel=True)
+    on = layout.Training(gbs=128, engine="megatron")
+    off = layout.Training(gbs=128, engine="megatron", zero_config=layout.ZeroConfig(overlap_comm=False))
+    one, buckets, _ = timing.grad_reduce_s(model, cluster, on, lay, C)
+    gather, pg_buckets = timing.param_gather_s(model, cluster, on, lay, C)
+    exposed_on = timing.step_time(model, cluster, on, lay)["breakdown"].at("dp_comm", 0)
+    exposed_off = timing.step_time(model, cluster, off, lay)["breakdown"].at("dp_comm", 0)
+    assert exposed_off == pytest.approx(one[0] + gather[0], rel=1e-9)
+    # ~2.2 B parameters per rank of the first stage / 40 M per bucket: dozens of buckets
+    assert buckets[0] > 20 and pg_buckets[0] > 20
+    assert exposed_on == pytest.approx(one[0] / buckets[0] + gather[0] / pg_buckets[0], rel=1e-9)
+    args = export.megatron_args(model, on, lay.row(0))
+    assert "--overlap-grad-reduce" in args and "--overlap-param-gather" in args
+    assert "--overlap-grad-reduce" not in export.megatron_args(model, off, lay.row(0))
+    # with mbs 1 the last micro-batch's backward (~57 ms) is shorter than the reduce-scatter (~108 ms
+    # over the inter-node link): Megatron reduces only there (no_sync), so most of it shows
+    small = layout.single(tp=8, pp=4, dp=2, zero=1, mbs=1, gas=64, recompute="selective", sequence_parallel=True)
+    one, buckets, _ = timing.grad_reduce_s(model, cluster, on, small, C)
+    assert timing.step_time(model, cluster, on, small)["breakdown"].at("dp_comm", 0) > 0.5 * one[0]
 
 
 def test_parameter_all_gather_after_the_step():
     # ZeRO-1/2: the updated bf16 parameters are all-gathered once per step, 2 Psi x (n-1)/n bytes;
     # DeepSpeed in one call per group (runtime/utils.py all_gather_dp_groups), Megatron per bucket
-    ds = timing.param_gather_s(LLAMA7, node(), DS, layout.single(dp=8, zero=1), C)[0]
+    ds = timing.param_gather_s(LLAMA7, node(), DS, layout.single(dp=8, zero=1), C)[0][0]
     assert ds == pytest.approx(7 * 3.4e-6 + 2 * PSI7 * 0.875 / (300e9 * 0.78), rel=1e-12)
-    meg = timing.param_gather_s(LLAMA7, node(), layout.Training(engine="megatron"), layout.single(dp=8, zero=1), C)[0]
+    meg = timing.param_gather_s(LLAMA7, node(), layout.Training(engine="megatron"), layout.single(dp=8, zero=1), C)[0][0]
     assert meg == pytest.approx(169 * 7 * 3.4e-6 + 2 * PSI7 * 0.875 / (300e9 * 0.78), rel=1e-12)
     assert timing.param_gather_s(LLAMA7, node(), DS, layout.single(dp=8, zero=3), C)[0] == 0
 
