@@ -9,12 +9,12 @@ from typing import Callable
 
 import numpy as np
 
-from planner.engines import ENGINES, Engine
+from planner.engines import ENGINES, Buffers, Engine
 from planner.errors import InputError
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
-from planner.options import Offload, Schedule
+from planner.options import Offload, Precision, Schedule
 
 DIVISIBILITY, TOPOLOGY, ENGINE_RULE = "divisibility", "topology", "engine rule"
 """Rejection groups the search counts."""
@@ -86,6 +86,13 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr: "--offload-params: needs --zero 3"),
     Rule("engine_offload", ENGINE_RULE, lambda m, cl, tr, l: _offload_broken(tr.engine, l),
          lambda m, cl, tr: _offload_message(tr.engine)),
+    # DeepSpeed 0.19.8 engine.py _do_optimizer_sanity_check: without ZeRO, 16-bit weights with a
+    # different grad_accum_dtype raise NotImplementedError("unsupported mix of model_dtype and grad_accum_dtype")
+    Rule("fp32_accum_needs_zero", ENGINE_RULE,
+         lambda m, cl, tr, l: (l.zero == 0) & (tr.engine.buffers is Buffers.DEEPSPEED) & tr.zero_config.fp32_grad_accum
+         & (tr.precision in (Precision.BF16, Precision.FP16)),
+         lambda m, cl, tr: "--fp32-grad-accum: DeepSpeed has no fp32 gradient accumulation for 16-bit weights "
+                           "without ZeRO (engine.py _do_optimizer_sanity_check); use --zero 1 or leave the flag off"),
     Rule("offload_optimizer_zero", ENGINE_RULE, lambda m, cl, tr, l: (l.offload_optimizer > Offload.NONE) & (l.zero == 0),
          lambda m, cl, tr: "--offload-optimizer: needs --zero 1, 2 or 3"),
     Rule("sp_needs_tp", ENGINE_RULE, lambda m, cl, tr, l: (l.sequence_parallel > 0) & (l.tp < 2),

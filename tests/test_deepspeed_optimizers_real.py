@@ -14,10 +14,14 @@
 
 from __future__ import annotations
 
+import io
+import os
+
 import pytest
 
 from calibrate.deepspeed_cases import SCALARS_BYTES, cases
 from calibrate.record import run_case
+from planner import cli
 
 pytestmark = pytest.mark.slow
 P, D = 158_016, 2
@@ -53,3 +57,42 @@ def test_pipeline_without_zero_holds_bf16_optimizer_gradients_through_the_schedu
     assert m["optimizer_class"] == "BF16_Optimizer"
     assert m["model_state_bytes_per_param"] == pytest.approx(18.0, abs=1e-3)  # 0-d scalars apart
     assert r["prediction"]["model_state_bytes_per_param"] == pytest.approx(18.0, rel=1e-12)
+
+
+_INIT_ONE_RANK = """
+import os, socket, sys, torch, deepspeed
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+deepspeed.init_distributed(dist_backend="gloo")
+model = torch.nn.Linear(8, 8)
+cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+       "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": {"stage": int(sys.argv[1])}}
+try:
+    deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=cfg)
+    print("ACCEPTED")
+except NotImplementedError as exc:
+    print("REFUSED", exc)
+"""
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_fp32_accumulation_without_zero_is_refused_like_deepspeed_refuses_it(zero):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    run = subprocess.run([sys.executable, "-c", _INIT_ONE_RANK, str(zero)], capture_output=True, text=True,
+                         timeout=300, env=env)
+    deepspeed_says = run.stdout.strip().splitlines()[-1].split()[0]
+    out, err = io.StringIO(), io.StringIO()
+    old, sys.stderr = sys.stderr, err
+    try:
+        code = cli.main(["estimate", "--model", "llama-3-8b", "--gpus", "8", "--zero", str(zero), "--fp32-grad-accum"],
+                        out=out)
+    finally:
+        sys.stderr = old
+    # DeepSpeed 0.19: ZeRO off -> NotImplementedError("unsupported mix ..."); ZeRO-1 -> BF16_Optimizer
+    assert deepspeed_says == ("REFUSED" if zero == 0 else "ACCEPTED")
+    assert code == (2 if zero == 0 else 0)
+    if zero == 0:
+        assert err.getvalue().startswith("planner: error: --fp32-grad-accum")
