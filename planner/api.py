@@ -22,8 +22,8 @@ from planner.calibration import prior_band, verdict
 from planner.engines import NAMES as ENGINE_NAMES
 from planner.errors import InputError
 from planner.hardware import Cluster
-from planner.inputs import (DEFAULTS, ClusterInput, LayoutInput, ModelInput, TrainingInput, coerce, resolve_model,
-                            with_gpus)
+from planner.inputs import (DEFAULTS, ClusterInput, LayoutInput, ModelInput, TrainingInput, coerce, model_input,
+                            resolve_model, with_gpus)
 from planner.layout import Layouts, Training, single
 from planner.model import ModelSpec
 from planner.timing import time_to_train
@@ -379,6 +379,16 @@ def deepspeed_estimator_rows(model: ModelSpec, cluster: Cluster) -> dict:
         rows[f"zero3_offload_{str(off).lower()}_params_{str(offp).lower()}"] = {"gpu_bytes": int(g),
                                                                                  "cpu_bytes_per_node": int(c)}
     return rows
+
+
+def check(config, model, cluster=None, training=None, layout=None, *, mbs: int | None = None):
+    """`planner check`: a user's DeepSpeed config (path or dict, or an Accelerate YAML path) run as
+    DeepSpeed would run it, with findings (planner/doctor.py CheckReport)."""
+    from planner import doctor
+
+    cin = coerce(cluster, ClusterInput, "--gpus")
+    cluster = {f: getattr(cin, f) for f in ClusterInput.__dataclass_fields__ if getattr(cin, f) is not None}
+    return doctor.check(config, model_input(model), cluster, training, layout, mbs)
 
 
 def validate() -> dict:

@@ -181,6 +181,18 @@ def build_parser() -> Parser:
     r.add_argument("--emit", metavar="DIR")
     r.add_argument("--json", action="store_true")
 
+    k = sub.add_parser("check", help="predict and diagnose your own ds_config.json or Accelerate YAML")
+    k.add_argument("--config", required=True, metavar="PATH", help="a DeepSpeed config (.json) or an Accelerate config (.yaml)")
+    add_model_flags(k)
+    add_cluster_flags(k)
+    g = k.add_argument_group("what the config does not say")
+    g.add_argument("--tp", type=positive_int, default=1, help="Megatron-DeepSpeed tensor parallel size")
+    g.add_argument("--pp", type=positive_int, default=1, help="pipeline stages (DeepSpeed PipelineModule)")
+    g.add_argument("--recompute", default="none", help="the script's activation checkpointing: none, selective, full")
+    g.add_argument("--mbs", type=positive_int, help="the script's per-device batch, for an 'auto' micro-batch")
+    k.add_argument("--emit", metavar="DIR", help="write the closest better config's files")
+    k.add_argument("--json", action="store_true")
+
     v = sub.add_parser("validate", help="predicted vs published runs")
     v.add_argument("--json", action="store_true")
 
@@ -260,6 +272,24 @@ def cmd_recommend(args, out) -> int:
     return 0
 
 
+def cmd_check(args, out) -> int:
+    """Exit 0 when the config runs and fits, 1 when a finding says it will not, 2 for bad input."""
+    from planner import api, report
+
+    cluster = {k: v for k, v in vars(cluster_input(args)).items() if v is not None}
+    seq = {"seq_len": args.seq_len} if args.seq_len else {}
+    r = api.check(args.config, model_input(args), cluster, seq, {"tp": args.tp, "pp": args.pp, "recompute": args.recompute},
+                  mbs=args.mbs)
+    result = r.to_json()
+    if args.emit and r.better:
+        e = r.estimate
+        result["emitted"] = _emit(args.emit, e.model, e.cluster, e.training, r.better["layout"])
+    out.write(json.dumps(result, indent=1) + "\n" if args.json else report.check_text(r) + "\n")
+    if args.emit and r.better and not args.json:
+        out.write("wrote " + _shown(result["emitted"]) + "\n")
+    return 0 if r.ok else 1
+
+
 def cmd_validate(args, out) -> int:
     from planner import api, report
 
@@ -290,7 +320,8 @@ def main(argv=None, out=None) -> int:
 
             return calibrate_main(argv[1:])
         args = build_parser().parse_args(argv)
-        command = {"estimate": cmd_estimate, "recommend": cmd_recommend, "validate": cmd_validate}[args.command]
+        command = {"estimate": cmd_estimate, "recommend": cmd_recommend, "check": cmd_check,
+                   "validate": cmd_validate}[args.command]
         return command(args, out)
     except InputError as exc:
         msg = str(exc).splitlines()[0] if str(exc) else "invalid input"

@@ -144,3 +144,15 @@ def validate_text(v: dict) -> str:
     lines += [f"MAPE {m}: {x:.1%}" for m, x in v["mape_by_metric"].items()]
     lines.append(f"MAPE all {len(rows)} figures: {v['mape']:.1%}")
     return "\n".join(lines)
+
+
+def check_text(r) -> str:
+    """`planner check` without --json: the prediction, then the findings, worst first."""
+    lines = []
+    if r.estimate is not None:
+        lines += [estimate_text(r.estimate), ""]
+    order = {"error": 0, "warning": 1, "info": 2}
+    for f in sorted(r.findings, key=lambda f: order[f.severity]):
+        lines.append(f"{f.severity.upper():7s} [{f.kind}] {f.message}")
+    lines.append("verdict: " + ("runs and fits" if r.ok else "will not run as configured"))
+    return "\n".join(lines)

@@ -1,0 +1,439 @@
+"""`planner check`: a user's own DeepSpeed config (or Accelerate YAML), predicted and diagnosed.
+
+The config becomes the planning API's inputs the way DeepSpeed and Accelerate read it (batch
+keys, "auto" values, ZeRO fields); `api.check` predicts that exact run and lists findings, each
+with the number that triggered it and what a fix frees or gains. Config errors are the ones
+DeepSpeed 0.19.8 itself raises (or silently ignores): sources beside each.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.errors import InputError
+
+FLAG = "--config"
+
+# deepspeed 0.19.8 runtime/zero/config.py DeepSpeedZeroConfig (pydantic, extra="forbid": any other
+# key inside zero_optimization makes DeepSpeed refuse the config); aliases after the field names
+ZERO_KEYS = (
+    "stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size", "use_multi_rank_bucket_allreduce",
+    "allgather_partitions", "allgather_bucket_size", "overlap_comm", "compute_grad_norm", "load_from_fp32_weights",
+    "elastic_checkpoint", "offload_param", "offload_optimizer", "zenflow", "sub_group_size", "cpu_offload_param",
+    "cpu_offload_use_pin_memory", "cpu_offload", "prefetch_bucket_size", "param_persistence_threshold",
+    "model_persistence_threshold", "max_live_parameters", "max_reuse_distance", "gather_16bit_weights_on_model_save",
+    "module_granularity_threshold", "use_all_reduce_for_fetch_params", "allgather_sequential",
+    "stage3_gather_fp16_weights_on_model_save", "ignore_unused_parameters", "legacy_stage1", "round_robin_gradients",
+    "parameter_alignment", "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_nontrainable_weights",
+    "zero_quantized_gradients", "memory_efficient_linear", "pipeline_loading_checkpoint", "override_module_apply",
+    "log_trace_cache_warnings", "enable_sanity_checks", "save_muon_momentum_buffer_in_memory", "leaf_module",
+    "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold", "stage3_model_persistence_threshold",
+    "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
+    "stage3_module_granularity_threshold", "stage3_use_all_reduce_for_fetch_params", "stage3_allgather_sequential")
+# runtime/zero/offload_config.py (also extra="forbid")
+OFFLOAD_KEYS = {
+    "offload_optimizer": ("device", "nvme_path", "buffer_count", "pin_memory", "pipeline_read", "pipeline_write",
+                          "fast_init", "ratio", "super_offload", "cpuadam_cores_perc"),
+    "offload_param": ("device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pin_memory"),
+}
+# top-level keys DeepSpeed 0.19.8 reads (runtime/config.py DeepSpeedConfig._initialize_params and the
+# config modules it calls); it ignores any other top-level key without a word
+TOP_LEVEL_KEYS = (
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer", "scheduler",
+    "fp16", "bf16", "bfloat16", "amp", "torch_autocast", "zero_optimization", "gradient_clipping", "steps_per_print",
+    "wall_clock_breakdown", "dump_state", "memory_breakdown", "activation_checkpointing", "flops_profiler",
+    "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "communication_data_type",
+    "seq_parallel_communication_data_type", "prescale_gradients", "gradient_predivide_factor", "sparse_gradients",
+    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "data_types", "elasticity", "pipeline", "aio",
+    "checkpoint", "data_efficiency", "compression_training", "autotuning", "nebula", "curriculum_learning",
+    "progressive_layer_drop", "eigenvalue", "quantize_training", "sparse_attention", "disable_allgather",
+    "use_node_local_storage", "dataloader_drop_last", "timers", "compile",
+    "weight_quantization", "hybrid_engine", "tensor_parallel", "graph_harvesting", "use_data_before_expert_parallelism",
+    "gradient_allreduce_op")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosis: what, how bad, the number that triggered it, and what the fix frees or gains."""
+
+    kind: str
+    """'config' (DeepSpeed would refuse or ignore it), 'memory', 'communication', 'cpu_memory',
+    'compute', 'auto' (a value resolved for the user) or 'better' (the search's closer config)."""
+    severity: str
+    """'error' (the run fails as configured), 'warning' or 'info'."""
+    message: str
+    value: float | None = None
+    """The number that triggered it (bytes, fraction of the step, ...)."""
+    frees_bytes: int | None = None
+    """GPU bytes per rank the fix frees."""
+    gain: float | None = None
+    """Speed-up of the fix (new tokens/s over old)."""
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("kind", "severity", "message", "value", "frees_bytes", "gain")}
+
+
+def _closest(key: str, known) -> str:
+    match = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def load_config(path) -> tuple[dict, str]:
+    """(DeepSpeed config dict, where it came from) from a ds_config.json or an Accelerate YAML whose
+    deepspeed_config names a file or gives the plugin fields (accelerate/commands/launch.py
+    --zero_stage, --offload_optimizer_device, ...)."""
+    from planner.data import read_json
+
+    p = Path(str(path))
+    if p.suffix.lower() in (".yaml", ".yml"):
+        return _from_accelerate(p), "accelerate"
+    doc = read_json(p, FLAG)
+    if not isinstance(doc, dict):
+        raise InputError(f"{FLAG}: {str(p)!r} holds a JSON {type(doc).__name__}, not a DeepSpeed config object")
+    return doc, "deepspeed"
+
+
+def _from_accelerate(path: Path) -> dict:
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - pyyaml is a dependency
+        raise InputError(f"{FLAG}: reading an Accelerate YAML needs pyyaml (pip install pyyaml)") from None
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{FLAG}: cannot read {str(path)!r} ({exc.strerror or exc})") from None
+    if len(raw) > 2**20:
+        raise InputError(f"{FLAG}: {str(path)!r} is larger than 1 MiB; not an Accelerate config")
+    try:
+        doc = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise InputError(f"{FLAG}: {str(path)!r} is not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("deepspeed_config"), dict):
+        raise InputError(f"{FLAG}: {str(path)!r} has no deepspeed_config section (an Accelerate config for DeepSpeed)")
+    plugin = doc["deepspeed_config"]
+    if plugin.get("deepspeed_config_file"):
+        name = Path(str(plugin["deepspeed_config_file"]))
+        return load_config(name if name.is_absolute() else path.parent / name)[0]
+    # accelerate/utils/dataclasses.py DeepSpeedPlugin.__post_init__: the plugin fields as a ds_config
+    zero = {"stage": plugin.get("zero_stage", 2)}
+    for part, key in (("offload_optimizer", "offload_optimizer_device"), ("offload_param", "offload_param_device")):
+        if plugin.get(key) not in (None, "none"):
+            zero[part] = {"device": plugin[key]}
+    ds = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": plugin.get("gradient_accumulation_steps", 1),
+          "zero_optimization": zero}
+    precision = str(doc.get("mixed_precision", "no"))
+    if precision in ("bf16", "fp16"):
+        ds[precision] = {"enabled": True}
+    return ds
+
+
+def config_findings(ds: dict, pipeline_stages: int) -> list[Finding]:
+    """What DeepSpeed 0.19.8 refuses or ignores in `ds`, before any prediction."""
+    out = []
+    for key in ds:
+        if key not in TOP_LEVEL_KEYS:
+            out.append(Finding("config", "warning", f"top-level key {key!r} is not one DeepSpeed reads: it is "
+                               f"ignored{_closest(key, TOP_LEVEL_KEYS)}"))
+    zero = ds.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise InputError(f"{FLAG}: zero_optimization must be an object, got {type(zero).__name__}")
+    for key in zero:
+        if key not in ZERO_KEYS:
+            out.append(Finding("config", "error", f"zero_optimization.{key} is not a ZeRO field: DeepSpeed refuses the "
+                               f"config (DeepSpeedZeroConfig forbids extra fields){_closest(key, ZERO_KEYS)}"))
+    for part, known in OFFLOAD_KEYS.items():
+        for key in zero.get(part) or {}:
+            if key not in known:
+                out.append(Finding("config", "error", f"zero_optimization.{part}.{key} is not an offload field: "
+                                   f"DeepSpeed refuses the config{_closest(key, known)}"))
+    if _enabled(ds, "fp16") and (_enabled(ds, "bf16") or _enabled(ds, "bfloat16")):
+        # runtime/config.py DeepSpeedConfig._do_error_check
+        out.append(Finding("config", "error", "fp16 and bf16 are both enabled: DeepSpeed asserts 'bfloat16 and fp16 "
+                           "modes cannot be simultaneously enabled'"))
+    stage = _int(zero.get("stage", 0), "zero_optimization.stage")
+    if pipeline_stages > 1 and stage >= 2:
+        # runtime/pipe/engine.py PipelineEngine.__init__
+        out.append(Finding("config", "error", f"ZeRO stage {stage} with {pipeline_stages} pipeline stages: DeepSpeed's "
+                           "pipeline engine asserts 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'"))
+    return out
+
+
+def _enabled(ds: dict, key: str) -> bool:
+    part = ds.get(key)
+    return isinstance(part, dict) and part.get("enabled") is True
+
+
+def _int(value, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
+        raise InputError(f"{FLAG}: {where} must be a whole number, got {value!r}")
+    return int(value)
+
+
+def batch(ds: dict, data_parallel: int, mbs_flag: int | None) -> tuple[int, int, int, list[Finding]]:
+    """(train_batch_size, micro-batch, accumulation steps, findings) as DeepSpeed resolves them
+    (runtime/config.py _set_batch_related_parameters and _batch_assertion), after resolving "auto"
+    the way Hugging Face's Trainer does (transformers integrations/deepspeed.py
+    trainer_config_process: the script's per-device batch, gradient accumulation 1)."""
+    found = []
+    values = {k: ds.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")}
+    if values["train_micro_batch_size_per_gpu"] == "auto":
+        values["train_micro_batch_size_per_gpu"] = mbs_flag or 1
+        found.append(Finding("auto", "info", f"train_micro_batch_size_per_gpu 'auto' resolved as {mbs_flag or 1} "
+                             "(the script's per_device_train_batch_size; --mbs sets it)"))
+    elif mbs_flag is not None:
+        raise InputError(f"--mbs: the config sets train_micro_batch_size_per_gpu "
+                         f"{values['train_micro_batch_size_per_gpu']!r}; --mbs only fills an 'auto' one")
+    if values["gradient_accumulation_steps"] == "auto":
+        values["gradient_accumulation_steps"] = 1
+        found.append(Finding("auto", "info", "gradient_accumulation_steps 'auto' resolved as 1 (Trainer's default)"))
+    tbs, mbs, gas = (None if v in (None, "auto") else _int(v, k) for k, v in values.items())
+    if mbs is not None and gas is not None and tbs is not None and tbs != mbs * gas * data_parallel:
+        found.append(Finding("config", "error", f"train_batch_size {tbs} != train_micro_batch_size_per_gpu {mbs} x "
+                             f"gradient_accumulation_steps {gas} x data-parallel size {data_parallel}: DeepSpeed "
+                             "asserts it (_batch_assertion)", value=float(tbs)))
+    elif tbs is not None and mbs is not None and gas is None:
+        gas = tbs // (mbs * data_parallel)
+    elif tbs is not None and gas is not None and mbs is None:
+        mbs = tbs // (gas * data_parallel)
+    elif tbs is not None and mbs is None:
+        gas, mbs = 1, tbs // data_parallel
+    elif tbs is None and mbs is None:
+        raise InputError(f"{FLAG}: give train_batch_size or train_micro_batch_size_per_gpu "
+                         "(DeepSpeed needs one of them)")
+    gas = gas or 1
+    if not mbs or mbs < 1:
+        raise InputError(f"{FLAG}: train_batch_size {tbs} is smaller than the data-parallel size {data_parallel}")
+    return mbs * gas * data_parallel, mbs, gas, found
+
+
+def resolve_auto_buckets(zero: dict, hidden: int) -> tuple[dict, list[Finding]]:
+    """ZeRO bucket sizes left "auto", as transformers fills them from the model's hidden size
+    (integrations/deepspeed.py trainer_config_finalize): h^2, 0.9 h^2, 10 h."""
+    rules = {"reduce_bucket_size": hidden * hidden, "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+             "stage3_param_persistence_threshold": 10 * hidden}
+    out, found = dict(zero), []
+    for key, value in rules.items():
+        if out.get(key) == "auto":
+            out[key] = value
+            found.append(Finding("auto", "info", f"zero_optimization.{key} 'auto' resolved as {value:,} "
+                                 f"(transformers: from hidden size {hidden})"))
+    for key, value in out.items():
+        if value == "auto":
+            raise InputError(f"{FLAG}: zero_optimization.{key} is 'auto', which only Accelerate/Trainer resolve "
+                             "and not from the model; give a number")
+    return out, found
+
+
+# ---------------------------------------------------------------------------------------------
+# the check
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """`planner check`: the prediction for exactly the user's config, and the findings."""
+
+    source: str
+    """'deepspeed' (a ds_config.json) or 'accelerate' (a YAML)."""
+    estimate: object
+    """api.Estimate of the config as DeepSpeed would run it (None when DeepSpeed would refuse it
+    before the prediction could be made)."""
+    findings: list
+    better: dict | None
+    """The closest faster (or, when it does not fit, fitting) layout from the search: {layout, tokens_per_s,
+    gain, changes}."""
+
+    @property
+    def ok(self) -> bool:
+        fits = self.estimate is not None and self.estimate.memory["fits"]
+        return fits and not any(f.severity == "error" for f in self.findings)
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "ok": self.ok, "findings": [f.as_dict() for f in self.findings],
+                "estimate": None if self.estimate is None else self.estimate.to_json(), "better": self.better}
+
+
+ZERO_INPUTS = {  # TrainingInput field <- zero_optimization key(s), field name first, DeepSpeed alias after
+    "reduce_bucket_size": ("reduce_bucket_size",), "allgather_bucket_size": ("allgather_bucket_size",),
+    "stage3_prefetch_bucket_size": ("stage3_prefetch_bucket_size", "prefetch_bucket_size"),
+    "stage3_max_live_parameters": ("stage3_max_live_parameters", "max_live_parameters"),
+    "stage3_max_reuse_distance": ("stage3_max_reuse_distance", "max_reuse_distance"),
+    "stage3_param_persistence_threshold": ("stage3_param_persistence_threshold", "param_persistence_threshold"),
+    "sub_group_size": ("sub_group_size",),
+}
+
+
+def _precision(ds: dict) -> str:
+    if _enabled(ds, "bf16") or _enabled(ds, "bfloat16"):
+        return "bf16"
+    return "fp16" if _enabled(ds, "fp16") else "fp32"
+
+
+def _optimizer(ds: dict) -> tuple[str, list]:
+    kind = str((ds.get("optimizer") or {}).get("type", "")).lower()
+    if not kind:
+        return "adamw", [Finding("auto", "info", "no optimizer section: the script's own optimizer, taken as AdamW")]
+    if "sgd" in kind:
+        return "sgd", []
+    if "adafactor" in kind:
+        return "adafactor", []
+    return "adamw", []
+
+
+def inputs(ds: dict, model, cluster: dict, layout: dict, mbs_flag: int | None) -> tuple:
+    """(training dict, layout dict, findings) of the planning API for the config `ds` (with the
+    model's hidden size for "auto" buckets, and TP/PP from the launch)."""
+    from planner.inputs import resolve_model
+
+    spec = resolve_model(model)
+    gpus = cluster.get("gpus")
+    tp, pp = layout.get("tp", 1), layout.get("pp", 1)
+    if not gpus or gpus % (tp * pp):
+        raise InputError(f"--gpus: {gpus} is not divisible by --tp*--pp = {tp * pp}")
+    dp = gpus // (tp * pp)
+    tbs, mbs, gas, found = batch(ds, dp, mbs_flag)
+    zero, auto = resolve_auto_buckets(ds.get("zero_optimization") or {}, spec.hidden)
+    found += auto
+    stage = _int(zero.get("stage", 0), "zero_optimization.stage")
+    if stage not in (0, 1, 2, 3):
+        raise InputError(f"{FLAG}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage}")
+    offload = {part: str((zero.get(part) or {}).get("device", "none")) for part in OFFLOAD_KEYS}
+    optimizer, more = _optimizer(ds)
+    found += more
+    training = {"precision": _precision(ds), "optimizer": optimizer, "gbs": tbs,
+                "engine": "megatron-deepspeed" if tp > 1 else "deepspeed",
+                "fp32_grad_accum": str((ds.get("data_types") or {}).get("grad_accum_dtype", "")).lower() in ("fp32", "float32")}
+    for field, keys in ZERO_INPUTS.items():
+        for key in keys:
+            if key in zero:
+                training[field] = _int(zero[key], f"zero_optimization.{key}")
+                break
+    for flag in ("overlap_comm", "contiguous_gradients"):
+        if isinstance(zero.get(flag), bool):
+            training[flag] = zero[flag]
+    lay = {**layout, "tp": tp, "pp": pp, "dp": dp, "zero": stage, "mbs": mbs,
+           "offload_optimizer": offload["offload_optimizer"], "offload_params": offload["offload_param"]}
+    return training, lay, found
+
+
+def check(config, model, cluster: dict, training: dict | None = None, layout: dict | None = None,
+          mbs: int | None = None) -> CheckReport:
+    """Predict and diagnose the run of DeepSpeed config `config` (path or dict) for `model` on
+    `cluster`; `training` adds what the config does not say (seq_len), `layout` the launch's TP/PP
+    and the script's recompute."""
+    from planner import api
+
+    ds, source = (config, "deepspeed") if isinstance(config, dict) else load_config(config)
+    layout = dict(layout or {})
+    found = config_findings(ds, layout.get("pp", 1))
+    train, lay, more = inputs(ds, model, cluster, layout, mbs)
+    train.update(training or {})
+    found += more
+    try:
+        est = api.estimate(model, cluster, train, lay)
+    except InputError as exc:  # a layout the planner's rules refuse (DeepSpeed's own rules, engines.py)
+        return CheckReport(source, None, found + [Finding("config", "error", str(exc))], None)
+    found += diagnose(est, model, cluster, train, lay)
+    better = closest_better(est, model, cluster, train, lay)
+    if better:
+        speed = (f"{better['gain']:.2f}x the tokens/s" if better["gain"] is not None
+                 else f"fits, {better['tokens_per_s']:,.0f} tokens/s")
+        found.append(Finding("better", "info", f"the search's closest better config: {better['label']} "
+                             f"({', '.join(better['changes']) or 'same layout fields'}), {speed}", gain=better["gain"]))
+    return CheckReport(source, est, found, better)
+
+
+def _variant(model, cluster, train, lay, **change):
+    """The estimate of `lay` with `change` (training fields prefixed 't_'), or None if the rules refuse it."""
+    from planner import api
+
+    t = {**train, **{k[2:]: v for k, v in change.items() if k.startswith("t_")}}
+    l = {**lay, **{k: v for k, v in change.items() if not k.startswith("t_")}}
+    try:
+        return api.estimate(model, cluster, t, l)
+    except InputError:
+        return None
+
+
+def diagnose(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]:
+    """Memory, communication, host memory and compute findings for the predicted run."""
+    mem, time, found = est.memory, est.time, []
+    total, capacity = mem["gpu_bytes"], mem["capacity_bytes"]
+    if not mem["fits"]:
+        phase = "at initialization" if mem["peak_phase"] == "init" else f"in training ({mem['peak_phase']} peak)"
+        found.append(Finding("memory", "error", f"out of memory {phase}: {total / 2**30:.1f} GiB per GPU of "
+                             f"{capacity / 2**30:.1f} GiB", value=float(total)))
+    elif mem["verdict"] == "borderline":
+        found.append(Finding("memory", "warning", f"borderline: {mem['fit_margin_bytes'] / 2**30:.1f} GiB left, inside "
+                             f"the +-{mem['error_band']:.0%} error band", value=float(mem["fit_margin_bytes"])))
+    if mem["verdict"] != "fits":
+        fixes = []
+        if lay.get("recompute", "none") != "full":
+            fixes.append(("recompute full (activation checkpointing every layer)", {"recompute": "full"}))
+        if lay["mbs"] > 1:
+            half = lay["mbs"] // 2
+            fixes.append((f"micro-batch {half} with accumulation x2", {"mbs": half}))
+        if lay["zero"] < 3 and lay.get("pp", 1) == 1:
+            fixes.append((f"ZeRO stage {lay['zero'] + 1}", {"zero": lay["zero"] + 1}))
+        if lay["offload_optimizer"] == "none" and lay["zero"] >= 1:
+            fixes.append(("offload_optimizer to cpu", {"offload_optimizer": "cpu"}))
+        if lay["zero"] == 3:
+            live = train.get("stage3_max_live_parameters", 10**9)
+            fixes.append((f"stage3_max_live_parameters {live // 10:,}", {"t_stage3_max_live_parameters": live // 10}))
+        for text, change in fixes:
+            v = _variant(model, cluster, train, lay, **change)
+            if v is not None and v.memory["gpu_bytes"] < total:
+                found.append(Finding("memory", "info", f"fix: {text} frees {(total - v.memory['gpu_bytes']) / 2**30:.1f} "
+                                     f"GiB per GPU ({'fits' if v.memory['fits'] else 'still does not fit'})",
+                                     frees_bytes=int(total - v.memory["gpu_bytes"]),
+                                     gain=v.throughput["tokens_per_s"] / est.throughput["tokens_per_s"]))
+    b, step = time["breakdown"], time["step_s"]
+    comm = b["tp_comm"] + b["dp_comm"] + b["pp_comm"]
+    if comm > 0.3 * step:
+        text = f"communication is {comm / step:.0%} of the step (tp {b['tp_comm']:.2f} s, dp {b['dp_comm']:.2f} s)"
+        if train.get("overlap_comm") is not True and lay["zero"] < 3:
+            v = _variant(model, cluster, train, lay, t_overlap_comm=True)
+            if v is not None:
+                text += f"; overlap_comm true: {v.throughput['tokens_per_s'] / est.throughput['tokens_per_s']:.2f}x"
+        found.append(Finding("communication", "warning", text, value=comm / step))
+    host = cluster_host_bytes(est)
+    if mem["cpu_bytes_per_node"] > 0.8 * host and (lay["offload_optimizer"] != "none" or lay["offload_params"] != "none"):
+        found.append(Finding("cpu_memory", "warning", f"offload uses {mem['cpu_bytes_per_node'] / host:.0%} of the "
+                             f"node's {host / 2**30:.0f} GiB host memory", value=mem["cpu_bytes_per_node"] / host))
+    if b["compute"] < 0.5 * step:
+        worst = max((k for k in b if k != "compute"), key=lambda k: b[k])
+        found.append(Finding("compute", "warning", f"compute is {b['compute'] / step:.0%} of the step; the largest "
+                             f"overhead is {worst} ({b[worst] / step:.0%})", value=b["compute"] / step))
+    return found
+
+
+def cluster_host_bytes(est) -> float:
+    return float(est.cluster.gpu.host_ram_bytes_per_node)
+
+
+def closest_better(est, model, cluster: dict, train: dict, lay: dict) -> dict | None:
+    """Among the search's fitting layouts for the same model, batch and engine, the one changing the
+    fewest layout fields that is faster (or, when the config does not fit, that fits), fastest first."""
+    from planner import api
+    from planner.search import short
+
+    rec = api.recommend(model, cluster, train, top=50)
+    fits = est.memory["fits"]
+    now = est.throughput["tokens_per_s"] if fits else 0.0
+    keys = ("tp", "pp", "zero", "offload_optimizer", "offload_params", "mbs", "recompute")
+    best = None
+    for r in rec.layouts:
+        speed = r["throughput"]["tokens_per_s"]
+        if speed <= now * 1.01:
+            continue
+        changes = [f"{k} {est.layout[k]} -> {r['layout'][k]}" for k in keys if r["layout"][k] != est.layout[k]]
+        rank = (len(changes), -speed)
+        if best is None or rank < best[0]:
+            best = (rank, r, changes)
+    if best is None:
+        return None
+    _, r, changes = best
+    return {"layout": r["layout"], "label": short(r["layout"]), "tokens_per_s": r["throughput"]["tokens_per_s"],
+            "gain": r["throughput"]["tokens_per_s"] / now if fits else None, "changes": changes}

@@ -1,0 +1,192 @@
+"""`planner check`: the config doctor. Its key lists against DeepSpeed's own config classes, its
+verdicts on configs in the shapes people publish (DeepSpeed's docs, Accelerate, Megatron-DeepSpeed
+scripts) and on broken ones against DeepSpeed's own DeepSpeedConfig, its prediction against
+`planner estimate` of the same run."""
+
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner import cli, doctor
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+GiB = 2**30
+
+
+def run(*argv):
+    out, err = io.StringIO(), io.StringIO()
+    old, sys.stderr = sys.stderr, err
+    try:
+        code = cli.main(list(argv), out=out)
+    finally:
+        sys.stderr = old
+    return code, out.getvalue(), err.getvalue()
+
+
+def write(tmp_path, name, doc) -> str:
+    path = tmp_path / name
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return str(path)
+
+
+# DeepSpeed's docs, ZeRO tutorial (docs/_tutorials/zero.md, "ZeRO-3 Offload" example config)
+DS_DOCS_ZERO3_OFFLOAD = {
+    "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+    "zero_optimization": {"stage": 3, "contiguous_gradients": True, "stage3_max_live_parameters": 1e9,
+                          "stage3_max_reuse_distance": 1e9, "stage3_prefetch_bucket_size": 1e7,
+                          "stage3_param_persistence_threshold": 1e5, "reduce_bucket_size": 1e7, "sub_group_size": 1e9,
+                          "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}}
+# Hugging Face's ds_config_zero2.json (transformers docs, "DeepSpeed" page): the "auto" style
+HF_ZERO2_AUTO = {
+    "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                          "allgather_partitions": True, "allgather_bucket_size": 2e8, "overlap_comm": True,
+                          "reduce_scatter": True, "reduce_bucket_size": "auto", "contiguous_gradients": True},
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False}
+# Megatron-DeepSpeed examples_deepspeed/pretrain_llama2_distributed.sh writes this ds_config (ZeRO-1, bf16)
+MEGATRON_DS_SCRIPT = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "steps_per_print": 1,
+                      "zero_optimization": {"stage": 1}, "bf16": {"enabled": True}}
+
+
+def test_key_lists_are_deepspeeds_own():
+    zc = pytest.importorskip("deepspeed.runtime.zero.config")
+    oc = pytest.importorskip("deepspeed.runtime.zero.offload_config")
+    names = set()
+    for name, f in zc.DeepSpeedZeroConfig.model_fields.items():
+        names |= {name} | ({f.alias} if f.alias else set())
+    assert set(doctor.ZERO_KEYS) == names
+    assert set(doctor.OFFLOAD_KEYS["offload_optimizer"]) == set(oc.DeepSpeedZeroOffloadOptimizerConfig.model_fields)
+    assert set(doctor.OFFLOAD_KEYS["offload_param"]) == set(oc.DeepSpeedZeroOffloadParamConfig.model_fields)
+    # every top-level key the doctor knows is a string DeepSpeed's own code reads
+    import deepspeed
+
+    source = "".join(p.read_text(errors="ignore") for p in Path(deepspeed.__file__).parent.rglob("*.py"))
+    missing = [k for k in doctor.TOP_LEVEL_KEYS if f'"{k}"' not in source and f"'{k}'" not in source]
+    assert not missing
+
+
+def deepspeed_refuses(ds: dict) -> bool:
+    """DeepSpeed 0.19's own DeepSpeedConfig on one process (data-parallel size 1)."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    try:
+        DeepSpeedConfig(json.loads(json.dumps(ds)))
+        return False
+    except Exception:  # pydantic ValidationError, AssertionError, ...: DeepSpeed will not start
+        return True
+
+
+@pytest.mark.parametrize("name, ds", [
+    ("docs-zero3-offload", DS_DOCS_ZERO3_OFFLOAD),
+    ("megatron-ds-zero1", {**MEGATRON_DS_SCRIPT, "train_batch_size": 4}),
+    ("typo-in-zero", {"train_batch_size": 4, "zero_optimization": {"stage": 2, "overlap_com": True}}),
+    ("typo-in-offload", {"train_batch_size": 4, "zero_optimization": {"stage": 3, "offload_optimizer": {"devce": "cpu"}}}),
+    ("batch-mismatch", {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}),
+    ("fp16-and-bf16", {"train_batch_size": 4, "fp16": {"enabled": True}, "bf16": {"enabled": True}}),
+    ("ignored-top-level", {"train_batch_size": 4, "zero_optimisation": {"stage": 3}}),
+])
+def test_config_errors_are_the_ones_deepspeed_raises(name, ds):
+    pytest.importorskip("deepspeed")
+    found = doctor.config_findings(ds, 1)
+    _, _, _, batch_found = doctor.batch(ds, 1, None)
+    errors = [f for f in found + batch_found if f.severity == "error"]
+    assert bool(errors) == deepspeed_refuses(ds), [f.message for f in found + batch_found]
+    if name == "ignored-top-level":  # DeepSpeed starts, silently without ZeRO: the doctor says so
+        assert any("did you mean 'zero_optimization'" in f.message for f in found)
+    if name == "typo-in-zero":
+        assert "did you mean 'overlap_comm'" in errors[0].message
+
+
+def test_prediction_is_estimate_of_the_same_run(tmp_path):
+    # Megatron-DeepSpeed's script config on 16 GPUs with --tp 4 --pp 2: dp = 16/(4*2) = 2,
+    # gas = 32 / (4 * 2) = 4
+    path = write(tmp_path, "ds_config.json", MEGATRON_DS_SCRIPT)
+    code, text, _ = run("check", "--config", path, "--model", "llama-2-13b", "--gpus", "16", "--tp", "4", "--pp", "2",
+                        "--json")
+    d = json.loads(text)
+    est = d["estimate"]
+    assert est["layout"]["dp"] == 2 and est["layout"]["gas"] == 4 and est["layout"]["mbs"] == 4
+    _, same, _ = run("estimate", "--model", "llama-2-13b", "--gpus", "16", "--tp", "4", "--pp", "2", "--zero", "1",
+                     "--mbs", "4", "--gbs", "32", "--engine", "megatron-deepspeed", "--json")
+    same = json.loads(same)
+    assert est["memory"]["gpu_bytes"] == same["memory"]["gpu_bytes"]
+    assert est["time"]["step_s"] == pytest.approx(same["time"]["step_s"], rel=1e-12)
+    assert code == (0 if d["ok"] else 1)
+
+
+def test_out_of_memory_names_fixes_with_the_memory_they_free(tmp_path):
+    # Llama-3-8B, ZeRO-2, micro-batch 4 of 4096 tokens without activation checkpointing on 80 GB:
+    # activations alone are ~25 GiB per sequence (Korthikanti 2022 eq. 2: 34sbh + 5as^2b/ flash-attention's sbh terms)
+    ds = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True},
+          "zero_optimization": {"stage": 2}}
+    code, text, _ = run("check", "--config", write(tmp_path, "c.json", ds), "--model", "llama-3-8b", "--gpus", "16",
+                        "--json")
+    d = json.loads(text)
+    assert code == 1 and not d["ok"]
+    memory = [f for f in d["findings"] if f["kind"] == "memory"]
+    assert memory[0]["severity"] == "error" and memory[0]["value"] > 80e9
+    fixes = {f["message"].split(" frees")[0]: f for f in memory[1:]}
+    recompute = fixes["fix: recompute full (activation checkpointing every layer)"]
+    # what recompute frees is what `estimate` says the two runs differ by
+    base = json.loads(run("estimate", "--model", "llama-3-8b", "--gpus", "16", "--zero", "2", "--mbs", "4", "--gbs",
+                          "256", "--json")[1])["memory"]["gpu_bytes"]
+    full = json.loads(run("estimate", "--model", "llama-3-8b", "--gpus", "16", "--zero", "2", "--mbs", "4", "--gbs",
+                          "256", "--recompute", "full", "--json")[1])["memory"]["gpu_bytes"]
+    assert recompute["frees_bytes"] == base - full and "(fits)" in recompute["message"]
+    better = d["better"]
+    assert better is not None and better["changes"]
+
+
+def test_auto_values_resolve_as_transformers_does(tmp_path):
+    # transformers integrations/deepspeed.py trainer_config_finalize: reduce_bucket_size = hidden^2
+    # (Llama-3-8B: 4096^2 = 16,777,216); the micro-batch from the script (--mbs 2), accumulation 1
+    code, text, _ = run("check", "--config", write(tmp_path, "z2.json", HF_ZERO2_AUTO), "--model", "llama-3-8b",
+                        "--gpus", "8", "--mbs", "2", "--recompute", "full", "--json")
+    d = json.loads(text)
+    assert d["estimate"]["training"]["zero_config"]["reduce_bucket_size"] == 4096 * 4096
+    assert d["estimate"]["layout"]["mbs"] == 2 and d["estimate"]["layout"]["gas"] == 1
+    assert d["estimate"]["layout"]["offload_optimizer"] == "cpu"
+    assert sum(f["kind"] == "auto" for f in d["findings"]) >= 3
+
+
+def test_accelerate_yaml(tmp_path):
+    # the shape `accelerate config` writes for DeepSpeed (accelerate/commands/config/cluster.py)
+    yaml_text = ("compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n"
+                 "  gradient_accumulation_steps: 4\n  offload_optimizer_device: cpu\n  offload_param_device: none\n"
+                 "  zero3_init_flag: false\n  zero_stage: 2\nmixed_precision: bf16\nnum_machines: 1\n"
+                 "num_processes: 8\nuse_cpu: false\n")
+    code, text, _ = run("check", "--config", write(tmp_path, "acc.yaml", yaml_text), "--model", "llama-3-8b",
+                        "--gpus", "8", "--mbs", "1", "--recompute", "full", "--json")
+    d = json.loads(text)
+    assert d["source"] == "accelerate"
+    lay = d["estimate"]["layout"]
+    assert (lay["zero"], lay["offload_optimizer"], lay["gas"], lay["mbs"]) == (2, "cpu", 4, 1)
+    assert d["estimate"]["training"]["precision"] == "bf16"
+
+
+@pytest.mark.parametrize("content, suffix, words", [
+    ("{not json", ".json", "--config: "),
+    ("[1, 2]", ".json", "not a DeepSpeed config object"),
+    ("a: [1, 2\n", ".yaml", "not valid YAML"),
+    ("compute_environment: LOCAL_MACHINE\n", ".yaml", "no deepspeed_config section"),
+    ('{"train_batch_size": 8, "zero_optimization": {"stage": 7}}', ".json", "zero_optimization.stage"),
+    ('{"zero_optimization": {"stage": 1}}', ".json", "train_batch_size or train_micro_batch_size_per_gpu"),
+])
+def test_bad_configs_are_one_line(tmp_path, content, suffix, words):
+    code, text, err = run("check", "--config", write(tmp_path, "bad" + suffix, content), "--model", "llama-3-8b",
+                          "--gpus", "8")
+    assert code == 2 and text == "" and len(err.strip().splitlines()) == 1 and words in err
+
+
+def test_contradictory_flags_are_one_line(tmp_path):
+    path = write(tmp_path, "c.json", MEGATRON_DS_SCRIPT)
+    code, _, err = run("check", "--config", path, "--model", "llama-3-8b", "--gpus", "12", "--tp", "8")
+    assert code == 2 and err.startswith("planner: error: --gpus: 12 is not divisible by --tp*--pp = 8")
+    code, _, err = run("check", "--config", path, "--model", "llama-3-8b", "--gpus", "8", "--mbs", "2")
+    assert code == 2 and "--mbs" in err
