@@ -362,8 +362,7 @@ def diagnose(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]
     mem, time, found = est.memory, est.time, []
     total, capacity = mem["gpu_bytes"], mem["capacity_bytes"]
     if not mem["fits"]:
-        phase = "at initialization" if mem["peak_phase"] == "init" else f"in training ({mem['peak_phase']} peak)"
-        found.append(Finding("memory", "error", f"out of memory {phase}: {total / 2**30:.1f} GiB per GPU of "
+        found.append(Finding("memory", "error", f"out of memory at the {mem['peak_phase']} peak: {total / 2**30:.1f} GiB per GPU of "
                              f"{capacity / 2**30:.1f} GiB", value=float(total)))
     elif mem["verdict"] == "borderline":
         found.append(Finding("memory", "warning", f"borderline: {mem['fit_margin_bytes'] / 2**30:.1f} GiB left, inside "
