@@ -21,7 +21,7 @@ from planner.errors import InputError
 from planner.hardware import load_gpus
 from planner.memory import BREAKDOWN_KEYS
 from planner.model import load_catalog
-from planner.options import Optimizer, Precision
+from planner.options import Optimizer, Precision, Schedule
 from planner.search import PINNABLE, short
 
 GiB = 2**30
@@ -151,7 +151,7 @@ def manual_layout_from_sidebar() -> dict:
     lay["mbs"] = int(sb.number_input("Micro-batch", 1, 4096, 1, key="man_mbs"))
     lay["recompute"] = sb.selectbox("Recompute", ("none", "selective", "full"), key="man_recompute")
     lay["sequence_parallel"] = sb.checkbox("Sequence parallel", False, key="man_sp")
-    schedule = sb.selectbox("Schedule", ("default", "1f1b", "interleaved", "gpipe"), key="man_schedule")
+    schedule = sb.selectbox("Schedule", ("default", *Schedule.words()), key="man_schedule")
     if schedule != "default":
         lay["schedule"] = schedule
     return lay

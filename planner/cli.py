@@ -162,7 +162,7 @@ def build_parser() -> Parser:
     add_cluster_flags(e)
     add_training_flags(e)
     add_layout_flags(e.add_argument_group("layout"), pinning=False)
-    e.add_argument("--schedule", default=None, help="1f1b, interleaved, gpipe (default: interleaved when --vpp > 1)")
+    e.add_argument("--schedule", default=None, help="1f1b, interleaved, gpipe, zb-h1 (default: interleaved when --vpp > 1)")
     e.add_argument("--ds-estimator", action="store_true", help="also print DeepSpeed's own estimator figures")
     e.add_argument("--emit", metavar="DIR", help="write ds_config.json, accelerate config and launch command")
     e.add_argument("--json", action="store_true")

@@ -333,9 +333,11 @@ TORCHTITAN = replace(
     FSDP,
     name="torchtitan", summary="torchtitan: FSDP2 composed with TP/SP, CP and PP; op-level selective AC; chunked loss",
     # distributed/pipeline_parallel.py pipeline_llm applies the same parallelize_fn (FSDP included)
-    # to each stage; ParallelismConfig.pipeline_parallel_schedule "1F1B" (also Interleaved1F1B, GPipe)
+    # to each stage; ParallelismConfig.pipeline_parallel_schedule "1F1B" (also Interleaved1F1B, GPipe,
+    # and InterleavedZeroBubble: torch.distributed.pipelining ScheduleInterleavedZeroBubble, the paper's
+    # ZB1P, which with one stage per rank is ZB-H1)
     pipeline_zero_stages=(0, 2, 3),
-    pipeline_schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE),
+    pipeline_schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE, Schedule.ZB_H1),
     pipeline_edge_layers=1,
     pipeline_defers_grad_reduction=True,
     # models/llama3: separate wq, wk, wv and w1, w3, w2 (fused_gemms False as Hugging Face's); no

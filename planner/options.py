@@ -49,15 +49,17 @@ class Offload(Choice):
 
 
 class Schedule(Choice):
-    """Pipeline schedule (Narayanan et al. 2021 section 2.2; GPipe: Huang et al. 2019)."""
+    """Pipeline schedule (Narayanan et al. 2021 section 2.2; GPipe: Huang et al. 2019; ZB-H1: Qi et
+    al. 2023, "Zero Bubble Pipeline Parallelism", section 3)."""
 
     ONE_F_ONE_B = 0
     INTERLEAVED = 1
     GPIPE = 2
+    ZB_H1 = 3
 
     @property
     def word(self) -> str:
-        return {0: "1f1b", 1: "interleaved", 2: "gpipe"}[int(self)]
+        return {0: "1f1b", 1: "interleaved", 2: "gpipe", 3: "zb-h1"}[int(self)]
 
 
 class Word(str, Enum):

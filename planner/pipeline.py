@@ -40,7 +40,8 @@ def microbatches_in_flight(pp, vpp, gas, schedule, stage) -> np.ndarray:
     the one in its backward). Interleaved with v chunks: min(v p + p - 2i - 1, v m) chunks of
     L/(p v) layers (schedules.py get_pp_rank_microbatches: 2(p - i - 1) + (v - 1) p warm-up
     micro-batches plus one; stage 0 matches Korthikanti et al. 2022's factor 1 + (p-1)/(p v)).
-    GPipe: all m (Huang et al. 2019)."""
+    GPipe: all m (Huang et al. 2019). ZB-H1 keeps 1F1B's p in flight (Qi et al. 2023 Table 1:
+    peak memory p M_B for both)."""
     one_f_one_b = np.minimum(pp - stage, gas)
     interleaved = np.minimum(vpp * pp + pp - 2 * stage - 1, vpp * gas) / vpp
     return np.select([schedule == Schedule.INTERLEAVED, schedule == Schedule.GPIPE], [interleaved, gas], one_f_one_b)
@@ -56,6 +57,16 @@ def bubble_slots(pp, vpp, schedule) -> np.ndarray:
     (p - 1) for 1F1B and GPipe, (p - 1)/v interleaved (Narayanan et al. 2021 sections 2.2.1-2.2.2:
     bubble fraction (p - 1)/m and (p - 1)/(v m) of the m slots)."""
     return (pp - 1) / chunks_per_stage(vpp, schedule)
+
+
+def bubble_s(pp, vpp, schedule, slot_s, weight_grad_s) -> np.ndarray:
+    """Idle seconds of the slowest stage in a step, given one micro-batch's work on it (`slot_s`)
+    and the weight-gradient part of its backward (`weight_grad_s`): bubble_slots x slot, except
+    ZB-H1, which fills the drain with the deferred weight gradients: (p - 1)(T_F + T_B - T_W) =
+    (p - 1)(slot - 2 T_W) (Qi et al. 2023 section 3.1, Table 1; a third of 1F1B's when
+    T_F = T_B = T_W)."""
+    zero_bubble = (pp - 1) * np.maximum(slot_s - 2.0 * weight_grad_s, 0.0)
+    return np.where(schedule == Schedule.ZB_H1, zero_bubble, bubble_slots(pp, vpp, schedule) * slot_s)
 
 
 def p2p_transfers(pp, vpp, gas, schedule) -> np.ndarray:

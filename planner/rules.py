@@ -44,7 +44,11 @@ def _stages(stages) -> str:
 def _schedules_broken(engine: Engine, lay: Layouts) -> np.ndarray:
     allowed = [int(s) for s in engine.pipeline_schedules]
     interleaves = Schedule.INTERLEAVED in engine.pipeline_schedules
-    return (lay.pp > 1) & (~np.isin(lay.schedule, allowed) | ((lay.vpp > 1) & (not interleaves)))
+    # torch 2.13 distributed/pipelining/schedules.py ScheduleInterleavedZeroBubble.__init__: the micro-
+    # batches must be a multiple of the rounds, max(1, m // p)
+    rounds = np.maximum(1, lay.gas // np.maximum(lay.pp, 1))
+    zb_broken = (lay.schedule == Schedule.ZB_H1) & (lay.gas % rounds != 0)
+    return (lay.pp > 1) & (~np.isin(lay.schedule, allowed) | ((lay.vpp > 1) & (not interleaves)) | zb_broken)
 
 
 def _offload_broken(engine: Engine, lay: Layouts) -> np.ndarray:
@@ -110,7 +114,8 @@ RULES: tuple[Rule, ...] = (
     Rule("engine_schedule", ENGINE_RULE, lambda m, cl, tr, l: _schedules_broken(tr.engine, l),
          lambda m, cl, tr: f"--vpp/--schedule: the {tr.engine.name} pipeline engine runs "
                            f"{', '.join(s.word for s in tr.engine.pipeline_schedules)} only "
-                           f"(interleaving: {_names(e for e in ENGINES.values() if Schedule.INTERLEAVED in e.pipeline_schedules)})"),
+                           f"(interleaving: {_names(e for e in ENGINES.values() if Schedule.INTERLEAVED in e.pipeline_schedules)}; "
+                           "zb-h1 needs the micro-batches a multiple of max(1, m // p))"),
     Rule("engine_tensor_parallel", ENGINE_RULE,
          lambda m, cl, tr, l: (not tr.engine.tensor_parallel) & ((l.tp > 1) | (l.cp > 1)),
          lambda m, cl, tr: f"--tp/--cp: --engine {tr.engine.name} has no tensor or context parallelism "

@@ -203,8 +203,15 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, training: Training, ma
     tp, pp, cp, dp, mbs, vpp = (a[k] for a in (tp, pp, cp, dp, mbs, vpp))
     lay = Layouts(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vpp=vpp, zero=zero, offload_optimizer=oo,
                   offload_params=op, mbs=mbs, gas=training.gbs // (mbs * dp), recompute=rc,
-                  sequence_parallel=sp, schedule=np.where(vpp > 1, Schedule.INTERLEAVED, Schedule.ONE_F_ONE_B))
+                  sequence_parallel=sp, schedule=np.where(vpp > 1, Schedule.INTERLEAVED, flat_schedule(training)))
     return lay, dropped, space.coarsened
+
+
+def flat_schedule(training: Training) -> Schedule:
+    """The schedule searched without interleaving: ZB-H1 where the engine runs it (same activation
+    memory as 1F1B, a smaller bubble: planner/pipeline.py), else 1F1B. GPipe is never searched: the
+    same bubble as 1F1B with all m micro-batches in flight."""
+    return Schedule.ZB_H1 if Schedule.ZB_H1 in training.engine.pipeline_schedules else Schedule.ONE_F_ONE_B
 
 
 def search(model: ModelSpec, cluster: Cluster, training: Training, headroom: float = 0.05, max_mbs: int = 16,
@@ -237,6 +244,7 @@ def short(row: dict) -> str:
     parts += [f"dp{row['dp']}", f"z{row['zero']}", f"mbs{row['mbs']}x{row['gas']}"]
     parts += [] if row["recompute"] == "none" else [row["recompute"][:3] + "-rc"]
     parts += ["sp"] if row["sequence_parallel"] else []
+    parts += [row["schedule"]] if row["schedule"] in ("gpipe", "zb-h1") else []
     parts += [f"off-opt:{row['offload_optimizer']}"] if row["offload_optimizer"] != "none" else []
     parts += [f"off-par:{row['offload_params']}"] if row["offload_params"] != "none" else []
     return " ".join(parts)

@@ -27,7 +27,7 @@ from planner.layout import Layouts, Training
 from planner.memory import ACTIVATION_FIELDS, STATE_FIELDS, coefficients, deferred_reduction
 from planner.model import ModelSpec
 from planner.options import Offload, Recompute
-from planner.pipeline import bubble_slots, max_layers_on_stage, p2p_transfers
+from planner.pipeline import bubble_s, max_layers_on_stage, p2p_transfers
 from planner.sharding import block_params, rank_params, state_bytes
 
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble", "offload", "optimizer", "other")
@@ -88,6 +88,8 @@ def microbatch_s(model: ModelSpec, cluster: Cluster, training: Training, lay: La
     out = {"compute": n * (layer_fwd + layer_bwd) + head,
            # the head's backward is twice its forward (dgrad + wgrad: Narayanan 2021 eq. 3's 3x)
            "fwd_mb": n * layer_fwd + head / 3.0,
+           # weight gradients: each GEMM's wgrad has its forward's FLOPs (what ZB-H1 defers)
+           "weight_grad_s": n * gemm + head / 3.0,
            "recompute": n * np.select([full, selective], [layer_fwd, core_fwd], 0.0),
            "tp_comm": n * layer_comm}
     out["slot"] = out["compute"] + out["recompute"] + out["tp_comm"]
@@ -107,9 +109,9 @@ def layer_times(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
 # per step: the pipeline
 
 
-def pipeline_bubble_s(lay: Layouts, slot_s) -> np.ndarray:
-    """Idle time of the slowest stage: bubble_slots x one micro-batch's work (planner/pipeline.py)."""
-    return bubble_slots(lay.pp, lay.vpp, lay.schedule) * slot_s
+def pipeline_bubble_s(lay: Layouts, slot_s, weight_grad_s=0.0) -> np.ndarray:
+    """Idle time of the slowest stage (planner/pipeline.py bubble_s)."""
+    return bubble_s(lay.pp, lay.vpp, lay.schedule, slot_s, weight_grad_s)
 
 
 def pipeline_p2p_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
@@ -312,7 +314,7 @@ def _pipeline_terms(model, cluster, training, lay, c) -> dict:
     flops = flops_per_step(model, training, lay)
     out = {"compute": m * mb["compute"], "recompute": m * mb["recompute"], "tp_comm": m * mb["tp_comm"],
            "fwd_mb": mb["fwd_mb"], "bwd_mb": mb["compute"] - mb["fwd_mb"] + mb["recompute"],
-           "pp_bubble": pipeline_bubble_s(lay, mb["slot"]), "pp_comm": pipeline_p2p_s(model, cluster, training, lay, c),
+           "pp_bubble": pipeline_bubble_s(lay, mb["slot"], mb["weight_grad_s"]), "pp_comm": pipeline_p2p_s(model, cluster, training, lay, c),
            "model_flops_per_gpu": flops["model_flops"] / lay.world,
            "hardware_flops_per_gpu": flops["hardware_flops"] / lay.world}
     out["busy"] = out["compute"] + out["recompute"]  # what overlapped communication can hide behind

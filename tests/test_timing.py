@@ -11,6 +11,7 @@ import pytest
 
 from planner import collectives, compute, export, hardware, layout, memory, pipeline, timing
 from planner.model import ModelSpec, lookup
+from planner.options import Schedule
 
 A100 = hardware.lookup_gpu("a100-80gb")
 H100 = hardware.lookup_gpu("h100-sxm")
@@ -524,3 +525,22 @@ def test_mechanism_directions():
     slow = step(layout.Training(seq_len=4096, engine="deepspeed", flash_attention=False), dp=16, zero=2, mbs=2, gas=4)
     assert slow["compute"][0] > base["compute"][0]
     assert math.isfinite(base["dp_comm"][0])
+
+
+def test_zero_bubble_h1_bubble_and_memory():
+    # Qi et al. 2023 (Zero Bubble Pipeline Parallelism) Figure 3 / Table 1, p = 4 and T_F = T_B = T_W
+    # = 1: 1F1B idles (p-1)(T_F+T_B+T_W) = 9 units a step, ZB-H1 (p-1)(T_F+T_B-T_W) = 3
+    zb = pipeline.bubble_s(4, 1, Schedule.ZB_H1, 3.0, 1.0)
+    assert float(zb) == pytest.approx(3.0)
+    assert float(pipeline.bubble_s(4, 1, Schedule.ONE_F_ONE_B, 3.0, 1.0)) == pytest.approx(9.0)
+    # and the same activations in flight as 1F1B (Table 1: p M_B for both)
+    for stage in range(4):
+        assert pipeline.microbatches_in_flight(4, 1, 16, Schedule.ZB_H1, stage) == \
+            pipeline.microbatches_in_flight(4, 1, 16, Schedule.ONE_F_ONE_B, stage)
+    # on a real stage the deferred weight gradients are the GEMMs' wgrad only (attention core,
+    # elementwise kernels and the recv/send stay in T_B): the bubble is above a third of 1F1B's
+    model, cluster = lookup("llama-3-8b"), hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 8, 8)
+    tt = layout.Training(gbs=64, engine="torchtitan")
+    one = timing.step_time(model, cluster, tt, layout.single(pp=4, dp=2, zero=3, gas=32, schedule="1f1b"))
+    zero = timing.step_time(model, cluster, tt, layout.single(pp=4, dp=2, zero=3, gas=32, schedule="zb-h1"))
+    assert 1 / 3 < zero["breakdown"].at("pp_bubble", 0) / one["breakdown"].at("pp_bubble", 0) < 2 / 3
