@@ -30,7 +30,7 @@ TERMS = [
     ("planner.activations", "layer_bytes"), ("planner.activations", "recompute_working_bytes"),
     ("planner.activations", "embedding_dropout_bytes"), ("planner.activations", "head_input_bytes"),
     ("planner.activations", "logits_bytes"),
-    ("planner.pipeline", "microbatches_in_flight"), ("planner.pipeline", "bubble_slots"),
+    ("planner.pipeline", "microbatches_in_flight"), ("planner.pipeline", "bubble_slots"), ("planner.pipeline", "bubble_s"),
     ("planner.pipeline", "p2p_transfers"),
     # step time
     ("planner.compute", "flops_per_step"), ("planner.compute", "gemm_fwd_s"), ("planner.compute", "attention_core_s"),
@@ -41,7 +41,7 @@ TERMS = [
     ("planner.timing", "pipeline_bubble_s"), ("planner.timing", "pipeline_p2p_s"), ("planner.timing", "grad_reduce_s"),
     ("planner.timing", "grad_reductions_per_step"), ("planner.timing", "param_gather_s"),
     ("planner.timing", "zero3_gather_s"), ("planner.timing", "gpu_optimizer_step_s"), ("planner.timing", "cpu_adam_s"),
-    ("planner.timing", "offload_s"),
+    ("planner.timing", "offload_s"), ("planner.timing", "overlapped_exposed_s"),
 ]
 
 # the five errors issue 6 found passing every fast test, as mutants
