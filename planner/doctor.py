@@ -130,22 +130,32 @@ def _from_accelerate(path: Path) -> dict:
     return ds
 
 
+def _section(parent: dict, key: str, where: str) -> dict:
+    """parent[key] as an object ({} when absent); InputError when it is something else."""
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(f"{FLAG}: {where}{key} must be an object, got {type(value).__name__}")
+    return value
+
+
 def config_findings(ds: dict, pipeline_stages: int) -> list[Finding]:
     """What DeepSpeed 0.19.8 refuses or ignores in `ds`, before any prediction."""
+    for key in ("optimizer", "data_types", "fp16", "bf16", "bfloat16"):
+        _section(ds, key, "")
     out = []
     for key in ds:
         if key not in TOP_LEVEL_KEYS:
             out.append(Finding("config", "warning", f"top-level key {key!r} is not one DeepSpeed reads: it is "
                                f"ignored{_closest(key, TOP_LEVEL_KEYS)}"))
-    zero = ds.get("zero_optimization", {})
-    if not isinstance(zero, dict):
-        raise InputError(f"{FLAG}: zero_optimization must be an object, got {type(zero).__name__}")
+    zero = _section(ds, "zero_optimization", "")
     for key in zero:
         if key not in ZERO_KEYS:
             out.append(Finding("config", "error", f"zero_optimization.{key} is not a ZeRO field: DeepSpeed refuses the "
                                f"config (DeepSpeedZeroConfig forbids extra fields){_closest(key, ZERO_KEYS)}"))
     for part, known in OFFLOAD_KEYS.items():
-        for key in zero.get(part) or {}:
+        for key in _section(zero, part, "zero_optimization."):
             if key not in known:
                 out.append(Finding("config", "error", f"zero_optimization.{part}.{key} is not an offload field: "
                                    f"DeepSpeed refuses the config{_closest(key, known)}"))

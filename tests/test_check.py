@@ -177,6 +177,9 @@ def test_accelerate_yaml(tmp_path):
     ("compute_environment: LOCAL_MACHINE\n", ".yaml", "no deepspeed_config section"),
     ('{"train_batch_size": 8, "zero_optimization": {"stage": 7}}', ".json", "zero_optimization.stage"),
     ('{"zero_optimization": {"stage": 1}}', ".json", "train_batch_size or train_micro_batch_size_per_gpu"),
+    ('{"train_batch_size": 8, "optimizer": "adam"}', ".json", "optimizer must be an object"),
+    ('{"train_batch_size": 8, "zero_optimization": {"stage": 3, "offload_param": "cpu"}}', ".json",
+     "zero_optimization.offload_param must be an object"),
 ])
 def test_bad_configs_are_one_line(tmp_path, content, suffix, words):
     code, text, err = run("check", "--config", write(tmp_path, "bad" + suffix, content), "--model", "llama-3-8b",
