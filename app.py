@@ -119,6 +119,8 @@ def training_from_sidebar() -> dict:
                 "precision": sb.selectbox("Precision", [p.value for p in Precision], key="precision"),
                 "optimizer": sb.selectbox("Optimizer", [o.value for o in Optimizer], key="optimizer"),
                 "flash_attention": sb.checkbox("FlashAttention", True, key="flash_attention")}
+    if training["engine"] == "megatron" and sb.checkbox("TP comm overlap (--tp-comm-overlap)", key="tp_comm_overlap"):
+        training["tp_comm_overlap"] = True
     if sb.radio("Batch given as", ("tokens per step", "sequences"), horizontal=True, key="batch_kind") == "sequences":
         training["gbs"] = int(sb.number_input("Global batch (sequences)", 1, 100_000_000, 1024, key="gbs"))
     else:

@@ -128,6 +128,8 @@ def add_training_flags(p):
     g.add_argument("--no-contiguous-gradients", action="store_true")
     g.add_argument("--fp32-grad-accum", action="store_true", default=None,
                    help="DeepSpeed data_types.grad_accum_dtype fp32 (bf16 + ZeRO-1: BF16_Optimizer)")
+    g.add_argument("--tp-comm-overlap", action="store_true", default=None,
+                   help="Megatron --tp-comm-overlap (TransformerEngine): SP collectives pipelined with their GEMMs")
     g.add_argument("--tokens", type=count, help=_h("training tokens: report days, GPU-hours and cost", "tokens"))
     g.add_argument("--price-per-gpu-hour", type=positive_float, help=help_text("price_per_gpu_hour"))
 
@@ -226,7 +228,7 @@ def training_input(args):
                          precision=args.precision, optimizer=args.optimizer,
                          flash_attention=not args.no_flash_attention, engine=args.engine,
                          overlap_comm=args.overlap_comm, contiguous_gradients=False if args.no_contiguous_gradients else None,
-                         fp32_grad_accum=args.fp32_grad_accum,
+                         fp32_grad_accum=args.fp32_grad_accum, tp_comm_overlap=args.tp_comm_overlap,
                          tokens=args.tokens, price_per_gpu_hour=args.price_per_gpu_hour,
                          **{k: getattr(args, k) for k in ZERO_FLAGS})
 

@@ -441,6 +441,8 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
             a.append("--use-distributed-optimizer")  # Megatron's ZeRO-1-like optimizer-state sharding
         # the overlaps the planner's step time assumes (timing.py overlapped_dp_s); Megatron-LM
         # training/arguments.py: --overlap-param-gather needs --use-distributed-optimizer
+        if training.tp_comm_overlap and row["sequence_parallel"]:
+            a.append("--tp-comm-overlap")  # needs --sequence-parallel and TransformerEngine
         if bool(training.overlaps_grad_reduce(row["zero"])):
             a.append("--overlap-grad-reduce")
             if row["zero"] >= 1:

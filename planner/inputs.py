@@ -184,6 +184,8 @@ class TrainingInput:
     contiguous_gradients: bool | None = None
     fp32_grad_accum: bool | None = None
     """DeepSpeed data_types.grad_accum_dtype "fp32" (default: the model dtype)."""
+    tp_comm_overlap: bool | None = None
+    """Megatron --tp-comm-overlap (default off)."""
     tokens: float | None = None
     """Training tokens: report days, GPU-hours and cost."""
     price_per_gpu_hour: float | None = None
@@ -194,6 +196,7 @@ class TrainingInput:
         _boolean(self.overlap_comm, "--overlap-comm")
         _boolean(self.contiguous_gradients, "--no-contiguous-gradients")
         _boolean(self.fp32_grad_accum, "--fp32-grad-accum")
+        _boolean(self.tp_comm_overlap, "--tp-comm-overlap")
         if self.gbs is not None and self.tokens_per_step is not None:
             raise InputError("--gbs and --tokens-per-step: give one of them, not both")
 
@@ -204,7 +207,8 @@ class TrainingInput:
         return Training(seq_len=self.seq_len or DEFAULTS["seq_len"], gbs=gbs,
                         precision=self.precision or DEFAULTS["precision"],
                         optimizer=self.optimizer or DEFAULTS["optimizer"], flash_attention=self.flash_attention,
-                        engine=engine, zero_config=ZeroConfig(**{k: v for k, v in zero.items() if v is not None}))
+                        engine=engine, zero_config=ZeroConfig(**{k: v for k, v in zero.items() if v is not None}),
+                        tp_comm_overlap=bool(self.tp_comm_overlap))
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,9 @@ class Training:
     """The training engine's record (a --engine word is looked up on creation)."""
     zero_config: ZeroConfig = field(default_factory=ZeroConfig)
     """DeepSpeed buffer sizes."""
+    tp_comm_overlap: bool = False
+    """Megatron --tp-comm-overlap: sequence-parallel TP collectives pipelined with their GEMMs
+    (where a layout has sequence parallelism)."""
 
     def __post_init__(self):
         check("seq_len", self.seq_len)
@@ -83,6 +86,9 @@ class Training:
         object.__setattr__(self, "engine", engine_lookup(self.engine))
         if not isinstance(self.flash_attention, bool):
             raise InputError(f"--no-flash-attention: must be true or false, got {self.flash_attention!r}")
+        if self.tp_comm_overlap and not self.engine.tp_comm_overlap:
+            raise InputError(f"--tp-comm-overlap: --engine {self.engine.name} has no TP communication overlap "
+                             "(Megatron-LM with TransformerEngine has: --engine megatron)")
 
     def overlaps_grad_reduce(self, zero) -> np.ndarray:
         """Whether the gradient reduction overlaps backward, per ZeRO stage: the user's

@@ -41,11 +41,22 @@ MEGATRON_DDP_BUCKET = 40_000_000  # megatron.core DistributedDataParallelConfig:
 def tp_all_reduce_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
     """One TP all-reduce of a block's T*h activations over NVLink (Megatron: 2 in forward, 2 in
     backward; Shoeybi et al. 2019 section 3; with SP a reduce-scatter + all-gather move the same
-    bytes, Korthikanti 2022 section 4.2.2), minus what TP overlap hides."""
+    bytes, Korthikanti 2022 section 4.2.2)."""
     nbytes = tokens_per_microbatch(training, lay) * model.hidden * training.precision.element_bytes
-    ar = ring_time_s(nbytes, lay.tp, intra_node_bus_bytes_per_s(cluster, c), "all_reduce",
-                     c["collective_latency_intra_node_s"])
-    return ar * (1.0 - c["tp_overlap_fraction"])
+    return ring_time_s(nbytes, lay.tp, intra_node_bus_bytes_per_s(cluster, c), "all_reduce",
+                       c["collective_latency_intra_node_s"])
+
+
+def tp_pass_exposed_s(training: Training, lay: Layouts, c: dict, tp_ar, gemm_s) -> np.ndarray:
+    """Exposed TP communication of one pass (forward or backward) through a block: two all-reduce
+    equivalents. With --tp-comm-overlap and SP, each of the pass's four all-gathers/reduce-scatters
+    (half an all-reduce each) is split into t chunks pipelined with its GEMM, a quarter of the
+    pass's `gemm_s` (Wang et al. 2023, "Overlap Communication with Dependent Computation via
+    Decomposition", section 3; TransformerEngine userbuffers): one chunk each shows, and whatever
+    exceeds its GEMM's share."""
+    overlap = training.tp_comm_overlap & (lay.sequence_parallel > 0) & (lay.tp > 1)
+    hidden = 4.0 * overlapped_exposed_s(tp_ar / 2.0, lay.tp, c["dp_overlap_fraction_with_overlap"] * gemm_s / 4.0)
+    return np.where(overlap, hidden, 2.0 * tp_ar)
 
 
 def ep_all_to_all_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
@@ -79,9 +90,11 @@ def microbatch_s(model: ModelSpec, cluster: Cluster, training: Training, lay: La
     core_fwd, core_bwd = C.attention_core_s(model, cluster, training, lay, c)
     layer_fwd = gemm + core_fwd + C.elementwise_fwd_s(model, cluster, training, lay, c)
     layer_bwd = 2.0 * gemm + core_bwd + C.elementwise_bwd_s(model, cluster, training, lay, c)  # dgrad + wgrad
-    passes = 4.0 + 2.0 * full  # forward, backward, and the recomputed forward
+    passes = 4.0 + 2.0 * full  # all-reduce equivalents: forward, backward, and the recomputed forward
     tp_ar = tp_all_reduce_s(model, cluster, training, lay, c)
-    layer_comm = passes * (tp_ar + ep_all_to_all_s(model, cluster, training, lay, c)) \
+    tp_fwd = tp_pass_exposed_s(training, lay, c, tp_ar, gemm)
+    tp_bwd = tp_pass_exposed_s(training, lay, c, tp_ar, 2.0 * gemm)  # dgrad + wgrad GEMMs
+    layer_comm = (1.0 + full) * tp_fwd + tp_bwd + passes * ep_all_to_all_s(model, cluster, training, lay, c) \
         + cp_ring_exposed_s(model, cluster, training, lay, c, core_fwd, core_bwd)
     n = max_layers_on_stage(model.layers, lay.pp, training.engine.pipeline_edge_layers)
     head = C.head_s(model, cluster, training, lay, c)
@@ -94,8 +107,8 @@ def microbatch_s(model: ModelSpec, cluster: Cluster, training: Training, lay: La
            "tp_comm": n * layer_comm}
     out["slot"] = out["compute"] + out["recompute"] + out["tp_comm"]
     # one block with its exposed TP all-reduces, as Korthikanti 2022 Table 4 times them
-    out.update(fwd_s=layer_fwd + 2 * tp_ar, bwd_s=layer_bwd + 2 * tp_ar,
-               recompute_s=np.select([full, selective], [layer_fwd + 2 * tp_ar, core_fwd], 0.0))
+    out.update(fwd_s=layer_fwd + tp_fwd, bwd_s=layer_bwd + tp_bwd,
+               recompute_s=np.select([full, selective], [layer_fwd + tp_fwd, core_fwd], 0.0))
     return out
 
 
@@ -211,8 +224,8 @@ def overlapped_exposed_s(total_s, buckets, window_s):
     _make_backward_post_hook -> register_grad_ready -> start_grad_sync; DeepSpeed stage_1_and_2.py
     reduce_independent_p_g_buckets_and_remove_grads on its reduction stream) or one bucket ahead
     of it (a parameter bucket's gather: param_and_grad_buffer.py finish_param_sync dispatches the
-    next). One bucket always shows (the last gradients, the first parameters); each other shows by
-    what it takes beyond its share of the compute."""
+    next; a TP chunk of --tp-comm-overlap likewise). One bucket always shows (the last gradients,
+    the first parameters); each other shows by what it takes beyond its share of the compute."""
     per = total_s / buckets
     return per + (buckets - 1.0) * np.maximum(per - window_s / buckets, 0.0)
 

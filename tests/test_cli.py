@@ -152,7 +152,7 @@ FROZEN = {
                  "--price-per-gpu-hour", "--recompute", "--reduce-bucket-size", "--schedule", "--seq-len",
                  "--sequence-parallel", "--stage3-max-live-parameters", "--stage3-max-reuse-distance",
                  "--stage3-param-persistence-threshold", "--stage3-prefetch-bucket-size", "--sub-group-size",
-                 "--tied-embeddings", "--tokens", "--tp", "--vocab", "--vpp", "--zero"],
+                 "--tied-embeddings", "--tokens", "--tp", "--tp-comm-overlap", "--vocab", "--vpp", "--zero"],
     "recommend": ["--allgather-bucket-size", "--calibration", "--emit", "--engine", "--ffn", "--ffn-kind",
                   "--fp32-grad-accum", "--gbs", "--gpu",
                   "--gpu-memory-gib", "--gpus", "--gpus-per-node", "--hbm-gb-per-s", "--heads", "--hidden",
@@ -162,7 +162,7 @@ FROZEN = {
                   "--params", "--pcie-gb-per-s", "--peak-tflops", "--precision", "--price-per-gpu-hour",
                   "--reduce-bucket-size", "--seq-len", "--stage3-max-live-parameters", "--stage3-max-reuse-distance",
                   "--stage3-param-persistence-threshold", "--stage3-prefetch-bucket-size", "--sub-group-size",
-                  "--tied-embeddings", "--tokens", "--tokens-per-step", "--top", "--vocab",
+                  "--tied-embeddings", "--tokens", "--tokens-per-step", "--top", "--tp-comm-overlap", "--vocab",
                   # pinned layout axes (issue 8)
                   "--cp", "--dp", "--ep", "--mbs", "--offload-optimizer", "--offload-params", "--pp", "--recompute",
                   "--sequence-parallel", "--tp", "--vpp", "--zero"],

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from planner import collectives, compute, export, hardware, layout, memory, pipeline, timing
+from planner.errors import InputError
 from planner.model import ModelSpec, lookup
 from planner.options import Schedule
 
@@ -544,3 +545,23 @@ def test_zero_bubble_h1_bubble_and_memory():
     one = timing.step_time(model, cluster, tt, layout.single(pp=4, dp=2, zero=3, gas=32, schedule="1f1b"))
     zero = timing.step_time(model, cluster, tt, layout.single(pp=4, dp=2, zero=3, gas=32, schedule="zb-h1"))
     assert 1 / 3 < zero["breakdown"].at("pp_bubble", 0) / one["breakdown"].at("pp_bubble", 0) < 2 / 3
+
+
+def test_tp_comm_overlap_shows_one_chunk_per_collective():
+    # Llama-3-70B tp8 with SP, 8k tokens per micro-batch: each pass has 4 collectives (AG, RS, AG, RS),
+    # each half an all-reduce of T*h; --tp-comm-overlap splits each into t = 8 chunks pipelined with
+    # its GEMM (Wang et al. 2023), so when the GEMMs are long enough one chunk in 8 shows
+    model, cluster = lookup("llama-3-70b"), hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 8, 8)
+    lay = layout.single(tp=8, dp=1, mbs=2, gas=1, recompute="selective", sequence_parallel=True)
+    plain = layout.Training(seq_len=4096, gbs=2, engine="megatron")
+    over = layout.Training(seq_len=4096, gbs=2, engine="megatron", tp_comm_overlap=True)
+    off = timing.step_time(model, cluster, plain, lay)["breakdown"].at("tp_comm", 0)
+    on = timing.step_time(model, cluster, over, lay)["breakdown"].at("tp_comm", 0)
+    assert on == pytest.approx(off / 8, rel=1e-9)
+    # without SP there is nothing to split (Megatron asserts --tp-comm-overlap needs --sequence-parallel)
+    no_sp = layout.single(tp=8, dp=1, mbs=2, gas=1, recompute="selective")
+    assert timing.step_time(model, cluster, over, no_sp)["breakdown"].at("tp_comm", 0) == pytest.approx(
+        timing.step_time(model, cluster, plain, no_sp)["breakdown"].at("tp_comm", 0), rel=1e-12)
+    assert "--tp-comm-overlap" in export.megatron_args(model, over, lay.row(0))
+    with pytest.raises(InputError, match="--tp-comm-overlap"):
+        layout.Training(engine="deepspeed", tp_comm_overlap=True)
