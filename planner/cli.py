@@ -184,7 +184,9 @@ def build_parser() -> Parser:
     r.add_argument("--json", action="store_true")
 
     k = sub.add_parser("check", help="predict and diagnose your own ds_config.json or Accelerate YAML")
-    k.add_argument("--config", required=True, metavar="PATH", help="a DeepSpeed config (.json) or an Accelerate config (.yaml)")
+    k.add_argument("--config", metavar="PATH", help="a DeepSpeed config (.json) or an Accelerate config (.yaml)")
+    k.add_argument("--accelerate-launch", metavar="COMMAND",
+                   help="instead of --config: an 'accelerate launch --use_deepspeed ...' command line (quoted)")
     add_model_flags(k)
     add_cluster_flags(k)
     g = k.add_argument_group("what the config does not say")
@@ -278,9 +280,19 @@ def cmd_check(args, out) -> int:
     """Exit 0 when the config runs and fits, 1 when a finding says it will not, 2 for bad input."""
     from planner import api, report
 
+    from planner import doctor
+
     cluster = {k: v for k, v in vars(cluster_input(args)).items() if v is not None}
+    if (args.config is None) == (args.accelerate_launch is None):
+        raise InputError("--config: give --config PATH or --accelerate-launch COMMAND (one of them)")
+    config = args.config
+    if args.accelerate_launch is not None:
+        config, processes = doctor.from_accelerate_launch(args.accelerate_launch)
+        if processes and cluster.get("gpus") not in (None, processes):
+            raise InputError(f"--gpus: {cluster['gpus']}, but the launch says --num_processes {processes}")
+        cluster.setdefault("gpus", processes)
     seq = {"seq_len": args.seq_len} if args.seq_len else {}
-    r = api.check(args.config, model_input(args), cluster, seq, {"tp": args.tp, "pp": args.pp, "recompute": args.recompute},
+    r = api.check(config, model_input(args), cluster, seq, {"tp": args.tp, "pp": args.pp, "recompute": args.recompute},
                   mbs=args.mbs)
     result = r.to_json()
     if args.emit and r.better:

@@ -113,21 +113,56 @@ def _from_accelerate(path: Path) -> dict:
         raise InputError(f"{FLAG}: {str(path)!r} is not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("deepspeed_config"), dict):
         raise InputError(f"{FLAG}: {str(path)!r} has no deepspeed_config section (an Accelerate config for DeepSpeed)")
-    plugin = doc["deepspeed_config"]
+    return plugin_config(doc["deepspeed_config"], doc.get("mixed_precision"), path.parent)
+
+
+def plugin_config(plugin: dict, mixed_precision, base: Path) -> dict:
+    """The ds_config Accelerate builds from its DeepSpeed plugin fields (accelerate/utils/dataclasses.py
+    DeepSpeedPlugin.__post_init__), or the deepspeed_config_file they name."""
     if plugin.get("deepspeed_config_file"):
         name = Path(str(plugin["deepspeed_config_file"]))
-        return load_config(name if name.is_absolute() else path.parent / name)[0]
-    # accelerate/utils/dataclasses.py DeepSpeedPlugin.__post_init__: the plugin fields as a ds_config
-    zero = {"stage": plugin.get("zero_stage", 2)}
+        return load_config(name if name.is_absolute() else base / name)[0]
+    zero = {"stage": plugin.get("zero_stage") if plugin.get("zero_stage") is not None else 2}
     for part, key in (("offload_optimizer", "offload_optimizer_device"), ("offload_param", "offload_param_device")):
         if plugin.get(key) not in (None, "none"):
             zero[part] = {"device": plugin[key]}
-    ds = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": plugin.get("gradient_accumulation_steps", 1),
-          "zero_optimization": zero}
-    precision = str(doc.get("mixed_precision", "no"))
-    if precision in ("bf16", "fp16"):
-        ds[precision] = {"enabled": True}
+    accumulation = plugin.get("gradient_accumulation_steps")
+    ds = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+          "gradient_accumulation_steps": 1 if accumulation is None else accumulation, "zero_optimization": zero}
+    if str(mixed_precision) in ("bf16", "fp16"):
+        ds[str(mixed_precision)] = {"enabled": True}
     return ds
+
+
+def from_accelerate_launch(command: str) -> tuple[dict, int | None]:
+    """(ds_config, --num_processes) of an `accelerate launch --use_deepspeed ...` command line, read
+    with the flags accelerate/commands/launch.py declares for DeepSpeed; the script and its own
+    arguments are ignored."""
+    import argparse
+    import shlex
+
+    flag = "--accelerate-launch"
+    try:
+        words = shlex.split(command)
+    except ValueError as exc:
+        raise InputError(f"{flag}: cannot split the command line ({exc})") from None
+    if "--use_deepspeed" not in words and not any(w.startswith("--deepspeed_config_file") for w in words):
+        raise InputError(f"{flag}: no --use_deepspeed in the command: not a DeepSpeed launch")
+
+    class Quiet(argparse.ArgumentParser):
+        def error(self, message):
+            raise InputError(f"{flag}: {message}")
+
+    p = Quiet(add_help=False)
+    p.add_argument("--use_deepspeed", action="store_true")
+    for name in ("--deepspeed_config_file", "--offload_optimizer_device", "--offload_param_device", "--mixed_precision"):
+        p.add_argument(name, type=str)
+    for name in ("--zero_stage", "--gradient_accumulation_steps", "--num_processes", "--num_machines"):
+        p.add_argument(name, type=int)
+    args, _ = p.parse_known_args(words)
+    plugin = {k: getattr(args, k) for k in ("deepspeed_config_file", "zero_stage", "offload_optimizer_device",
+                                             "offload_param_device", "gradient_accumulation_steps")}
+    return plugin_config(plugin, args.mixed_precision, Path.cwd()), args.num_processes
 
 
 def _section(parent: dict, key: str, where: str) -> dict:

@@ -193,3 +193,22 @@ def test_contradictory_flags_are_one_line(tmp_path):
     assert code == 2 and err.startswith("planner: error: --gpus: 12 is not divisible by --tp*--pp = 8")
     code, _, err = run("check", "--config", path, "--model", "llama-3-8b", "--gpus", "8", "--mbs", "2")
     assert code == 2 and "--mbs" in err
+
+
+def test_accelerate_launch_flags_read_like_the_yaml(tmp_path):
+    # the same plugin as test_accelerate_yaml, given as accelerate/commands/launch.py flags
+    launch = ("accelerate launch --use_deepspeed --zero_stage 2 --offload_optimizer_device cpu "
+              "--gradient_accumulation_steps 4 --mixed_precision bf16 --num_processes 8 train.py --lr 1e-4")
+    code, text, _ = run("check", "--accelerate-launch", launch, "--model", "llama-3-8b", "--mbs", "1",
+                        "--recompute", "full", "--json")
+    d = json.loads(text)
+    lay = d["estimate"]["layout"]
+    assert (lay["zero"], lay["offload_optimizer"], lay["gas"], lay["mbs"], lay["dp"]) == (2, "cpu", 4, 1, 8)
+    assert d["estimate"]["training"]["precision"] == "bf16"
+    code, _, err = run("check", "--accelerate-launch", launch, "--model", "llama-3-8b", "--gpus", "16")
+    assert code == 2 and "--num_processes 8" in err
+    code, _, err = run("check", "--accelerate-launch", "accelerate launch train.py", "--model", "llama-3-8b",
+                       "--gpus", "8")
+    assert code == 2 and "--use_deepspeed" in err
+    code, _, err = run("check", "--model", "llama-3-8b", "--gpus", "8")
+    assert code == 2 and "--config" in err
