@@ -47,14 +47,29 @@ def recommend_answer(model, cluster: dict, training: dict, top: int, headroom: f
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def estimate_answer(model, cluster: dict, training: dict, layout: dict) -> dict:
-    e = api.estimate(model, cluster, training, layout)
+    return estimate_page(api.estimate(model, cluster, training, layout))
+
+
+def estimate_page(e, row: dict | None = None) -> dict:
+    """An Estimate as the page shows it, with the launch files of `row` (default: its own layout)."""
     try:
-        files = [(name, text) for name, text, _ in export.render(e.model, e.cluster, e.training, e.layout)]
+        files = [(name, text) for name, text, _ in export.render(e.model, e.cluster, e.training, row or e.layout)]
         export_error = None
     except InputError as exc:
         files, export_error = [], str(exc)
     return {**e.to_json(), "describe": report.describe(e.model, e.cluster, e.training),
             "verdict_text": report.verdict_text(e.memory, e.cluster), "files": files, "export_error": export_error}
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def check_answer(config_text: str, model, cluster: dict, training: dict, layout: dict, mbs: int | None) -> dict:
+    config = parse_json(config_text.encode(), "ds_config.json", "the pasted config")
+    if not isinstance(config, dict):
+        raise InputError("ds_config.json: the pasted config is not a JSON object")
+    r = api.check(config, model, cluster, training, layout, mbs=mbs)
+    out = r.to_json()
+    out["page"] = None if r.estimate is None else estimate_page(r.estimate, r.better["layout"] if r.better else None)
+    return out
 
 
 def layout_input(row: dict) -> dict:
@@ -299,6 +314,38 @@ def show_comparison(rec: dict, training: dict, model, cluster: dict, chosen: int
     st.dataframe(pd.DataFrame(rows).astype(str))
 
 
+EXAMPLE_CONFIG = """{
+  "train_batch_size": 256,
+  "train_micro_batch_size_per_gpu": 4,
+  "bf16": {"enabled": true},
+  "zero_optimization": {"stage": 2, "overlap_comm": true}
+}"""
+SEVERITY = {"error": st.error, "warning": st.warning, "info": st.info}
+
+
+def show_check(model, cluster: dict, training: dict) -> None:
+    """`planner check` on a pasted ds_config.json: the findings, worst first, then the prediction
+    and the closest better config's launch files."""
+    st.subheader("Check your DeepSpeed config")
+    text = st.text_area("ds_config.json", EXAMPLE_CONFIG, height=220, key="check_config")
+    sb = st.sidebar
+    layout = {"tp": int(sb.number_input("Launch TP (Megatron-DeepSpeed)", 1, 64, 1, key="chk_tp")),
+              "pp": int(sb.number_input("Pipeline stages", 1, 1024, 1, key="chk_pp")),
+              "recompute": sb.selectbox("The script's activation checkpointing", ("none", "selective", "full"),
+                                        key="chk_recompute")}
+    mbs = int(sb.number_input("Per-device batch, for an 'auto' micro-batch (0: 1)", 0, 4096, 0, key="chk_mbs")) or None
+    answer = check_answer(text, model, cluster, {"seq_len": training["seq_len"]}, layout, mbs)
+    order = {"error": 0, "warning": 1, "info": 2}
+    for f in sorted(answer["findings"], key=lambda f: order[f["severity"]]):
+        SEVERITY[f["severity"]](f"[{f['kind']}] {f['message']}")
+    st.markdown(f"**Verdict: {'runs and fits' if answer['ok'] else 'will not run as configured'}**")
+    if answer["page"] is not None:
+        show_layout(answer["page"])
+        if answer["better"]:
+            st.caption(f"Launch files below are for the closest better config: {answer['better']['label']}")
+            show_downloads(answer["page"])
+
+
 def main() -> None:
     st.set_page_config(page_title="planner: distributed training what-if", layout="wide")
     st.title("Will it train, and how fast?")
@@ -310,7 +357,7 @@ def main() -> None:
     except InputError as exc:
         st.error(str(exc))
         return
-    mode = st.sidebar.radio("Mode", ("auto", "manual"), horizontal=True, key="mode")
+    mode = st.sidebar.radio("Mode", ("auto", "manual", "check my config"), horizontal=True, key="mode")
     try:
         if mode == "auto":
             pins = pins_from_sidebar()
@@ -332,6 +379,9 @@ def main() -> None:
                        "drawn; the line is the Pareto front, the diamond the chosen layout")
             st.altair_chart(landscape_chart(rec["landscape"], short(est["layout"])), width="stretch")
             show_comparison(rec, fixed, model, cluster, chosen)
+        elif mode == "check my config":
+            show_check(model, cluster, training)
+            return
         else:
             if "tokens_per_step" in training:  # estimate takes the batch in sequences
                 training["gbs"] = max(1, round(training.pop("tokens_per_step") / training["seq_len"]))

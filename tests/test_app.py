@@ -182,3 +182,29 @@ def test_an_uploaded_config_with_nonsense_values_is_refused_by_the_api():
 
     with pytest.raises(InputError, match="hidden"):
         api.estimate({"config": config}, {"gpus": 8})
+
+
+@pytest.mark.slow
+def test_check_mode_is_planner_check(tmp_path):
+    at = started()
+    at.radio(key="mode").set_value("check my config").run()
+    config = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": 3, "overlap_comm": True, "stage3_prefetch_bucket_sise": 5e7}}
+    at.text_area(key="check_config").set_value(json.dumps(config))
+    at.selectbox(key="chk_recompute").set_value("full")
+    at.run()
+    assert not at.exception
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    out = io.StringIO()
+    code = cli.main(["check", "--config", str(path), "--model", "llama-3-70b", "--gpus", "16", "--recompute", "full",
+                     "--json"], out=out)
+    answer = json.loads(out.getvalue())
+    shown = [e.value for e in at.error] + [e.value for e in at.warning] + [e.value for e in at.info]
+    assert sorted(shown) == sorted(f"[{f['kind']}] {f['message']}" for f in answer["findings"])
+    assert any("did you mean 'stage3_prefetch_bucket_size'" in v for v in shown)  # the typo DeepSpeed refuses
+    assert code == 1 and answer["estimate"]["memory"]["gpu_bytes"] / GiB == pytest.approx(
+        float(metrics(at)["Peak GiB per GPU"]), abs=0.005)
+    # a paste that is not JSON is one line, and the page recovers
+    at.text_area(key="check_config").set_value("{oops").run()
+    assert not at.exception and len(at.error) == 1 and "not valid JSON" in at.error[0].value
