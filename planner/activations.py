@@ -65,7 +65,7 @@ def hf_llama_saved(model: ModelSpec, training: Training, seq: float) -> list[Sav
     softmax and its 16-bit cast, and o_proj's contiguous input. LlamaMLP keeps gate, up, act(gate)
     and down's input."""
     e = training.precision.element_bytes
-    h, q, kv, f, a = model.hidden, model.q_width, model.kv_width, model.ffn, model.heads
+    h, q, kv, a = model.hidden, model.q_width, model.kv_width, model.heads
     out = hf_rms_norm_saved(e, h, "attention") + [Saved("q/k/v input (norm output)", e * h, SP)]
     if training.flash_attention:
         out += [Saved("q after rotary", e * q, TP), Saved("k after rotary", e * kv, TP), Saved("v", e * kv, TP),
@@ -77,9 +77,9 @@ def hf_llama_saved(model: ModelSpec, training: Training, seq: float) -> list[Sav
                 Saved("softmax output (fp32)", 4.0 * a * seq, TP, core=True),
                 Saved("softmax output, 16-bit", e * a * seq, TP, core=True),
                 Saved("o_proj input (contiguous)", e * q, TP)]
-    k = model.experts_per_token
+    w = model.mlp_width_per_token  # top-k routed experts (and a shared one) per token
     out += hf_rms_norm_saved(e, h, "mlp") + [Saved("gate/up input (norm output)", e * h, SP)]
-    out += [Saved(name, k * e * f, TP) for name in ("gate output", "up output", "act(gate)", "down input")]
+    out += [Saved(name, e * w, TP) for name in ("gate output", "up output", "act(gate)", "down input")]
     return out
 
 
@@ -90,7 +90,7 @@ def megatron_saved(model: ModelSpec, training: Training, seq: float) -> list[Sav
     keeps its output and an fp32 log-sum-exp per head (Dao 2023 section 3.1) instead of the
     a s^2 scores; dropout keeps 1-byte masks."""
     e = training.precision.element_bytes
-    h, q, kv, f, a = model.hidden, model.q_width, model.kv_width, model.ffn, model.heads
+    h, q, kv, a = model.hidden, model.q_width, model.kv_width, model.heads
     dropout = model.dropout
     out = [
         Saved("attention norm input", e * h, SP),
@@ -108,11 +108,11 @@ def megatron_saved(model: ModelSpec, training: Training, seq: float) -> list[Sav
     if dropout:
         out.append(Saved("attention-output dropout mask", 1.0 * h, SP))
     out += [Saved("mlp norm input", e * h, SP), Saved("mlp input", e * h, SP)]
-    k = model.experts_per_token  # each token's activations in its top-k experts
+    w = model.mlp_width_per_token  # each token's activations in its top-k experts (and a shared one)
     if model.ffn_kind == "swiglu":
-        out += [Saved("fc1 output [gate|up]", k * e * 2 * f, TP), Saved("fc2 input", k * e * f, TP)]
+        out += [Saved("fc1 output [gate|up]", e * 2 * w, TP), Saved("fc2 input", e * w, TP)]
     else:
-        out += [Saved("activation input", k * e * f, TP), Saved("fc2 input", k * e * f, TP)]
+        out += [Saved("activation input", e * w, TP), Saved("fc2 input", e * w, TP)]
     if dropout:
         out.append(Saved("mlp dropout mask", 1.0 * h, SP))
     return out
@@ -145,9 +145,9 @@ def op_sac_bytes(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarr
     e, t = training.precision.element_bytes, lay.tp.astype(np.float64)
     sp = np.where(lay.sequence_parallel > 0, t, 1.0)
     tokens = training.seq_len / lay.cp * lay.mbs
-    h, q, kv, f = model.hidden, model.q_width, model.kv_width, model.ffn
+    h, q, kv = model.hidden, model.q_width, model.kv_width
     per_token = (e * h / sp + e * (2 * q + kv) / t + 4.0 * model.heads / t
-                 + model.experts_per_token * e * f / t + e * h + (sp > 1) * 2 * e * h / t)
+                 + e * model.mlp_width_per_token / t + e * h + (sp > 1) * 2 * e * h / t)
     return tokens * per_token
 
 

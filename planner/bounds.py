@@ -68,6 +68,7 @@ BOUNDS: dict[str, Bound] = {
     "max_positions": Bound(0, 2**26),
     "experts": Bound(1, 65536),
     "experts_per_token": Bound(1, 65536),
+    "shared_expert_ffn": Bound(0, 2**22),
     # training
     "seq_len": Bound(1, 2**26, why="64 Mi tokens per sequence"),
     "gbs": Bound(1, 2**30),

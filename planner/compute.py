@@ -104,7 +104,7 @@ def fused_elementwise_bytes(model: ModelSpec, e: float) -> tuple:
     Megatron's fused kernels: 2 norms (r+w) + 2 residual adds with bias-dropout (r x, r residual,
     w, 1-byte mask) in the replicated region (Korthikanti Table 2's 10sbh); the activation
     function (GeLU r f, w f; SwiGLU r 2f, w f) and rotary (r+w q, k) inside the TP region."""
-    act = (2 if model.ffn_kind == "gelu" else 3) * e * model.ffn * model.experts_per_token
+    act = (2 if model.ffn_kind == "gelu" else 3) * e * model.mlp_width_per_token
     rope = 2 * e * (model.q_width + model.kv_width) if model.positions == "rotary" else 0.0
     drop = 1.0 if model.dropout else 0.0
     return (10 * e + 2 * drop) * model.hidden, act, rope
@@ -119,11 +119,11 @@ def eager_elementwise_bytes(model: ModelSpec, e: float) -> tuple:
     act_fn(gate) * up (2e + 3e per element; GeLU 2e); apply_rotary_pos_emb on q and k
     (q*cos, rotate_half's slice+cat, *sin, add: 2e + 2e + 2e + 3e); the attention output's
     transpose-reshape copy (2e per q element)."""
-    h, q, kv, f = model.hidden, model.q_width, model.kv_width, model.ffn
+    h, q, kv = model.hidden, model.q_width, model.kv_width
     norm = (28 + 4 * e) if model.norm == "rmsnorm" else 2 * e
     drop = (2 * e + 1) * 2 if model.dropout else 0.0
     replicated = (2 * norm + 2 * 3 * e + drop) * h
-    act = (5 * e if model.ffn_kind == "swiglu" else 2 * e) * f * model.experts_per_token
+    act = (5 * e if model.ffn_kind == "swiglu" else 2 * e) * model.mlp_width_per_token
     rope = 9 * e * (q + kv) if model.positions == "rotary" else 0.0
     return replicated, act, rope + 2 * e * q
 

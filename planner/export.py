@@ -409,6 +409,8 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
     if model.experts > 1:
         a.append(f"--num-experts {model.experts}")
         a.append(f"--topk {model.experts_per_token}" if mds else f"--moe-router-topk {model.experts_per_token}")
+        if model.shared_expert_ffn and not mds:  # Megatron-LM training/arguments.py (Qwen-MoE style)
+            a.append(f"--moe-shared-expert-intermediate-size {model.shared_expert_ffn}")
     if e > 1:
         a.append(f"--moe-expert-parallel-size {e}" if mds else f"--expert-model-parallel-size {e}")
     if row["sequence_parallel"]:

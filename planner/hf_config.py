@@ -100,6 +100,32 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
                 experts_per_token=top_k,
                 architecture="llama",
             )
+        elif kind == "qwen2_moe":
+            # transformers 5 Qwen2MoeConfig (defaults: Qwen1.5-MoE-A2.7B) and Qwen2MoeDecoderLayer:
+            # every layer is MoE unless decoder_sparse_step > 1 or mlp_only_layers names it
+            if integer("decoder_sparse_step", default=1) != 1 or cfg.get("mlp_only_layers"):
+                raise InputError(f"--model: {where!r} mixes dense and MoE layers (decoder_sparse_step, "
+                                 "mlp_only_layers); the planner models every block alike")
+            heads = integer("num_attention_heads", default=16)
+            spec = dict(
+                layers=integer("num_hidden_layers", default=24),
+                hidden=integer("hidden_size", default=2048),
+                heads=heads,
+                # absent: the config's default 16; null: as many as the heads (Qwen2MoeConfig.__post_init__)
+                kv_heads=heads if "num_key_value_heads" in cfg and cfg["num_key_value_heads"] is None
+                else integer("num_key_value_heads", default=16),
+                ffn=integer("moe_intermediate_size", default=1408),
+                vocab=integer("vocab_size", default=151936),
+                ffn_kind="swiglu",
+                norm="rmsnorm",
+                qkv_bias=flag("qkv_bias", True),
+                positions="rotary",
+                tied_embeddings=flag("tie_word_embeddings", False),
+                experts=integer("num_experts", default=60),
+                experts_per_token=integer("num_experts_per_tok", default=4),
+                shared_expert_ffn=integer("shared_expert_intermediate_size", default=5632),
+                architecture="llama",
+            )
         elif kind == "gpt2":
             # GPT2Config.attribute_map: hidden_size, num_hidden_layers, num_attention_heads, max_position_embeddings
             hidden = integer("n_embd", "hidden_size")
@@ -146,7 +172,7 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
         else:
             raise InputError(
                 f"--model: model_type {kind!r} in {where!r} is not supported; "
-                "supported: llama, mistral, mixtral, qwen2, gpt2, gpt_neox"
+                "supported: llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox"
             )
     except KeyError as exc:
         raise InputError(f"--model: {where!r} lacks the field {exc.args[0]!r} for model_type {kind!r}") from None

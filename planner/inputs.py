@@ -29,7 +29,8 @@ DEFAULTS = {
 }
 """Every default of the planning API, in one place."""
 
-SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "ffn_kind", "vocab", "tied_embeddings")
+SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "ffn_kind", "vocab", "tied_embeddings", "experts",
+                "experts_per_token", "shared_expert_ffn")
 ZERO_FIELDS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
                "stage3_max_reuse_distance", "stage3_param_persistence_threshold", "sub_group_size")
 
@@ -65,9 +66,16 @@ class ModelInput:
     ffn_kind: str | None = None
     vocab: int | None = None
     tied_embeddings: bool | None = None
+    experts: int | None = None
+    """Routed MLP experts per block (Mixtral/Qwen-MoE style; `ffn` is then each expert's width)."""
+    experts_per_token: int | None = None
+    """Top-k experts per token."""
+    shared_expert_ffn: int | None = None
+    """Width of a shared expert every token also passes (Qwen2-MoE; 0: none)."""
 
     def __post_init__(self):
-        _checked(self, ("params", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab"))
+        _checked(self, ("params", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "experts",
+                        "experts_per_token", "shared_expert_ffn"))
         _boolean(self.tied_embeddings, "--tied-embeddings")
         if self.ffn_kind is not None and self.ffn_kind not in ("gelu", "swiglu"):
             raise InputError(f"--ffn-kind: must be one of gelu, swiglu, got {self.ffn_kind!r}")

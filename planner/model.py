@@ -110,6 +110,9 @@ class ModelSpec:
     """MLP experts per layer (1: dense)."""
     experts_per_token: int = 1
     """Experts each token is routed to (top-k)."""
+    shared_expert_ffn: int = 0
+    """Intermediate width of the shared expert every token also passes, beside its routed ones
+    (Qwen2-MoE shared_expert_intermediate_size; 0: none). `ffn` is then the routed experts' width."""
     architecture: str = "llama"
     """Hugging Face module layout the tensors are named and ordered by (ARCHITECTURES)."""
     name: str = "custom"
@@ -121,7 +124,7 @@ class ModelSpec:
         from planner.bounds import check
 
         for key in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "experts", "experts_per_token",
-                    "max_positions", "head_dim"):
+                    "max_positions", "head_dim", "shared_expert_ffn"):
             value = getattr(self, key)
             if not isinstance(value, int):  # a float that is whole is a user's typo, not an int
                 raise InputError(f"--{key.replace('_', '-')}: must be an integer, got {value!r}")
@@ -137,6 +140,8 @@ class ModelSpec:
             raise InputError(f"--heads: must divide --hidden ({self.hidden}), got {self.heads}")
         if self.experts_per_token > self.experts:
             raise InputError("--experts-per-token: must not exceed the number of experts")
+        if self.shared_expert_ffn and (self.experts == 1 or self.architecture != "llama"):
+            raise InputError("--shared-expert-ffn: needs --experts > 1 (a Llama/Qwen-style MoE)")
 
     # ---- widths --------------------------------------------------------------------------
     @property
@@ -152,6 +157,12 @@ class ModelSpec:
     def kv_width(self) -> int:
         """Width of each of the key and value projection outputs g*d."""
         return self.kv_heads * self.dim_per_head
+
+    @property
+    def mlp_width_per_token(self) -> int:
+        """Intermediate width each token's MLP work spans: its top-k routed experts and the shared
+        one (what the MLP's saved activations and elementwise kernels scale with)."""
+        return self.experts_per_token * self.ffn + self.shared_expert_ffn
 
     # ---- the tensor list -----------------------------------------------------------------
     def tensors(self) -> list[Tensor]:
@@ -333,6 +344,12 @@ def _mlp_llama(m: ModelSpec, p: str) -> list[Tensor]:
         if m.bias:
             out += [Tensor(f"{p}mlp.experts.gate_up_proj_bias", (E, up), 1, expert=True),
                     Tensor(f"{p}mlp.experts.down_proj_bias", (E, h), None, expert=True)]
+        if m.shared_expert_ffn:  # transformers 5 Qwen2MoeSparseMoeBlock: shared_expert, shared_expert_gate
+            fs = m.shared_expert_ffn
+            out += (_linear(f"{p}mlp.shared_expert.gate_proj", fs, h, 0, False, "shared_fc1")
+                    + _linear(f"{p}mlp.shared_expert.up_proj", fs, h, 0, False, "shared_fc1")
+                    + _linear(f"{p}mlp.shared_expert.down_proj", h, fs, 1, False, "shared_fc2")
+                    + [Tensor(f"{p}mlp.shared_expert_gate.weight", (1, h), None, gemm="shared_gate")])
         return out
     out = _linear(f"{p}mlp.gate_proj", f, h, 0, m.bias, "fc1") if m.ffn_kind == "swiglu" else []
     out += _linear(f"{p}mlp.up_proj", f, h, 0, m.bias, "fc1")

@@ -20,8 +20,13 @@ def table(head: list[str], rows: list[list[str]]) -> str:
 
 
 def describe(model, cluster, training) -> str:
+    moe = ""
+    if model.experts > 1:
+        moe = f" MoE {model.experts} experts top-{model.experts_per_token}"
+        moe += f" + shared {model.shared_expert_ffn}" if model.shared_expert_ffn else ""
+        moe += f" ({model.active_params:,} active)"
     return (f"model {model.name}: {model.params:,} params, L={model.layers} h={model.hidden} a={model.heads} "
-            f"kv={model.kv_heads} ffn={model.ffn} ({model.ffn_kind}) V={model.vocab}\n"
+            f"kv={model.kv_heads} ffn={model.ffn} ({model.ffn_kind}) V={model.vocab}{moe}\n"
             f"cluster {cluster.num_gpus} x {cluster.gpu.name} ({cluster.gpus_per_node} per node, "
             f"{cluster.gpu.memory_bytes / 2**30:.1f} GiB each); seq {training.seq_len}, {training.precision}, "
             f"{training.optimizer}, engine {training.engine.name}, "

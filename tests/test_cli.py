@@ -174,6 +174,9 @@ FROZEN = {
               "--params", "--pcie-gb-per-s", "--peak-tflops", "--pp", "--recompute", "--seq-len", "--tied-embeddings",
               "--tp", "--vocab"],
 }
+# MoE shape flags (issue 10), on every command that takes a model
+for command in ("estimate", "recommend", "check"):
+    FROZEN[command] = FROZEN[command] + ["--experts", "--experts-per-token", "--shared-expert-ffn"]
 FROZEN = {command: sorted(flags) for command, flags in FROZEN.items()}
 
 

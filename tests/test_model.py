@@ -308,7 +308,7 @@ def test_from_hf_config_unreadable_paths(tmp_path):
 def test_from_hf_config_unsupported_message_lists_families(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(InputError, match="'bert'.*supported: llama, mistral, mixtral, qwen2, gpt2, gpt_neox"):
+    with pytest.raises(InputError, match="'bert'.*supported: llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox"):
         from_hf_config(path)
 
 
@@ -561,3 +561,42 @@ def test_mixtral_gemms(case, hf):
     fused = spec.gemms(fused=True)
     assert [g.name for g in fused] == ["qkv", "o", "router", "fc1", "fc2"]
     assert sum(g.flops_per_token for g in fused) == sum(e[0] for e in expected)
+
+
+def test_qwen2_moe_shared_expert_counts_like_transformers(hf):
+    # transformers 5 Qwen2MoeConfig's defaults are Qwen1.5-MoE-A2.7B's shape (24 layers, h 2048, 60
+    # experts of width 1408, top-4, a shared expert of 5632): every tensor, in order, as the module
+    # registers it; the model card says "14.3B parameters in total and 2.7B activated"
+    config = hf.transformers.Qwen2MoeConfig()
+    config_dict = json.loads(config.to_json_string())
+    model = hf.model(config_dict)
+    spec = from_hf_config(config_dict)
+    assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == \
+        [(t.name, tuple(t.shape)) for t in spec.tensors() if not t.tied]
+    assert spec.params == sum(p.numel() for p in model.parameters())  # 14,315,784,192
+    assert spec.params == pytest.approx(14.3e9, rel=0.005)
+    assert spec.active_params == pytest.approx(2.7e9, rel=0.01)  # top-4 of 60 routed, the shared expert, attention
+
+
+def test_qwen2_moe_with_dense_layers_is_refused(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "qwen2_moe", "decoder_sparse_step": 2}))
+    with pytest.raises(InputError, match="mixes dense and MoE layers"):
+        from_hf_config(path)
+
+
+def test_shared_expert_activations_are_a_llama_mlp_more():
+    # Qwen2MoeSparseMoeBlock runs shared_expert (a Qwen2MoeMLP: gate, up, act(gate), down input kept,
+    # as LlamaMLP) on every token beside its top-k routed experts: 4 tensors of the shared width more
+    from planner import activations, layout
+
+    base = ModelSpec(layers=2, hidden=2048, heads=16, kv_heads=16, ffn=1408, vocab=1000, experts=60,
+                     experts_per_token=4)
+    shared = ModelSpec(layers=2, hidden=2048, heads=16, kv_heads=16, ffn=1408, vocab=1000, experts=60,
+                       experts_per_token=4, shared_expert_ffn=5632)
+    training = layout.Training(engine="fsdp")  # Hugging Face modules
+
+    def per_token(spec):
+        return sum(x.bytes_per_token for x in activations.hf_llama_saved(spec, training, 4096))
+
+    assert per_token(shared) - per_token(base) == 4 * 2 * 5632  # 4 tensors x 2 bytes x 5632
