@@ -310,10 +310,16 @@ ZERO_INPUTS = {  # TrainingInput field <- zero_optimization key(s), field name f
 }
 
 
-def _precision(ds: dict) -> str:
+def _precision(ds: dict) -> tuple[str, list]:
     if _enabled(ds, "bf16") or _enabled(ds, "bfloat16"):
-        return "bf16"
-    return "fp16" if _enabled(ds, "fp16") else "fp32"
+        return "bf16", []
+    if _enabled(ds, "fp16"):
+        return "fp16", []
+    auto = [k for k in ("bf16", "fp16") if isinstance(ds.get(k), dict) and ds[k].get("enabled") == "auto"]
+    if auto:  # transformers trainer_config_process fills it from --bf16/--fp16 of the script
+        return auto[0], [Finding("auto", "info", f"{auto[0]}.enabled 'auto' taken as on (the script's --{auto[0]}); "
+                                 "the planner assumes the run is mixed precision")]
+    return "fp32", []
 
 
 def _optimizer(ds: dict) -> tuple[str, list]:
@@ -346,8 +352,9 @@ def inputs(ds: dict, model, cluster: dict, layout: dict, mbs_flag: int | None) -
         raise InputError(f"{FLAG}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage}")
     offload = {part: str((zero.get(part) or {}).get("device", "none")) for part in OFFLOAD_KEYS}
     optimizer, more = _optimizer(ds)
-    found += more
-    training = {"precision": _precision(ds), "optimizer": optimizer, "gbs": tbs,
+    precision, auto_precision = _precision(ds)
+    found += more + auto_precision
+    training = {"precision": precision, "optimizer": optimizer, "gbs": tbs,
                 "engine": "megatron-deepspeed" if tp > 1 else "deepspeed",
                 "fp32_grad_accum": str((ds.get("data_types") or {}).get("grad_accum_dtype", "")).lower() in ("fp32", "float32")}
     for field, keys in ZERO_INPUTS.items():

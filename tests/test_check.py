@@ -152,6 +152,7 @@ def test_auto_values_resolve_as_transformers_does(tmp_path):
     assert d["estimate"]["training"]["zero_config"]["reduce_bucket_size"] == 4096 * 4096
     assert d["estimate"]["layout"]["mbs"] == 2 and d["estimate"]["layout"]["gas"] == 1
     assert d["estimate"]["layout"]["offload_optimizer"] == "cpu"
+    assert d["estimate"]["training"]["precision"] == "bf16"  # "bf16": {"enabled": "auto"} listed first
     assert sum(f["kind"] == "auto" for f in d["findings"]) >= 3
 
 
