@@ -381,14 +381,14 @@ def deepspeed_estimator_rows(model: ModelSpec, cluster: Cluster) -> dict:
     return rows
 
 
-def check(config, model, cluster=None, training=None, layout=None, *, mbs: int | None = None):
+def check(config, model, cluster=None, training=None, layout=None, *, mbs: int | None = None, deepspeed: bool = True):
     """`planner check`: a user's DeepSpeed config (path or dict, or an Accelerate YAML path) run as
     DeepSpeed would run it, with findings (planner/doctor.py CheckReport)."""
     from planner import doctor
 
     cin = coerce(cluster, ClusterInput, "--gpus")
     cluster = {f: getattr(cin, f) for f in ClusterInput.__dataclass_fields__ if getattr(cin, f) is not None}
-    return doctor.check(config, model_input(model), cluster, training, layout, mbs)
+    return doctor.check(config, model_input(model), cluster, training, layout, mbs, deepspeed)
 
 
 def validate() -> dict:

@@ -199,6 +199,8 @@ def build_parser() -> Parser:
     g.add_argument("--pp", type=positive_int, default=1, help="pipeline stages (DeepSpeed PipelineModule)")
     g.add_argument("--recompute", default="none", help="the script's activation checkpointing: none, selective, full")
     g.add_argument("--mbs", type=positive_int, help="the script's per-device batch, for an 'auto' micro-batch")
+    k.add_argument("--no-deepspeed", action="store_true",
+                   help="skip asking DeepSpeed's own config class (a child process; seconds) where it is installed")
     k.add_argument("--emit", metavar="DIR", help="write the closest better config's files")
     k.add_argument("--json", action="store_true")
 
@@ -298,7 +300,7 @@ def cmd_check(args, out) -> int:
         cluster.setdefault("gpus", processes)
     seq = {"seq_len": args.seq_len} if args.seq_len else {}
     r = api.check(config, model_input(args), cluster, seq, {"tp": args.tp, "pp": args.pp, "recompute": args.recompute},
-                  mbs=args.mbs)
+                  mbs=args.mbs, deepspeed=not args.no_deepspeed)
     result = r.to_json()
     if args.emit and r.better:
         e = r.estimate

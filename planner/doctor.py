@@ -371,10 +371,11 @@ def inputs(ds: dict, model, cluster: dict, layout: dict, mbs_flag: int | None) -
 
 
 def check(config, model, cluster: dict, training: dict | None = None, layout: dict | None = None,
-          mbs: int | None = None) -> CheckReport:
+          mbs: int | None = None, deepspeed: bool = True) -> CheckReport:
     """Predict and diagnose the run of DeepSpeed config `config` (path or dict) for `model` on
     `cluster`; `training` adds what the config does not say (seq_len), `layout` the launch's TP/PP
-    and the script's recompute."""
+    and the script's recompute. `deepspeed`: also ask DeepSpeed's own config class, where it is
+    installed (planner/deepspeed_native.py; a child process, seconds)."""
     from planner import api
 
     ds, source = (config, "deepspeed") if isinstance(config, dict) else load_config(config)
@@ -383,6 +384,8 @@ def check(config, model, cluster: dict, training: dict | None = None, layout: di
     train, lay, more = inputs(ds, model, cluster, layout, mbs)
     train.update(training or {})
     found += more
+    if deepspeed:
+        found.append(native_finding(ds, train, lay, any(f.kind == "config" and f.severity == "error" for f in found)))
     try:
         est = api.estimate(model, cluster, train, lay)
     except InputError as exc:  # a layout the planner's rules refuse (DeepSpeed's own rules, engines.py)
@@ -395,6 +398,21 @@ def check(config, model, cluster: dict, training: dict | None = None, layout: di
         found.append(Finding("better", "info", f"the search's closest better config: {better['label']} "
                              f"({', '.join(better['changes']) or 'same layout fields'}), {speed}", gain=better["gain"]))
     return CheckReport(source, est, found, better)
+
+
+def native_finding(ds: dict, train: dict, lay: dict, planner_refuses: bool) -> Finding:
+    """DeepSpeed's own DeepSpeedConfig on the resolved config, or why it could not be asked."""
+    from planner import deepspeed_native
+
+    word, detail = deepspeed_native.verdict(deepspeed_native.resolved(ds, train, lay, ZERO_INPUTS), lay["dp"])
+    if word == "unavailable":
+        return Finding("config", "info", f"{detail}: the config was checked against the planner's copy of "
+                       "DeepSpeed's rules only")
+    if word == "refused":
+        return Finding("config", "error", f"{detail.split(':')[0]}'s own DeepSpeedConfig refuses it: "
+                       f"{detail.split(': ', 1)[-1]}")
+    note = " (though the planner's rules refuse it)" if planner_refuses else ""
+    return Finding("config", "info", f"{detail}'s own DeepSpeedConfig accepts it{note}")
 
 
 def _variant(model, cluster, train, lay, **change):

@@ -17,7 +17,10 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 GiB = 2**30
 
 
-def run(*argv):
+def run(*argv, deepspeed=False):
+    """The CLI in process; `check` without DeepSpeed's own verdict (a child process) unless asked."""
+    if argv[:1] == ("check",) and not deepspeed:
+        argv = (*argv, "--no-deepspeed")
     out, err = io.StringIO(), io.StringIO()
     old, sys.stderr = sys.stderr, err
     try:
@@ -213,3 +216,24 @@ def test_accelerate_launch_flags_read_like_the_yaml(tmp_path):
     assert code == 2 and "--use_deepspeed" in err
     code, _, err = run("check", "--model", "llama-3-8b", "--gpus", "8")
     assert code == 2 and "--config" in err
+
+
+def test_deepspeeds_own_verdict_is_a_finding(tmp_path, monkeypatch):
+    pytest.importorskip("deepspeed")
+    typo = {"train_batch_size": 8, "zero_optimization": {"stage": 2, "overlap_com": True}}
+    code, text, _ = run("check", "--config", write(tmp_path, "typo.json", typo), "--model", "llama-3-8b", "--gpus", "8",
+                        "--json", deepspeed=True)
+    native = [f for f in json.loads(text)["findings"] if "own DeepSpeedConfig" in f["message"]]
+    assert len(native) == 1 and native[0]["severity"] == "error" and "overlap_com" in native[0]["message"]
+    # Hugging Face's "auto" config, with the values the planner resolved written in, is accepted
+    code, text, _ = run("check", "--config", write(tmp_path, "auto.json", HF_ZERO2_AUTO), "--model", "llama-3-8b",
+                        "--gpus", "8", "--mbs", "1", "--recompute", "full", "--json", deepspeed=True)
+    native = [f for f in json.loads(text)["findings"] if "own DeepSpeedConfig" in f["message"]]
+    assert native[0]["severity"] == "info" and "accepts it" in native[0]["message"]
+    # where DeepSpeed is not installed, the answer says so
+    from planner import deepspeed_native
+
+    monkeypatch.setattr(deepspeed_native, "installed", lambda: False)
+    code, text, _ = run("check", "--config", write(tmp_path, "t.json", typo), "--model", "llama-3-8b", "--gpus", "8",
+                        "--json", deepspeed=True)
+    assert any("not installed" in f["message"] for f in json.loads(text)["findings"])

@@ -170,7 +170,8 @@ FROZEN = {
     "calibrate": [],  # its own parser (calibrate/cli.py): run|fit|report PROFILE
     "check": ["--accelerate-launch", "--calibration", "--config", "--emit", "--ffn", "--ffn-kind", "--gpu", "--gpu-memory-gib", "--gpus",
               "--gpus-per-node", "--hbm-gb-per-s", "--heads", "--hidden", "--host-ram-gib", "--inter-node-gb-per-s",
-              "--intra-node-gb-per-s", "--json", "--kv-heads", "--layers", "--mbs", "--model", "--nvme-gb-per-s",
+              "--intra-node-gb-per-s", "--json", "--kv-heads", "--layers", "--mbs", "--model", "--no-deepspeed",
+              "--nvme-gb-per-s",
               "--params", "--pcie-gb-per-s", "--peak-tflops", "--pp", "--recompute", "--seq-len", "--tied-embeddings",
               "--tp", "--vocab"],
 }
