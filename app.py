@@ -1,8 +1,9 @@
 """What-if dashboard: `streamlit run app.py`.
 
 Every number on the page comes from the planning API (planner/api.py), the same calls the CLI
-makes: `recommend` in auto mode, `estimate` for the chosen layout, `export.render` for the
-downloads. The page only arranges them; it holds no formula of its own.
+makes: `recommend` in auto mode, `estimate` for the chosen layout (and in manual mode), `check` on
+a pasted ds_config.json, `export.render` for the downloads. The page only arranges them; it holds
+no formula of its own.
 """
 
 from __future__ import annotations
