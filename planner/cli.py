@@ -287,14 +287,14 @@ def cmd_check(args, out) -> int:
     """Exit 0 when the config runs and fits, 1 when a finding says it will not, 2 for bad input."""
     from planner import api, report
 
-    from planner import doctor
+    from planner import ds_config
 
     cluster = {k: v for k, v in vars(cluster_input(args)).items() if v is not None}
     if (args.config is None) == (args.accelerate_launch is None):
         raise InputError("--config: give --config PATH or --accelerate-launch COMMAND (one of them)")
     config = args.config
     if args.accelerate_launch is not None:
-        config, processes = doctor.from_accelerate_launch(args.accelerate_launch)
+        config, processes = ds_config.from_accelerate_launch(args.accelerate_launch)
         if processes and cluster.get("gpus") not in (None, processes):
             raise InputError(f"--gpus: {cluster['gpus']}, but the launch says --num_processes {processes}")
         cluster.setdefault("gpus", processes)

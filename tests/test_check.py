@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from planner import cli, doctor
+from planner import cli, ds_config
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 GiB = 2**30
@@ -63,14 +63,14 @@ def test_key_lists_are_deepspeeds_own():
     names = set()
     for name, f in zc.DeepSpeedZeroConfig.model_fields.items():
         names |= {name} | ({f.alias} if f.alias else set())
-    assert set(doctor.ZERO_KEYS) == names
-    assert set(doctor.OFFLOAD_KEYS["offload_optimizer"]) == set(oc.DeepSpeedZeroOffloadOptimizerConfig.model_fields)
-    assert set(doctor.OFFLOAD_KEYS["offload_param"]) == set(oc.DeepSpeedZeroOffloadParamConfig.model_fields)
+    assert set(ds_config.ZERO_KEYS) == names
+    assert set(ds_config.OFFLOAD_KEYS["offload_optimizer"]) == set(oc.DeepSpeedZeroOffloadOptimizerConfig.model_fields)
+    assert set(ds_config.OFFLOAD_KEYS["offload_param"]) == set(oc.DeepSpeedZeroOffloadParamConfig.model_fields)
     # every top-level key the doctor knows is a string DeepSpeed's own code reads
     import deepspeed
 
     source = "".join(p.read_text(errors="ignore") for p in Path(deepspeed.__file__).parent.rglob("*.py"))
-    missing = [k for k in doctor.TOP_LEVEL_KEYS if f'"{k}"' not in source and f"'{k}'" not in source]
+    missing = [k for k in ds_config.TOP_LEVEL_KEYS if f'"{k}"' not in source and f"'{k}'" not in source]
     assert not missing
 
 
@@ -96,8 +96,8 @@ def deepspeed_refuses(ds: dict) -> bool:
 ])
 def test_config_errors_are_the_ones_deepspeed_raises(name, ds):
     pytest.importorskip("deepspeed")
-    found = doctor.config_findings(ds, 1)
-    _, _, _, batch_found = doctor.batch(ds, 1, None)
+    found = ds_config.config_findings(ds, 1)
+    _, _, _, batch_found = ds_config.batch(ds, 1, None)
     errors = [f for f in found + batch_found if f.severity == "error"]
     assert bool(errors) == deepspeed_refuses(ds), [f.message for f in found + batch_found]
     if name == "ignored-top-level":  # DeepSpeed starts, silently without ZeRO: the doctor says so
