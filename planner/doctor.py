@@ -93,6 +93,9 @@ def inputs(ds: dict, model, cluster: dict, layout: dict, mbs_flag: int | None) -
     if stage not in (0, 1, 2, 3):
         raise InputError(f"{FLAG}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage}")
     offload = {part: str((zero.get(part) or {}).get("device", "none")) for part in OFFLOAD_KEYS}
+    for part, device in offload.items():  # runtime/zero/offload_config.py OffloadDeviceEnum
+        if device not in ("none", "cpu", "nvme"):
+            raise InputError(f"{FLAG}: zero_optimization.{part}.device must be none, cpu or nvme, got {device!r}")
     optimizer, more = _optimizer(ds)
     precision, auto_precision = _precision(ds)
     found += more + auto_precision

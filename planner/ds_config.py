@@ -233,6 +233,9 @@ def batch(ds: dict, data_parallel: int, mbs_flag: int | None) -> tuple[int, int,
         values["gradient_accumulation_steps"] = 1
         found.append(Finding("auto", "info", "gradient_accumulation_steps 'auto' resolved as 1 (Trainer's default)"))
     tbs, mbs, gas = (None if v in (None, "auto") else whole_number(v, k) for k, v in values.items())
+    for key, value in zip(values, (tbs, mbs, gas)):
+        if value is not None and value < 1:  # runtime/config.py _batch_assertion: "has to be greater than 0"
+            raise InputError(f"{FLAG}: {key} must be at least 1 (DeepSpeed asserts it is greater than 0), got {value}")
     if mbs is not None and gas is not None and tbs is not None and tbs != mbs * gas * data_parallel:
         found.append(Finding("config", "error", f"train_batch_size {tbs} != train_micro_batch_size_per_gpu {mbs} x "
                              f"gradient_accumulation_steps {gas} x data-parallel size {data_parallel}: DeepSpeed "

@@ -237,3 +237,45 @@ def test_deepspeeds_own_verdict_is_a_finding(tmp_path, monkeypatch):
     code, text, _ = run("check", "--config", write(tmp_path, "t.json", typo), "--model", "llama-3-8b", "--gpus", "8",
                         "--json", deepspeed=True)
     assert any("not installed" in f["message"] for f in json.loads(text)["findings"])
+
+
+# hostile configs: any mix of DeepSpeed's keys with values of the wrong kind answers or refuses in one line
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True),
+                    st.sampled_from(["auto", "cpu", "nvme", "none", "", "2", "fp32", "adamw"]),
+                    st.lists(st.integers(0, 3), max_size=3), st.dictionaries(st.sampled_from(["enabled", "device", "type"]),
+                                                                            st.sampled_from([True, "auto", "cpu", 3]),
+                                                                            max_size=2))
+_ZERO = st.dictionaries(st.sampled_from(["stage", "reduce_bucket_size", "offload_optimizer", "offload_param",
+                                         "stage3_max_live_parameters", "overlap_comm", "sub_group_size",
+                                         "stage3_prefetch_bucket_size", "contigous_gradients"]), _VALUES, max_size=4)
+_GOOD_ZERO = st.dictionaries(st.sampled_from(["reduce_bucket_size", "stage3_max_live_parameters", "sub_group_size",
+                                              "stage3_prefetch_bucket_size", "allgather_bucket_size"]),
+                             st.sampled_from([1, 5e8, 1e9, 2**40, "auto"]), max_size=2)
+_OFFLOAD = st.dictionaries(st.sampled_from(["offload_optimizer", "offload_param"]),
+                           st.fixed_dictionaries({"device": st.sampled_from(["cpu", "nvme", "none", "gpu", "auto"])}),
+                           max_size=2)
+# a config that reads, then zero to two keys made hostile (else every example stops at the first check)
+_CONFIGS = st.builds(
+    lambda stage, zero, offload, hostile_zero, hostile: {
+        "train_batch_size": 64, "bf16": {"enabled": True},
+        "zero_optimization": {"stage": stage, **zero, **offload, **hostile_zero}, **hostile},
+    st.integers(0, 3), _GOOD_ZERO, _OFFLOAD, st.one_of(st.just({}), _ZERO),
+    st.dictionaries(st.sampled_from(["train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                                     "bf16", "fp16", "optimizer", "data_types", "gradient_clipping", "zero_optimisation"]),
+                    _VALUES, max_size=2))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(config=_CONFIGS)
+def test_hostile_configs_answer_or_refuse_in_one_line(tmp_path, config):
+    text = json.dumps(config, allow_nan=True)  # NaN and Infinity are not JSON: the reader refuses them
+    code, out, err = run("check", "--config", write(tmp_path, "h.json", text), "--model", "llama-3-8b", "--gpus", "8",
+                         "--json")
+    assert code in (0, 1, 2), (config, err)
+    if code == 2:
+        assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("planner: error: "), (config, err)
+    else:
+        json.loads(out)
