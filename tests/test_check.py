@@ -279,3 +279,19 @@ def test_hostile_configs_answer_or_refuse_in_one_line(tmp_path, config):
         assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("planner: error: "), (config, err)
     else:
         json.loads(out)
+
+
+_LAUNCH_WORDS = st.lists(st.sampled_from(
+    ["--use_deepspeed", "--zero_stage", "--zero_stage=3", "--offload_optimizer_device", "cpu", "nvme", "gpu",
+     "--gradient_accumulation_steps", "4", "0", "-1", "x", "--mixed_precision", "bf16", "fp8", "--num_processes", "8",
+     "16", "--deepspeed_config_file", "missing.json", "train.py", "'", '"', "--", "1e9"]), max_size=10)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(words=_LAUNCH_WORDS)
+def test_hostile_accelerate_launch_lines_answer_or_refuse_in_one_line(words):
+    code, out, err = run("check", "--accelerate-launch", "accelerate launch " + " ".join(words), "--model", "llama-3-8b",
+                         "--json")
+    assert code in (0, 1, 2), (words, err)
+    if code == 2:
+        assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("planner: error: "), (words, err)
