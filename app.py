@@ -63,11 +63,12 @@ def estimate_page(e, row: dict | None = None) -> dict:
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def check_answer(config_text: str, model, cluster: dict, training: dict, layout: dict, mbs: int | None) -> dict:
+def check_answer(config_text: str, model, cluster: dict, training: dict, layout: dict, mbs: int | None,
+                 deepspeed: bool) -> dict:
     config = parse_json(config_text.encode(), "ds_config.json", "the pasted config")
     if not isinstance(config, dict):
         raise InputError("ds_config.json: the pasted config is not a JSON object")
-    r = api.check(config, model, cluster, training, layout, mbs=mbs)
+    r = api.check(config, model, cluster, training, layout, mbs=mbs, deepspeed=deepspeed)
     out = r.to_json()
     out["page"] = None if r.estimate is None else estimate_page(r.estimate, r.better["layout"] if r.better else None)
     return out
@@ -335,7 +336,8 @@ def show_check(model, cluster: dict, training: dict) -> None:
               "recompute": sb.selectbox("The script's activation checkpointing", ("none", "selective", "full"),
                                         key="chk_recompute")}
     mbs = int(sb.number_input("Per-device batch, for an 'auto' micro-batch (0: 1)", 0, 4096, 0, key="chk_mbs")) or None
-    answer = check_answer(text, model, cluster, {"seq_len": training["seq_len"]}, layout, mbs)
+    native = sb.checkbox("Also ask DeepSpeed's own config class (about 2 s)", False, key="chk_deepspeed")
+    answer = check_answer(text, model, cluster, {"seq_len": training["seq_len"]}, layout, mbs, native)
     order = {"error": 0, "warning": 1, "info": 2}
     for f in sorted(answer["findings"], key=lambda f: order[f["severity"]]):
         SEVERITY[f["severity"]](f"[{f['kind']}] {f['message']}")
