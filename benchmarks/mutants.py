@@ -29,7 +29,8 @@ TERMS = [
     ("planner.memory", "overhead_bytes"),
     ("planner.activations", "layer_bytes"), ("planner.activations", "recompute_working_bytes"),
     ("planner.activations", "embedding_dropout_bytes"), ("planner.activations", "head_input_bytes"),
-    ("planner.activations", "logits_bytes"),
+    ("planner.activations", "logits_bytes"), ("planner.activations", "recomputed_layers"),
+    ("planner.activations", "kept_bytes"),
     ("planner.pipeline", "microbatches_in_flight"), ("planner.pipeline", "bubble_slots"), ("planner.pipeline", "bubble_s"),
     ("planner.pipeline", "p2p_transfers"),
     # step time
@@ -55,7 +56,7 @@ DELIBERATE = [
 ]
 
 FAST_TESTS = ["tests/test_memory.py", "tests/test_timing.py", "tests/test_validate.py", "tests/test_search.py",
-              "tests/test_cli.py", "tests/test_terms.py"]
+              "tests/test_cli.py", "tests/test_terms.py", "tests/test_activations_real.py"]
 
 
 def run(spec: str, pytest_args: list[str]) -> tuple[bool, str, float]:

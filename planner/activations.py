@@ -161,6 +161,23 @@ def kept_per_layer(model: ModelSpec, training: Training, lay: Layouts, recompute
     return np.select([recompute == Recompute.NONE, recompute == Recompute.SELECTIVE], [whole, stored], layer_input)
 
 
+def recomputed_layers(lay: Layouts, n_layers, chunks) -> np.ndarray:
+    """Of `n_layers` in `chunks` model chunks, those run under full recompute: every one, or the
+    first recompute_layers of each chunk (megatron-core 0.16.1 transformer/transformer_block.py
+    TransformerBlock._checkpointed_forward, recompute_method 'block': each TransformerBlock is one
+    pipeline stage's chunk); none under the other policies."""
+    some = np.minimum(lay.recompute_layers * chunks, n_layers)
+    return np.where(lay.recompute == Recompute.FULL, np.where(lay.recompute_layers > 0, some, n_layers), 0)
+
+
+def kept_bytes(model: ModelSpec, training: Training, lay: Layouts, n_layers) -> np.ndarray:
+    """What `n_layers` blocks of a stage keep for backward per micro-batch: each what the policy
+    keeps, except the layers that full recompute skips under --recompute-layers, which keep all."""
+    whole = layer_bytes(model, training, lay)[0]
+    policy_layers = np.where(lay.recompute == Recompute.FULL, recomputed_layers(lay, n_layers, lay.vpp), n_layers)
+    return policy_layers * kept_per_layer(model, training, lay) + (n_layers - policy_layers) * whole
+
+
 def recompute_working_bytes(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
     """Recomputation in backward materialises, for one block and micro-batch at a time, what it
     dropped: the whole block under full recompute, what selective recompute did not keep."""
@@ -215,6 +232,6 @@ def stage_activation_bytes(model: ModelSpec, training: Training, lay: Layouts, s
     first/last-stage extras."""
     n_layers = layers_on_stage(model.layers, lay.pp, stage, training.engine.pipeline_edge_layers)
     in_flight = microbatches_in_flight(lay.pp, lay.vpp, lay.gas, lay.schedule, stage)
-    kept = kept_per_layer(model, training, lay) * n_layers * in_flight
+    kept = kept_bytes(model, training, lay, n_layers) * in_flight
     return (kept + recompute_working_bytes(model, training, lay)
             + embedding_dropout_bytes(model, training, lay, stage) + head_input_bytes(model, training, lay, stage))

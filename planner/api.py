@@ -146,7 +146,8 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
     clus = cin.resolve(train.precision, world)
     lay = single(tp=tp, pp=pp, dp=dp, cp=cp, ep=lin.ep, vpp=lin.vpp, zero=lin.zero,
                  offload_optimizer=lin.offload_optimizer, offload_params=lin.offload_params, mbs=mbs,
-                 gas=gbs // (mbs * dp), recompute=lin.recompute, sequence_parallel=lin.sequence_parallel,
+                 gas=gbs // (mbs * dp), recompute=lin.recompute, recompute_layers=lin.recompute_layers,
+                 sequence_parallel=lin.sequence_parallel,
                  schedule=lin.schedule)
     rules.check_single(spec, clus, train, lay)
     ev = search.evaluate(spec, clus, train, lay)
@@ -263,6 +264,8 @@ def _pin_codes(pinned: dict, gpus: int) -> dict:
             codes[key] = int(value)
         else:
             codes[key] = check(key, value, flag)
+    if "recompute_layers" in codes and codes.get("recompute", Recompute.FULL) != Recompute.FULL:
+        raise InputError("--recompute-layers: needs --recompute full")
     axes = [k for k in ("tp", "pp", "cp", "dp") if k in codes]
     product = math.prod(codes[k] for k in axes)
     if axes and (gpus % product or ("dp" in codes and len(axes) == 4 and product != gpus)):

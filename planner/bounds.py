@@ -79,6 +79,7 @@ BOUNDS: dict[str, Bound] = {
     "tp": Bound(1, _GPUS), "pp": Bound(1, _GPUS), "dp": Bound(1, _GPUS), "cp": Bound(1, _GPUS),
     "ep": Bound(1, _GPUS), "vpp": Bound(1, 16384),
     "mbs": Bound(1, 2**20),
+    "recompute_layers": Bound(1, 16384),
     "gas": Bound(1, 2**30),
     # search
     "top": Bound(1, 10000),

@@ -140,7 +140,8 @@ def add_training_flags(p):
 
 
 LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "dp": None, "cp": 1, "ep": 1, "vpp": 1, "zero": 0, "offload_optimizer": "none",
-                   "offload_params": "none", "mbs": 1, "recompute": "none", "sequence_parallel": False}
+                   "offload_params": "none", "mbs": 1, "recompute": "none", "recompute_layers": None,
+                   "sequence_parallel": False}
 """estimate's layout defaults; recommend takes the same flags with no default: each one given pins its axis."""
 
 
@@ -157,6 +158,9 @@ def add_layout_flags(g, pinning: bool):
     g.add_argument("--offload-params", default=default("offload_params"), help="none, cpu, nvme" + pin)
     g.add_argument("--mbs", type=positive_int, default=default("mbs"), help=_h(pin, "mbs"))
     g.add_argument("--recompute", default=default("recompute"), help="none, selective, full" + pin)
+    g.add_argument("--recompute-layers", type=positive_int, default=None,
+                   help=_h("with --recompute full: layers per model chunk recomputed, the rest keep their "
+                           "activations (Megatron --recompute-method block); default every layer" + pin, "recompute_layers"))
     g.add_argument("--sequence-parallel", action="store_true", default=default("sequence_parallel"), help=pin or None)
 
 
@@ -248,7 +252,8 @@ def cmd_estimate(args, out) -> int:
 
     layout = LayoutInput(tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, ep=args.ep, vpp=args.vpp, schedule=args.schedule,
                          zero=args.zero, offload_optimizer=args.offload_optimizer, offload_params=args.offload_params,
-                         mbs=args.mbs, recompute=args.recompute, sequence_parallel=args.sequence_parallel)
+                         mbs=args.mbs, recompute=args.recompute, recompute_layers=args.recompute_layers,
+                         sequence_parallel=args.sequence_parallel)
     e = api.estimate(model_input(args), cluster_input(args), training_input(args), layout, ds_estimator=args.ds_estimator)
     result = e.to_json()
     if args.emit:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.activations import recomputed_layers
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
@@ -46,8 +47,9 @@ def flops_per_step(model: ModelSpec, training: Training, lay: Layouts) -> dict:
     tokens = (lay.gbs * training.seq_len).astype(np.float64)
     model_flops = 3.0 * tokens * (model.layers * (gemm + core) + logits)  # backward = 2x forward
     # Korthikanti 2022 section 6.3: full recompute reruns the block forward, selective the attention core
-    extra = np.select([lay.recompute == Recompute.FULL, lay.recompute == Recompute.SELECTIVE], [gemm + core, core], 0.0)
-    return {"model_flops": model_flops, "hardware_flops": model_flops + tokens * model.layers * extra}
+    full_layers = recomputed_layers(lay, model.layers, lay.pp * lay.vpp)
+    extra = full_layers * (gemm + core) + np.where(lay.recompute == Recompute.SELECTIVE, model.layers * core, 0.0)
+    return {"model_flops": model_flops, "hardware_flops": model_flops + tokens * extra}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -163,6 +163,8 @@ class Engine:
     (1: the whole micro-batch's logits at once)."""
     launcher: Launcher
     """Launch script style of planner/export.py."""
+    partial_recompute: bool = False
+    """Full recompute can cover only the first N layers of each model chunk (--recompute-layers)."""
 
     @property
     def pipeline(self) -> bool:
@@ -286,6 +288,8 @@ MEGATRON = Engine(
     selective_policy=SelectivePolicy.CORE_ATTENTION,  # transformer_config.py recompute_modules ['core_attn']
     loss_chunks=1,
     launcher=Launcher.MEGATRON,
+    # transformer_block.py _checkpointed_forward, --recompute-method block --recompute-num-layers N
+    partial_recompute=True,
 )
 
 FSDP = Engine(

@@ -46,7 +46,7 @@ LAUNCH = "launch.sh"
 MEGATRON_ARGS = "megatron_args.txt"
 
 _ROW_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "offload_optimizer", "offload_params",
-             "mbs", "gas", "recompute", "sequence_parallel")
+             "mbs", "gas", "recompute", "recompute_layers", "sequence_parallel")
 
 # keys of `extra` that change the files; any other key is copied into launch.sh as a comment line
 EXTRA_DEFAULTS = {
@@ -299,6 +299,8 @@ def accelerate_config(model: ModelSpec, cluster: Cluster, training: Training, ro
         }
         if row["recompute"] != "none":
             mlm["megatron_lm_recompute_granularity"] = row["recompute"]
+        if row["recompute"] == "full":  # accelerate utils/dataclasses.py MegatronLMPlugin recompute_method
+            mlm["megatron_lm_recompute_method"], mlm["megatron_lm_recompute_num_layers"] = _recompute_method(row)
         if row["cp"] > 1:
             mlm["megatron_lm_context_parallel_size"] = row["cp"]
         if row["ep"] > 1:
@@ -452,7 +454,8 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
     if row["recompute"] == "selective":
         a.append("--recompute-granularity selective")
     elif row["recompute"] == "full":
-        a += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+        method, layers = _recompute_method(row)
+        a += ["--recompute-granularity full", f"--recompute-method {method}", f"--recompute-num-layers {layers}"]
     if training.precision in ("bf16", "bf16-pure"):
         a.append("--bf16")
     elif training.precision == "fp16":
@@ -549,6 +552,12 @@ def _one_line(v) -> str:
 # ---------------------------------------------------------------------------------------------
 # helpers
 
+def _recompute_method(row: dict) -> tuple:
+    """Megatron's full recompute: the first N layers of each chunk ('block', --recompute-layers), else
+    every layer on its own ('uniform' chunks of 1)."""
+    return ("block", row["recompute_layers"]) if row.get("recompute_layers") else ("uniform", 1)
+
+
 def _normalise_row(layout_row: dict) -> dict:
     if not isinstance(layout_row, dict):
         raise InputError(f"--emit: layout must be a dict like Layouts.row(i), got {type(layout_row).__name__}")
@@ -556,7 +565,7 @@ def _normalise_row(layout_row: dict) -> dict:
     if missing:
         raise InputError(f"--emit: layout is missing {', '.join(missing)}")
     row = {"cp": 1, "ep": 1, "vpp": 1, "offload_optimizer": "none", "offload_params": "none",
-           "recompute": "none", "sequence_parallel": False, "schedule": None, **layout_row}
+           "recompute": "none", "recompute_layers": None, "sequence_parallel": False, "schedule": None, **layout_row}
     for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "mbs", "gas"):
         row[k] = int(row[k])
     row["sequence_parallel"] = bool(row["sequence_parallel"])
@@ -571,6 +580,6 @@ def _check(model, cluster, training, row) -> None:
     lay = single(tp=row["tp"], pp=row["pp"], dp=row["dp"], cp=row["cp"], ep=row["ep"], vpp=row["vpp"],
                  zero=row["zero"], offload_optimizer=row["offload_optimizer"],
                  offload_params=row["offload_params"], mbs=row["mbs"], gas=row["gas"],
-                 recompute=row["recompute"], sequence_parallel=row["sequence_parallel"],
-                 schedule=row.get("schedule"))
+                 recompute=row["recompute"], recompute_layers=row["recompute_layers"],
+                 sequence_parallel=row["sequence_parallel"], schedule=row.get("schedule"))
     check_single(model, cluster, training, lay)

@@ -237,10 +237,13 @@ class LayoutInput:
     offload_params: str = "none"
     mbs: int = 1
     recompute: str = "none"
+    recompute_layers: int | None = None
+    """With recompute 'full': layers of each model chunk recomputed (Megatron --recompute-method
+    block --recompute-num-layers); None: every layer."""
     sequence_parallel: bool = False
 
     def __post_init__(self):
-        _checked(self, ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs"))
+        _checked(self, ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "recompute_layers"))
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise InputError(f"--zero: must be one of 0, 1, 2, 3, got {self.zero!r}")
         _boolean(self.sequence_parallel, "--sequence-parallel")

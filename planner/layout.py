@@ -111,7 +111,7 @@ class Training:
 
 # field name -> order is the JSON order
 FIELDS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "offload_optimizer", "offload_params",
-          "mbs", "gas", "recompute", "sequence_parallel", "schedule")
+          "mbs", "gas", "recompute", "recompute_layers", "sequence_parallel", "schedule")
 
 
 @dataclass
@@ -147,6 +147,10 @@ class Layouts:
     """1 when Megatron sequence parallelism splits the non-TP regions over t."""
     schedule: np.ndarray
     """Schedule code."""
+    recompute_layers: np.ndarray = 0
+    """Under full recompute, the layers of each model chunk (a pipeline stage, or each of its vpp
+    virtual stages) recomputed, the first ones of the chunk; the others keep every activation
+    (Megatron --recompute-method block --recompute-num-layers). 0: every layer."""
 
     def __post_init__(self):
         arrays = np.broadcast_arrays(*(np.asarray(getattr(self, k), dtype=np.int64) for k in FIELDS))
@@ -188,10 +192,15 @@ class Layouts:
         """The candidates at `index` (mask or integer array)."""
         return Layouts(**{k: getattr(self, k)[index] for k in FIELDS})
 
+    def concat(self, other: "Layouts") -> "Layouts":
+        """These candidates followed by `other`'s (both flat)."""
+        return Layouts(**{k: np.concatenate([getattr(self, k).ravel(), getattr(other, k).ravel()]) for k in FIELDS})
+
     def row(self, i: int) -> dict:
         """One candidate as the JSON `layout` object (categoricals as words)."""
         out = {k: int(getattr(self, k).flat[i]) for k in FIELDS}
         out["recompute"] = Recompute(out["recompute"]).word
+        out["recompute_layers"] = out["recompute_layers"] or None  # None: every layer
         out["offload_optimizer"] = Offload(out["offload_optimizer"]).word
         out["offload_params"] = Offload(out["offload_params"]).word
         out["schedule"] = Schedule(out["schedule"]).word
@@ -201,7 +210,7 @@ class Layouts:
 
 
 def single(tp=1, pp=1, dp=1, cp=1, ep=1, vpp=1, zero=0, offload_optimizer="none", offload_params="none",
-           mbs=1, gas=1, recompute="none", sequence_parallel=False, schedule=None) -> Layouts:
+           mbs=1, gas=1, recompute="none", recompute_layers=None, sequence_parallel=False, schedule=None) -> Layouts:
     """One layout, from words, as a Layouts of size 1 (every number checked against its bound)."""
     numbers = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, mbs=mbs, gas=gas)
     numbers = {k: check(k, v) for k, v in numbers.items()}
@@ -214,5 +223,6 @@ def single(tp=1, pp=1, dp=1, cp=1, ep=1, vpp=1, zero=0, offload_optimizer="none"
         offload_optimizer=[Offload.parse(offload_optimizer, "--offload-optimizer")],
         offload_params=[Offload.parse(offload_params, "--offload-params")],
         recompute=[Recompute.parse(recompute, "--recompute")],
+        recompute_layers=[0 if recompute_layers is None else check("recompute_layers", recompute_layers)],
         sequence_parallel=[int(bool(sequence_parallel))], schedule=[Schedule.parse(schedule, "--schedule")],
     )

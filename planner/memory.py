@@ -260,7 +260,8 @@ def overhead_bytes(tensor_bytes, fixed_bytes, coef: dict) -> np.ndarray:
 # the fields each group of terms reads; step time groups by the same two sets (timing.py), so the
 # grouping of the candidates is computed once for both
 STATE_FIELDS = ("tp", "pp", "dp", "cp", "ep", "gas", "zero", "offload_optimizer", "offload_params")
-ACTIVATION_FIELDS = ("tp", "pp", "dp", "cp", "ep", "gas", "mbs", "recompute", "sequence_parallel", "vpp", "schedule")
+ACTIVATION_FIELDS = ("tp", "pp", "dp", "cp", "ep", "gas", "mbs", "recompute", "recompute_layers", "sequence_parallel", "vpp",
+                     "schedule")
 
 
 def _stage(where, lay: Layouts):

@@ -14,7 +14,7 @@ from planner.errors import InputError
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
-from planner.options import Offload, Precision, Schedule
+from planner.options import Offload, Precision, Recompute, Schedule
 
 DIVISIBILITY, TOPOLOGY, ENGINE_RULE = "divisibility", "topology", "engine rule"
 """Rejection groups the search counts."""
@@ -101,6 +101,9 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr: "--offload-optimizer: needs --zero 1, 2 or 3"),
     Rule("sp_needs_tp", ENGINE_RULE, lambda m, cl, tr, l: (l.sequence_parallel > 0) & (l.tp < 2),
          lambda m, cl, tr: "--sequence-parallel: needs --tp > 1"),
+    Rule("recompute_layers_full", ENGINE_RULE,
+         lambda m, cl, tr, l: (l.recompute_layers > 0) & (l.recompute != Recompute.FULL),
+         lambda m, cl, tr: "--recompute-layers: needs --recompute full"),
     Rule("batch", DIVISIBILITY, lambda m, cl, tr, l: (l.mbs < 1) | (l.gas < 1),
          lambda m, cl, tr: "--mbs/--gbs: must be positive, with --gbs divisible by --mbs*--dp"),
     # ---- generated from the engine record ----
@@ -120,6 +123,10 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr, l: (not tr.engine.tensor_parallel) & ((l.tp > 1) | (l.cp > 1)),
          lambda m, cl, tr: f"--tp/--cp: --engine {tr.engine.name} has no tensor or context parallelism "
                            f"(engines with it: {_names(e for e in ENGINES.values() if e.tensor_parallel)})"),
+    Rule("engine_partial_recompute", ENGINE_RULE,
+         lambda m, cl, tr, l: (l.recompute_layers > 0) & (not tr.engine.partial_recompute),
+         lambda m, cl, tr: f"--recompute-layers: --engine {tr.engine.name} recomputes every layer or none "
+                           f"(engines with it: {_names(e for e in ENGINES.values() if e.partial_recompute)})"),
     Rule("engine_zero", ENGINE_RULE, lambda m, cl, tr, l: ~np.isin(l.zero, tr.engine.zero_stages),
          lambda m, cl, tr: f"--zero: --engine {tr.engine.name} takes --zero {_stages(tr.engine.zero_stages)}"),
 )

@@ -17,6 +17,7 @@ from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
 from planner.options import Offload, Recompute, Schedule
+from planner.pipeline import max_layers_on_stage
 from planner.rules import DIVISIBILITY, first_violation
 
 VPP_CHOICES = (1, 2, 3, 4, 6, 8)
@@ -146,7 +147,7 @@ def _offload_params(space: Space) -> tuple:
 
 
 PINNABLE = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "offload_optimizer", "offload_params", "mbs", "recompute",
-            "sequence_parallel")
+            "recompute_layers", "sequence_parallel")
 """Layout fields a search can be told to keep fixed (recommend --tp 8 --zero 1 ...)."""
 
 
@@ -160,6 +161,8 @@ def pin(space: Space, pinned: dict) -> Space:
         narrowed["offload"] = (int(pinned["offload_optimizer"]),)
     if "mbs" in pinned:
         narrowed["mbs_considered"] = 1
+    if "recompute_layers" in pinned:  # layers recomputed: full recompute, the rules judge the engine
+        narrowed["recompute"] = (int(Recompute.FULL),)
     return replace(space, **narrowed, pinned=tuple(sorted((k, int(v)) for k, v in pinned.items())))
 
 
@@ -203,6 +206,7 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, training: Training, ma
     tp, pp, cp, dp, mbs, vpp = (a[k] for a in (tp, pp, cp, dp, mbs, vpp))
     lay = Layouts(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vpp=vpp, zero=zero, offload_optimizer=oo,
                   offload_params=op, mbs=mbs, gas=training.gbs // (mbs * dp), recompute=rc,
+                  recompute_layers=space.pinned_value("recompute_layers") or 0,
                   sequence_parallel=sp, schedule=np.where(vpp > 1, Schedule.INTERLEAVED, flat_schedule(training)))
     return lay, dropped, space.coarsened
 
@@ -226,13 +230,64 @@ def search(model: ModelSpec, cluster: Cluster, training: Training, headroom: flo
     valid = lay.take(reason < 0)
     ev = evaluate(model, cluster, training, valid, headroom)
     rejected["out of memory"] = int(np.count_nonzero(~ev["fits"]))
+    tried = 0
+    lighter = partial_recompute_variants(model, training, valid, ev) if "recompute_layers" not in (pinned or {}) else None
+    if lighter is not None and lighter.size:
+        lev = evaluate(model, cluster, training, lighter, headroom)
+        best = _fastest_per_parent(lighter, lev)
+        rejected["out of memory"] += int(np.count_nonzero(~lev["fits"]))
+        rejected[MORE_RECOMPUTE] = int(np.count_nonzero(lev["fits"])) - best.size
+        tried = lighter.size
+        valid = valid.concat(lighter.take(best))
+        ev = evaluate(model, cluster, training, valid, headroom)
     tokens_per_s = np.where(ev["fits"], ev["time"]["throughput"]["tokens_per_s"], -np.inf)
     # fastest first; among equals, the simpler layout (less offload, less recompute), then less memory
     simpler = valid.offload_optimizer + valid.offload_params
     order = np.lexsort((ev["memory"]["total"], valid.recompute, simpler, -np.round(tokens_per_s, 6)))
     order = order[np.isfinite(tokens_per_s[order])]
-    return {"candidates": lay.size + dropped, "valid": valid, "eval": ev, "order": order, "coarsened": coarsened,
+    return {"candidates": lay.size + dropped + tried, "valid": valid, "eval": ev, "order": order, "coarsened": coarsened,
             "rejected": {k: v for k, v in rejected.items() if v}, "elapsed_s": time.perf_counter() - start}
+
+
+MORE_RECOMPUTE = "more recompute than a variant that fits"
+"""Rejection group: --recompute-layers variants slower than a lighter one of the same layout."""
+REFINED_PARENTS = 256
+"""Full-recompute layouts whose lighter --recompute-layers variants one search tries at most."""
+
+
+def partial_recompute_variants(model: ModelSpec, training: Training, valid: Layouts, ev: dict) -> Layouts:
+    """Where the engine can recompute only the first N layers of each chunk (Megatron --recompute-
+    method block), the variants N = 1 .. layers per chunk - 1 of the fitting full-recompute layouts
+    that could beat the fastest fitting layout without their recompute seconds (an upper bound on
+    every variant's speed), the most promising REFINED_PARENTS of them: partial recompute trades
+    the memory a layout leaves free for speed, so it is tried where memory is left."""
+    empty = valid.take(np.zeros(0, dtype=np.int64))
+    if not training.engine.partial_recompute or not valid.size:
+        return empty
+    tokens_per_s, step_s = ev["time"]["throughput"]["tokens_per_s"], ev["time"]["step_s"]
+    full = ev["fits"] & (valid.recompute == Recompute.FULL) & (valid.recompute_layers == 0)
+    if not full.any():
+        return empty
+    bound = tokens_per_s * step_s / np.maximum(step_s - ev["time"]["breakdown"]["recompute"], 1e-12)
+    best = np.max(np.where(ev["fits"], tokens_per_s, -np.inf))
+    parents = np.flatnonzero(full & (bound > best))
+    parents = parents[np.argsort(-bound[parents], kind="stable")[:REFINED_PARENTS]]
+    chunk = max_layers_on_stage(model.layers, valid.pp[parents], training.engine.pipeline_edge_layers) // valid.vpp[parents]
+    counts = np.maximum(chunk - 1, 0)
+    out = valid.take(np.repeat(parents, counts))
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    out.recompute_layers = np.arange(out.size, dtype=np.int64) - starts + 1  # 1 .. chunk-1 per parent
+    return out
+
+
+def _fastest_per_parent(lighter: Layouts, lev: dict) -> np.ndarray:
+    """Index of the fastest fitting variant of each parent layout (variants of one parent are
+    consecutive, numbered from recompute_layers 1)."""
+    speed = np.where(lev["fits"], lev["time"]["throughput"]["tokens_per_s"], -np.inf)
+    parent = np.cumsum(lighter.recompute_layers == 1) - 1
+    order = np.lexsort((-speed, parent))
+    first = order[np.r_[True, parent[order][1:] != parent[order][:-1]]]
+    return np.sort(first[np.isfinite(speed[first])])
 
 
 def short(row: dict) -> str:
@@ -243,6 +298,7 @@ def short(row: dict) -> str:
     parts += [f"ep{row['ep']}"] if row["ep"] > 1 else []
     parts += [f"dp{row['dp']}", f"z{row['zero']}", f"mbs{row['mbs']}x{row['gas']}"]
     parts += [] if row["recompute"] == "none" else [row["recompute"][:3] + "-rc"]
+    parts += [f"rc-layers{row['recompute_layers']}"] if row.get("recompute_layers") else []
     parts += ["sp"] if row["sequence_parallel"] else []
     parts += [row["schedule"]] if row["schedule"] in ("gpipe", "zb-h1") else []
     parts += [f"off-opt:{row['offload_optimizer']}"] if row["offload_optimizer"] != "none" else []
@@ -266,6 +322,7 @@ def binding_constraint(result: dict, i: int, step_breakdown: dict, step_s: float
         j = int(blocked[np.argmin(ev["memory"]["total"][blocked])])  # the faster variant nearest to fitting
         row = valid.row(j)
         words = {"mbs": f"mbs {row['mbs']}", "recompute": f"recompute {row['recompute']}",
+                 "recompute_layers": f"recompute layers {row['recompute_layers'] or 'all'}",
                  "offload_optimizer": f"optimizer offload {row['offload_optimizer']}",
                  "offload_params": f"param offload {row['offload_params']}"}
         changes = [words[f] for f in words if getattr(valid, f)[j] != getattr(valid, f)[i]]
@@ -284,7 +341,7 @@ def distinct_top(result: dict, k: int) -> list[int]:
     for i in result["order"]:
         i = int(i)
         row = valid.row(i)
-        key = tuple(row[f] for f in (*CORE_FIELDS, "mbs", "recompute")) + (round(float(speed[i]), 3),)
+        key = tuple(row[f] for f in (*CORE_FIELDS, "mbs", "recompute", "recompute_layers")) + (round(float(speed[i]), 3),)
         if key in seen:
             continue
         seen.add(key)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner import compute as C
+from planner.activations import recomputed_layers
 from planner.collectives import (group_bus_bytes_per_s, group_latency_s, intra_node_bus_bytes_per_s,
                                  p2p_bytes_per_s, ring_time_s)
 from planner.compute import flops_per_step, peak_flops_per_s, tokens_per_microbatch
@@ -90,21 +91,21 @@ def microbatch_s(model: ModelSpec, cluster: Cluster, training: Training, lay: La
     core_fwd, core_bwd = C.attention_core_s(model, cluster, training, lay, c)
     layer_fwd = gemm + core_fwd + C.elementwise_fwd_s(model, cluster, training, lay, c)
     layer_bwd = 2.0 * gemm + core_bwd + C.elementwise_bwd_s(model, cluster, training, lay, c)  # dgrad + wgrad
-    passes = 4.0 + 2.0 * full  # all-reduce equivalents: forward, backward, and the recomputed forward
     tp_ar = tp_all_reduce_s(model, cluster, training, lay, c)
     tp_fwd = tp_pass_exposed_s(training, lay, c, tp_ar, gemm)
     tp_bwd = tp_pass_exposed_s(training, lay, c, tp_ar, 2.0 * gemm)  # dgrad + wgrad GEMMs
-    layer_comm = (1.0 + full) * tp_fwd + tp_bwd + passes * ep_all_to_all_s(model, cluster, training, lay, c) \
-        + cp_ring_exposed_s(model, cluster, training, lay, c, core_fwd, core_bwd)
+    a2a = ep_all_to_all_s(model, cluster, training, lay, c)  # 2 in the forward, 2 in the backward
+    layer_comm = tp_fwd + tp_bwd + 4.0 * a2a + cp_ring_exposed_s(model, cluster, training, lay, c, core_fwd, core_bwd)
     n = max_layers_on_stage(model.layers, lay.pp, training.engine.pipeline_edge_layers)
+    rerun = recomputed_layers(lay, n, lay.vpp)  # blocks whose whole forward runs again
     head = C.head_s(model, cluster, training, lay, c)
     out = {"compute": n * (layer_fwd + layer_bwd) + head,
            # the head's backward is twice its forward (dgrad + wgrad: Narayanan 2021 eq. 3's 3x)
            "fwd_mb": n * layer_fwd + head / 3.0,
            # weight gradients: each GEMM's wgrad has its forward's FLOPs (what ZB-H1 defers)
            "weight_grad_s": n * gemm + head / 3.0,
-           "recompute": n * np.select([full, selective], [layer_fwd, core_fwd], 0.0),
-           "tp_comm": n * layer_comm}
+           "recompute": rerun * layer_fwd + np.where(selective, n * core_fwd, 0.0),
+           "tp_comm": n * layer_comm + rerun * (tp_fwd + 2.0 * a2a)}
     out["slot"] = out["compute"] + out["recompute"] + out["tp_comm"]
     # one block with its exposed TP all-reduces, as Korthikanti 2022 Table 4 times them
     out.update(fwd_s=layer_fwd + tp_fwd, bwd_s=layer_bwd + tp_bwd,

@@ -127,3 +127,54 @@ def test_step_peak_is_activations_plus_logits(layers, vocab):
         + activations.logits_bytes(spec, training, lay, 0, 10)[0]
     # e.g. 1 layer, V 8192: 128 tokens x (10 x 8192 logits + 2,840 layer + 516 head) = 10.9 MB
     assert measured == pytest.approx(predicted, rel=0.02)
+
+
+# ---------------------------------------------------------------------------------------------
+# Megatron: a Megatron-style GPT block (calibrate/megatron_block.py; megatron-core needs CUDA),
+# full recompute of the first N layers of the chunk (--recompute-method block --recompute-num-layers)
+
+MEGATRON_SHAPES = [  # (seq, batch, hidden, heads, ffn)
+    (128, 2, 256, 8, 1024),
+    (64, 2, 512, 8, 2048),  # h and f: the per-token terms
+    (256, 1, 128, 4, 512),  # s against h: the a s^2 b scores
+]
+
+
+def megatron_kept_bytes(layers, recomputed, seq, batch, hidden, heads, ffn) -> float:
+    from planner.model import ModelSpec
+
+    spec = ModelSpec(layers=layers, hidden=hidden, heads=heads, kv_heads=heads, ffn=ffn, vocab=128, ffn_kind="gelu",
+                     norm="layernorm", bias=True, positions="learned", max_positions=seq, dropout=True,
+                     architecture="gpt2")
+    training = layout.Training(seq_len=seq, precision="bf16", flash_attention=False, engine="megatron")
+    lay = layout.single(mbs=batch, recompute="full" if recomputed else "none", recompute_layers=recomputed or None)
+    return float(activations.kept_bytes(spec, training, lay, layers)[0])
+
+
+def cuda_equivalent(counted, layers, recomputed, seq, batch, hidden, heads) -> float:
+    """The count on CPU less what CUDA does not keep. Dropout: CPU's at::dropout (ATen
+    native/Dropout.cpp _dropout_impl) multiplies by a noise tensor of the input dtype, which the mul
+    saves (2 bytes an element); CUDA takes the fused native_dropout (is_fused_kernel_acceptable),
+    which keeps a bool mask (1 byte): the a s^2 b attention mask and two s b h hidden masks per
+    layer that keeps its activations. LayerNorm's mean and rstd (s b each, two norms) are left out
+    by Korthikanti et al. and by the planner (under 0.1 % of a layer)."""
+    stored = layers - recomputed
+    masks = heads * seq * seq * batch + 2 * seq * batch * hidden
+    stats = 2 * 2 * seq * batch * 2  # mean + rstd of two norms, bf16 on CPU
+    return counted - stored * (masks + stats)
+
+
+@pytest.mark.parametrize("seq, batch, hidden, heads, ffn", MEGATRON_SHAPES)
+@pytest.mark.parametrize("recomputed", [0, 1, 3, 4])
+def test_megatron_block_recompute_keeps(recomputed, seq, batch, hidden, heads, ffn):
+    """4 layers, the first `recomputed` under a reentrant checkpoint: each of those keeps its 2sbh
+    input, every other layer Korthikanti's 34sbh + 5as^2b (Table 2, no TP), counted tensor by tensor
+    (e.g. s128 b2 h256 a8 f1024, one recomputed: 2 x 65,536 + 3 x (34 x 65,536 + 5 x 262,144))."""
+    from calibrate.megatron_block import block_method_saved_bytes
+
+    assert torch.ops.aten.dropout(torch.ones(4, dtype=torch.bfloat16), 0.5, True).dtype == torch.bfloat16
+    counted = block_method_saved_bytes(4, recomputed, seq, batch, hidden, heads, ffn)
+    measured = cuda_equivalent(counted, 4, recomputed, seq, batch, hidden, heads)
+    sbh, as2b = seq * batch * hidden, heads * seq * seq * batch
+    assert measured == recomputed * 2 * sbh + (4 - recomputed) * (34 * sbh + 5 * as2b)
+    assert megatron_kept_bytes(4, recomputed, seq, batch, hidden, heads, ffn) == pytest.approx(measured, rel=0.02)

@@ -178,6 +178,9 @@ FROZEN = {
 # MoE shape flags (issue 10), on every command that takes a model
 for command in ("estimate", "recommend", "check"):
     FROZEN[command] = FROZEN[command] + ["--experts", "--experts-per-token", "--shared-expert-ffn"]
+# Megatron --recompute-method block (issue 7), on the commands that take a layout
+for command in ("estimate", "recommend"):
+    FROZEN[command] = FROZEN[command] + ["--recompute-layers"]
 FROZEN = {command: sorted(flags) for command, flags in FROZEN.items()}
 
 

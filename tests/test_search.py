@@ -186,3 +186,44 @@ def test_engine_comparison_keeps_the_pins_and_says_when_they_break_an_engine():
     by = {e["engine"]: e for e in d["engines"]}
     assert by["deepspeed"]["layout"] is None and by["deepspeed"]["note"] == "the pinned axes break its rules"
     assert by["megatron-deepspeed"]["layout"]["tp"] == 8
+
+
+def test_partial_recompute_fills_the_memory_that_full_recompute_leaves():
+    """Llama 3.1 405B on 128 H100 under Megatron: recomputing every layer leaves memory free and
+    no recompute does not fit; the search tries the block method's first N layers per chunk and
+    keeps the least recompute that fits (Megatron --recompute-method block)."""
+    code, text = recommend("--model", "llama-3.1-405b", "--gpus", "128", "--engine", "megatron", "--top", "1", "--json")
+    assert code == 0
+    d = json.loads(text)
+    lay = d["layouts"][0]["layout"]
+    assert lay["recompute"] == "full" and lay["recompute_layers"]
+    assert d["rejected"]["more recompute than a variant that fits"] > 0
+    assert sum(d["rejected"].values()) + len(d["layouts"]) <= d["candidates_evaluated"]
+
+    def estimate(n):
+        argv = ["estimate", "--model", "llama-3.1-405b", "--gpus", "128", "--engine", "megatron", "--json",
+                "--recompute", "full", "--tp", str(lay["tp"]), "--pp", str(lay["pp"]), "--vpp", str(lay["vpp"]),
+                "--cp", str(lay["cp"]), "--zero", str(lay["zero"]), "--mbs", str(lay["mbs"]), "--gbs", str(lay["gbs"])]
+        argv += ["--sequence-parallel"] if lay["sequence_parallel"] else []
+        argv += ["--recompute-layers", str(n)] if n else []
+        out = io.StringIO()
+        assert cli.main(argv, out=out) == 0
+        return json.loads(out.getvalue())
+
+    chosen, one_fewer, every = estimate(lay["recompute_layers"]), estimate(lay["recompute_layers"] - 1), estimate(None)
+    usable = 0.95 * chosen["memory"]["capacity_bytes"]  # recommend keeps 5 % free
+    assert chosen["memory"]["gpu_bytes"] <= usable < one_fewer["memory"]["gpu_bytes"]
+    assert chosen["time"]["step_s"] < every["time"]["step_s"]
+    assert chosen["time"]["step_s"] == pytest.approx(d["layouts"][0]["time"]["step_s"], rel=1e-12)
+
+
+def test_recompute_layers_pin_and_its_contradictions(capsys):
+    code, text = recommend("--model", "llama-3.1-405b", "--gpus", "256", "--engine", "megatron", "--recompute-layers", "4",
+                           "--top", "3", "--json")
+    assert code == 0
+    assert {r["layout"]["recompute_layers"] for r in json.loads(text)["layouts"]} == {4}
+    for argv, flag in ((["--recompute", "selective", "--recompute-layers", "4"], "--recompute-layers"),
+                       (["--engine", "deepspeed", "--recompute-layers", "4"], "--recompute-layers")):
+        code, _ = recommend("--model", "llama-3-70b", "--gpus", "64", *argv)
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and err.startswith(f"planner: error: {flag}")

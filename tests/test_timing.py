@@ -447,6 +447,32 @@ def test_korthikanti_table4_layer_times(recompute, sp, fwd_ms, bwd_ms):
     assert fwd + bwd == pytest.approx(fwd_ms + bwd_ms, rel=0.08)
 
 
+def test_block_recompute_reruns_only_its_layers():
+    """Megatron --recompute-method block --recompute-num-layers N (transformer_block.py
+    _checkpointed_forward): only the first N layers of each chunk run their forward again. Eq. 3's
+    recompute pass, 24 B s L h^2 (1 + s/(6h)) for all L layers, shrinks to the N layers of each of
+    the p x v chunks; Table 4's backward of a recomputed 22B layer (19.5 ms) becomes the plain
+    backward (11.9 ms) in the others."""
+    L, h, a, B, s, V = 48, 6144, 64, 64, 2048, 51200
+    for pp, vpp, n in ((1, 1, 12), (4, 1, 3), (4, 2, 2)):
+        lay = layout.single(pp=pp, vpp=vpp, dp=B, recompute="full", recompute_layers=n)
+        flops = compute.flops_per_step(gpt(L, h, a), MEGATRON_FP16, lay)
+        rerun = n * pp * vpp  # 12 of the 48 layers, 3 x 4 stages, 2 x 4 stages x 2 chunks = 16
+        assert flops["hardware_flops"][0] - flops["model_flops"][0] == pytest.approx(
+            24 * B * s * rerun * h**2 * (1 + s / (6 * h)), rel=0.02)
+    # one 22B layer per stage as Korthikanti Table 4 times it: 2 of 8 layers recomputed
+    def step(recompute, n=None):
+        lay = layout.single(tp=8, pp=6, dp=1, mbs=4, gas=1, recompute=recompute, recompute_layers=n)
+        return timing.microbatch_s(gpt(48, 6144, 64), node(n=48), MEGATRON_FP16, lay, C)
+    full, some, none = step("full"), step("full", 2), step("none")
+    # the recompute work: 2 layer forwards instead of 8, each with its TP all-reduces; Table 4: a
+    # recomputed layer's backward takes 19.5 - 11.9 = 7.6 ms longer
+    assert float(some["recompute"][0]) == pytest.approx(float(full["recompute"][0]) * 2 / 8, rel=1e-9)
+    rerun_s = some["recompute"][0] + some["tp_comm"][0] - none["tp_comm"][0]
+    assert float(rerun_s) * 1e3 == pytest.approx(2 * (19.5 - 11.9), rel=0.10)
+    assert float(none["recompute"][0]) == 0.0
+
+
 def test_time_to_train():
     out = timing.time_to_train(10.0, 4_000_000, 1e12, 1024, price_per_gpu_hour=2.0)
     # 1e12 / 4e6 = 250,000 steps x 10 s = 2.5e6 s = 28.935 days; x 1024 GPUs / 3600 = 711,111 GPU-hours
