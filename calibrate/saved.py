@@ -48,11 +48,14 @@ def counting(exclude=()):
 
 
 def llama_saved_bytes(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat16", checkpointing: bool = False) -> int:
-    """Bytes a transformers LlamaModel of `hf_config` saves for backward in one forward."""
+    """Bytes the transformers base model of `hf_config` (its model_type, default llama) saves for
+    backward in one forward."""
     import transformers
 
     torch.manual_seed(0)
-    model = transformers.LlamaModel(transformers.LlamaConfig(**hf_config)).to(getattr(torch, dtype)).train()
+    fields = dict(hf_config)
+    config = transformers.AutoConfig.for_model(fields.pop("model_type", "llama"), **fields)
+    model = transformers.AutoModel.from_config(config).to(getattr(torch, dtype)).train()
     if checkpointing:
         model.gradient_checkpointing_enable()  # transformers: torch.utils.checkpoint around each decoder layer
     ids = torch.randint(0, hf_config["vocab_size"], (batch, seq))

@@ -67,6 +67,11 @@ def hf_llama_saved(model: ModelSpec, training: Training, seq: float) -> list[Sav
     e = training.precision.element_bytes
     h, q, kv, a = model.hidden, model.q_width, model.kv_width, model.heads
     out = hf_rms_norm_saved(e, h, "attention") + [Saved("q/k/v input (norm output)", e * h, SP)]
+    if model.qk_norm:  # Qwen3RMSNorm on q and k per head, eager like LlamaRMSNorm: one rstd per head
+        g = model.kv_heads
+        out += [Saved("q norm input, fp32", 4.0 * q, TP), Saved("q norm rstd, fp32", 4.0 * a, TP),
+                Saved("q norm normalized input", e * q, TP), Saved("k norm input, fp32", 4.0 * kv, TP),
+                Saved("k norm rstd, fp32", 4.0 * g, TP), Saved("k norm normalized input", e * kv, TP)]
     if training.flash_attention:
         out += [Saved("q after rotary", e * q, TP), Saved("k after rotary", e * kv, TP), Saved("v", e * kv, TP),
                 Saved("attention output (o_proj input)", e * q, TP),
@@ -97,6 +102,9 @@ def megatron_saved(model: ModelSpec, training: Training, seq: float) -> list[Sav
         Saved("qkv input", e * h, SP),
         Saved("q", e * q, TP), Saved("k", e * kv, TP), Saved("v", e * kv, TP),
     ]
+    if model.qk_norm:  # megatron-core qk_layernorm (TENorm): each norm keeps its input and an fp32 rstd per row
+        out += [Saved("q norm input", e * q, TP), Saved("q norm rstd (fp32)", 4.0 * a, TP),
+                Saved("k norm input", e * kv, TP), Saved("k norm rstd (fp32)", 4.0 * model.kv_heads, TP)]
     if training.flash_attention:
         out.append(Saved("flash log-sum-exp (fp32)", 4.0 * a, TP, core=True))
     else:

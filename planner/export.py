@@ -431,6 +431,8 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
     a.append(f"--ffn-hidden-size {model.ffn}")
     if model.ffn_kind == "swiglu":
         a.append("--swiglu")
+    if not mds:
+        a += _megatron_shape_args(model)
     if training.optimizer == "sgd":
         a.append("--optimizer sgd")
     if mds:
@@ -551,6 +553,32 @@ def _one_line(v) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # helpers
+
+def _megatron_shape_args(model: ModelSpec) -> list[str]:
+    """The model's shape where Megatron-LM's defaults differ (its arguments map one to one onto
+    megatron-core 0.16.1 transformer/transformer_config.py TransformerConfig: normalization
+    'LayerNorm', add_bias_linear True, add_qkv_bias False, qk_layernorm False, hidden_dropout and
+    attention_dropout 0.1, moe_ffn_hidden_size; models/gpt/gpt_model.py GPTModel
+    share_embeddings_and_output_weights, position_embedding_type 'learned_absolute')."""
+    a = []
+    if model.norm == "rmsnorm":
+        a.append("--normalization RMSNorm")
+    if model.positions == "rotary":
+        a.append("--position-embedding-type rope")
+    if not model.bias:
+        a.append("--disable-bias-linear")
+        if model.qkv_bias:
+            a.append("--add-qkv-bias")
+    if model.qk_norm:
+        a.append("--qk-layernorm")
+    if not model.tied_embeddings:
+        a.append("--untie-embeddings-and-output-weights")
+    if not model.dropout:
+        a += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
+    if model.experts > 1:
+        a.append(f"--moe-ffn-hidden-size {model.ffn}")
+    return a
+
 
 def _recompute_method(row: dict) -> tuple:
     """Megatron's full recompute: the first N layers of each chunk ('block', --recompute-layers), else

@@ -126,6 +126,45 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
                 shared_expert_ffn=integer("shared_expert_intermediate_size", default=5632),
                 architecture="llama",
             )
+        elif kind in ("qwen3", "qwen3_moe"):
+            # transformers 5 Qwen3Config / Qwen3MoeConfig defaults when a key is absent; Qwen3Attention
+            # (and Qwen3MoeAttention) add q_norm/k_norm over the head width and put attention_bias on
+            # q, k, v and o; every Qwen3-MoE layer is MoE unless decoder_sparse_step > 1 or
+            # mlp_only_layers names it (Qwen3MoeDecoderLayer), and it has no shared expert
+            moe = kind == "qwen3_moe"
+            if moe and (integer("decoder_sparse_step", default=1) != 1 or cfg.get("mlp_only_layers")):
+                raise InputError(f"--model: {where!r} mixes dense and MoE layers (decoder_sparse_step, "
+                                 "mlp_only_layers); the planner models every block alike")
+            heads = integer("num_attention_heads", default=32)
+            hidden = integer("hidden_size", default=2048 if moe else 4096)
+            kv_default = 4 if moe else 32
+            kv_heads = heads if "num_key_value_heads" in cfg and cfg["num_key_value_heads"] is None \
+                else integer("num_key_value_heads", default=kv_default)
+            layers = integer("num_hidden_layers", default=24 if moe else 32)
+            attn_bias = flag("attention_bias", False)
+            if attn_bias:
+                source += f"; approximate: o_proj biases not modelled ({layers * hidden} parameters)"
+            # Qwen3MoeAttention: getattr(config, "head_dim", hidden // heads); Qwen3Config: head_dim 128
+            head_dim = integer("head_dim", default=0 if moe else 128)
+            spec = dict(
+                layers=layers,
+                hidden=hidden,
+                heads=heads,
+                kv_heads=kv_heads,
+                ffn=integer("moe_intermediate_size", default=768) if moe else integer("intermediate_size", default=22016),
+                vocab=integer("vocab_size", default=151936),
+                ffn_kind="swiglu",
+                norm="rmsnorm",
+                qkv_bias=attn_bias,
+                positions="rotary",
+                tied_embeddings=flag("tie_word_embeddings", False),
+                head_dim=head_dim,
+                qk_norm=True,
+                experts=integer("num_experts", "num_local_experts", default=128) if moe else 1,
+                experts_per_token=integer("num_experts_per_tok", default=8) if moe else 1,
+                router_first=False,
+                architecture="llama",
+            )
         elif kind == "gpt2":
             # GPT2Config.attribute_map: hidden_size, num_hidden_layers, num_attention_heads, max_position_embeddings
             hidden = integer("n_embd", "hidden_size")
@@ -172,7 +211,7 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
         else:
             raise InputError(
                 f"--model: model_type {kind!r} in {where!r} is not supported; "
-                "supported: llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox"
+                "supported: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gpt2, gpt_neox"
             )
     except KeyError as exc:
         raise InputError(f"--model: {where!r} lacks the field {exc.args[0]!r} for model_type {kind!r}") from None

@@ -110,6 +110,12 @@ class ModelSpec:
     """MLP experts per layer (1: dense)."""
     experts_per_token: int = 1
     """Experts each token is routed to (top-k)."""
+    qk_norm: bool = False
+    """An RMSNorm over each head's query and key, weight of the head width (Qwen3 q_norm, k_norm;
+    Megatron-core qk_layernorm)."""
+    router_first: bool = True
+    """The MoE router registers before the experts (Mixtral, Qwen2-MoE); Qwen3-MoE registers it
+    after them. Only the order of the tensor list changes (DeepSpeed's flat partitions)."""
     shared_expert_ffn: int = 0
     """Intermediate width of the shared expert every token also passes, beside its routed ones
     (Qwen2-MoE shared_expert_intermediate_size; 0: none). `ffn` is then the routed experts' width."""
@@ -337,13 +343,15 @@ def _mlp_llama(m: ModelSpec, p: str) -> list[Tensor]:
     if m.experts > 1:  # transformers 5 MixtralSparseMoeBlock: router, then the stacked experts
         E = m.experts
         up = 2 * f if m.ffn_kind == "swiglu" else f
-        out = [Tensor(f"{p}mlp.gate.weight", (E, h), None, gemm="router"),
-               Tensor(f"{p}mlp.experts.gate_up_proj" if m.ffn_kind == "swiglu" else f"{p}mlp.experts.up_proj",
+        router = [Tensor(f"{p}mlp.gate.weight", (E, h), None, gemm="router")]
+        out = [Tensor(f"{p}mlp.experts.gate_up_proj" if m.ffn_kind == "swiglu" else f"{p}mlp.experts.up_proj",
                       (E, up, h), 1, expert=True, gemm="fc1"),
                Tensor(f"{p}mlp.experts.down_proj", (E, h, f), 2, expert=True, gemm="fc2")]
         if m.bias:
             out += [Tensor(f"{p}mlp.experts.gate_up_proj_bias", (E, up), 1, expert=True),
                     Tensor(f"{p}mlp.experts.down_proj_bias", (E, h), None, expert=True)]
+        # transformers 5 Qwen3MoeSparseMoeBlock.__init__ builds experts, then gate
+        out = router + out if m.router_first else out + router
         if m.shared_expert_ffn:  # transformers 5 Qwen2MoeSparseMoeBlock: shared_expert, shared_expert_gate
             fs = m.shared_expert_ffn
             out += (_linear(f"{p}mlp.shared_expert.gate_proj", fs, h, 0, False, "shared_fc1")
@@ -356,13 +364,20 @@ def _mlp_llama(m: ModelSpec, p: str) -> list[Tensor]:
     return out + _linear(f"{p}mlp.down_proj", h, f, 1, m.bias, "fc2")
 
 
+def _qk_norms(m: ModelSpec, p: str) -> list[Tensor]:
+    """transformers 5 Qwen3Attention: q_norm and k_norm, Qwen3RMSNorm(head_dim), after o_proj."""
+    d = m.dim_per_head
+    return [Tensor(f"{p}self_attn.q_norm.weight", (d,), None), Tensor(f"{p}self_attn.k_norm.weight", (d,), None)] \
+        if m.qk_norm else []
+
+
 def _llama(m: ModelSpec) -> list[Tensor]:
     h, q, kv = m.hidden, m.q_width, m.kv_width
     p = "model.layers.{i}."
     qkv_bias = m.bias or m.qkv_bias
     block = (_linear(p + "self_attn.q_proj", q, h, 0, qkv_bias, "qkv") + _linear(p + "self_attn.k_proj", kv, h, 0, qkv_bias, "qkv")
              + _linear(p + "self_attn.v_proj", kv, h, 0, qkv_bias, "qkv") + _linear(p + "self_attn.o_proj", h, q, 1, m.bias, "o")
-             + _mlp_llama(m, p) + _norm(p + "input_layernorm", m) + _norm(p + "post_attention_layernorm", m))
+             + _qk_norms(m, p) + _mlp_llama(m, p) + _norm(p + "input_layernorm", m) + _norm(p + "post_attention_layernorm", m))
     first = [Tensor("model.embed_tokens.weight", (m.vocab, h), 0, place=FIRST)]
     if m.positions == "learned":
         first.append(Tensor("model.embed_positions.weight", (m.max_positions, h), None, place=FIRST))

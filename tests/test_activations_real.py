@@ -33,8 +33,8 @@ SHAPES = [  # (config changes, seq, batch)
 
 
 def hf_config(layers: int, impl: str, change: dict) -> dict:
-    return {**BASE, **change, "num_hidden_layers": layers, "vocab_size": 128, "max_position_embeddings": 128,
-            "tie_word_embeddings": False, "attn_implementation": impl, "model_type": "llama"}
+    return {"model_type": "llama", **BASE, **change, "num_hidden_layers": layers, "vocab_size": 128,
+            "max_position_embeddings": 128, "tie_word_embeddings": False, "attn_implementation": impl}
 
 
 def saved_bytes(layers: int, impl: str, change: dict, seq: int, batch: int, dtype, checkpointing=False) -> int:
@@ -60,6 +60,21 @@ def test_sdpa_layer_bf16(change, seq, batch):
         cfg["num_attention_heads"]
     # two norms (4h fp32 + 4 rstd + 2h cast) + their outputs 2h each; q, k, v, out; lse 4a; MLP 4 x 2f
     assert measured == seq * batch * (16 * h + 4 * q + 4 * kv + 4 * a + 8 * f + 8)
+    assert planner_per_layer("sdpa", change, seq, batch, "bf16") == measured
+
+
+@pytest.mark.parametrize("change, seq, batch", SHAPES)
+def test_qwen3_layer_bf16(change, seq, batch):
+    """Qwen3DecoderLayer: the Llama layer plus Qwen3RMSNorm on each head's q and k (eager, like
+    LlamaRMSNorm): an fp32 copy of the input, an fp32 rstd per head, the normalized input in bf16."""
+    change = {**change, "model_type": "qwen3"}
+    measured = per_layer("sdpa", change, seq, batch, torch.bfloat16)
+    cfg = {**BASE, **change}
+    h, d = cfg["hidden_size"], cfg["head_dim"]
+    a, g = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    q, kv, f = a * d, g * d, cfg["intermediate_size"]
+    llama = 16 * h + 4 * q + 4 * kv + 4 * a + 8 * f + 8
+    assert measured == seq * batch * (llama + 6 * q + 6 * kv + 4 * a + 4 * g)
     assert planner_per_layer("sdpa", change, seq, batch, "bf16") == measured
 
 

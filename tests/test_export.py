@@ -368,6 +368,12 @@ def test_launch_sh_tp_pp_layout(tmp_path):
         assert a in margs, a
         assert "  " + a in text, a  # same arguments inline in launch.sh
     assert not any(a.startswith(("--context-parallel-size", "--expert-model-parallel-size")) for a in margs)
+    # the Llama shape where Megatron-LM's defaults (LayerNorm, learned positions, biases, tied output
+    # layer, dropout 0.1) differ: without these Megatron would train another model
+    for a in ["--normalization RMSNorm", "--position-embedding-type rope", "--disable-bias-linear",
+              "--untie-embeddings-and-output-weights", "--attention-dropout 0.0", "--hidden-dropout 0.0"]:
+        assert a in margs, a
+    assert "--qk-layernorm" not in margs and "--add-qkv-bias" not in margs
 
 
 def test_launch_sh_megatron_deepspeed(tmp_path):
@@ -386,6 +392,18 @@ def test_launch_sh_megatron_deepspeed(tmp_path):
               "--deepspeed-activation-checkpointing", "--fp16", "--global-batch-size 16"]:
         assert a in margs, a
     assert "--use-distributed-optimizer" not in margs and "--use-flash-attn" not in margs
+
+
+def test_megatron_args_carry_qwen3_moe_shape(tmp_path):
+    from planner.model import lookup
+
+    row = single(tp=4, pp=2, dp=2, ep=2, zero=1, mbs=1, gas=8, recompute="full", recompute_layers=3).row(0)
+    out = files(emit(tmp_path, lookup("qwen3-30b-a3b"), cluster(16), Training(engine="megatron"), row))
+    margs = args_of(out["megatron_args.txt"].read_text())
+    for a in ["--qk-layernorm", "--kv-channels 128", "--num-experts 128", "--moe-router-topk 8",
+              "--moe-ffn-hidden-size 768", "--expert-model-parallel-size 2", "--recompute-method block",
+              "--recompute-num-layers 3", "--untie-embeddings-and-output-weights"]:
+        assert a in margs, a
 
 
 def test_launch_sh_plain_deepspeed(tmp_path):

@@ -91,6 +91,11 @@ def _llama(hidden, ffn, layers, heads, kv, vocab):
                 num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab, tie_word_embeddings=False)
 
 
+def _dense(model_type, hidden, ffn, layers, heads, kv, vocab, **extra):
+    return dict(model_type=model_type, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab, **extra)
+
+
 def _gpt(hidden, layers, heads, vocab=51200):
     # GPT-2 architecture (its Conv1D holds the same parameters as nn.Linear), 4h MLP, 2048
     # learned positions, tied output layer; Megatron pads the GPT-2 vocabulary to 51,200.
@@ -110,6 +115,11 @@ HF_CONFIGS = {
     "mistral-7b": dict(_llama(4096, 14336, 32, 32, 8, 32000), model_type="mistral"),
     "mixtral-8x7b": dict(_llama(4096, 14336, 32, 32, 8, 32000), model_type="mixtral",
                          num_local_experts=8, num_experts_per_tok=2),
+    "qwen3-8b": _dense("qwen3", 4096, 12288, 36, 32, 8, 151936, head_dim=128, tie_word_embeddings=False),
+    "qwen3-30b-a3b": _dense("qwen3_moe", 2048, 6144, 48, 32, 4, 151936, head_dim=128, moe_intermediate_size=768,
+                            num_experts=128, num_experts_per_tok=8, tie_word_embeddings=False),
+    "qwen3-235b-a22b": _dense("qwen3_moe", 4096, 12288, 94, 64, 4, 151936, head_dim=128, moe_intermediate_size=1536,
+                              num_experts=128, num_experts_per_tok=8, tie_word_embeddings=False),
     "gpt3-175b": _gpt(12288, 96, 96, vocab=50257),
     "megatron-gpt-1.7b": _gpt(2304, 24, 24),
     "megatron-gpt-3.6b": _gpt(3072, 30, 32),
@@ -167,11 +177,6 @@ def test_gpt_counts_match_narayanan_formula_and_name(name):
 # 3. from_hf_config against transformers, family by family
 
 
-def _dense(model_type, hidden, ffn, layers, heads, kv, vocab, **extra):
-    return dict(model_type=model_type, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
-                num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab, **extra)
-
-
 _PYTHIA_160M = dict(model_type="gpt_neox", hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                     intermediate_size=3072, vocab_size=50304, tie_word_embeddings=False,
                     use_parallel_residual=True, max_position_embeddings=2048)
@@ -200,6 +205,15 @@ FAMILY_CONFIGS = {
     "mixtral-4-experts-top-1": _dense("mixtral", 1024, 2816, 4, 16, 4, 32000, num_local_experts=4,
                                       num_experts_per_tok=1),
     "mixtral-expert-fields-absent": _dense("mixtral", 1024, 2816, 4, 16, 4, 32000),
+    # Qwen3 (q_norm/k_norm over the head width; head_dim 128 when absent; attention_bias off)
+    "qwen3-0.6b-tied": _dense("qwen3", 1024, 3072, 28, 16, 8, 151936, head_dim=128, tie_word_embeddings=True),
+    "qwen3-head-dim-absent": {k: v for k, v in _dense("qwen3", 1024, 2816, 4, 16, 4, 32000).items()},
+    "qwen3-kv-null-means-mha": _dense("qwen3", 1024, 2816, 4, 16, None, 32000, head_dim=64),
+    # Qwen3-MoE (experts registered before the router; no shared expert; head_dim = h / a when absent)
+    "qwen3-moe-small": _dense("qwen3_moe", 1024, 2816, 4, 16, 4, 32000, moe_intermediate_size=256, num_experts=8,
+                              num_experts_per_tok=2, head_dim=128),
+    "qwen3-moe-head-dim-absent": _dense("qwen3_moe", 1024, 2816, 4, 16, 4, 32000, moe_intermediate_size=256,
+                                        num_experts=8, num_experts_per_tok=2),
     # GPT-2
     "gpt2-small": dict(model_type="gpt2", n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024),
     "gpt2-untied-n-inner": dict(model_type="gpt2", n_embd=1024, n_layer=4, n_head=16, vocab_size=50257,
@@ -308,7 +322,7 @@ def test_from_hf_config_unreadable_paths(tmp_path):
 def test_from_hf_config_unsupported_message_lists_families(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(InputError, match="'bert'.*supported: llama, mistral, mixtral, qwen2, qwen2_moe, gpt2, gpt_neox"):
+    with pytest.raises(InputError, match="'bert'.*supported: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gpt2, gpt_neox"):
         from_hf_config(path)
 
 
@@ -578,11 +592,26 @@ def test_qwen2_moe_shared_expert_counts_like_transformers(hf):
     assert spec.active_params == pytest.approx(2.7e9, rel=0.01)  # top-4 of 60 routed, the shared expert, attention
 
 
-def test_qwen2_moe_with_dense_layers_is_refused(tmp_path):
+@pytest.mark.parametrize("model_type", ["qwen2_moe", "qwen3_moe"])
+@pytest.mark.parametrize("mixed", [{"decoder_sparse_step": 2}, {"mlp_only_layers": [0]}])
+def test_moe_with_dense_layers_is_refused(model_type, mixed, tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"model_type": "qwen2_moe", "decoder_sparse_step": 2}))
+    path.write_text(json.dumps({"model_type": model_type, **mixed}))
     with pytest.raises(InputError, match="mixes dense and MoE layers"):
         from_hf_config(path)
+
+
+@pytest.mark.parametrize("name, total, active", [
+    ("qwen3-8b", 8.2e9, None),  # model card: "Number of Parameters: 8.2B"
+    ("qwen3-30b-a3b", 30.5e9, 3.3e9),  # "30.5B in total and 3.3B activated"
+    ("qwen3-235b-a22b", 235e9, 22e9),  # "235B in total and 22B activated"
+])
+def test_qwen3_counts_match_the_model_cards(name, total, active, hf):
+    spec = lookup(name)
+    assert spec.params == hf.count(hf.for_model(HF_CONFIGS[name]))  # exact: transformers on the meta device
+    assert spec.params == pytest.approx(total, rel=0.005)
+    if active:  # top-8 of 128 experts, attention, router, embeddings
+        assert spec.active_params == pytest.approx(active, rel=0.02)
 
 
 def test_shared_expert_activations_are_a_llama_mlp_more():
