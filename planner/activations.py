@@ -142,20 +142,32 @@ def layer_bytes(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
     return whole, stored, layer_input
 
 
+def op_sac_matmuls(model: ModelSpec) -> list[tuple]:
+    """(name, input width, output width, output split over TP, kept) of a torchtitan Llama 3 block's
+    matmuls in the order they run: torchtitan 0.3.0 models/llama3 fuses wq, wk and wv (fuse_qkv=True),
+    then wo, w1, w3, w2; SelectiveAC (distributed/activation_checkpoint.py) counts the matmuls and
+    recomputes every second one (mm_count % 2 == 0), so wqkv, w1 and w2 keep their outputs. A
+    row-parallel output (wo, w2) is a partial sum, whole on every TP rank."""
+    h, q, kv, w = model.hidden, model.q_width, model.kv_width, model.mlp_width_per_token
+    run = [("wqkv", h, q + 2 * kv, True), ("wo", q, h, False), ("w1", h, w, True), ("w3", h, w, True),
+           ("w2", w, h, False)]
+    return [(*mm, i % 2 == 0) for i, mm in enumerate(run)]
+
+
 def op_sac_bytes(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
-    """What torchtitan's op-level selective checkpointing keeps of one block per micro-batch
-    (torchtitan 0.3.0 distributed/activation_checkpoint.py SelectiveAC: the checkpointed block's
-    input, and the outputs of the ops on its save list: matmuls, but every second one recomputed
-    (mm_count % 2 == 0), attention kernels with their log-sum-exp, reduce_scatter outputs). In the
-    Llama block the matmuls run wq, wk, wv, wo, w1, w3, w2, so wq, wv, w1 and w2's outputs are kept;
-    w2's output is the row-parallel partial sum, whole under TP; with SP the two reduce-scatters'
-    outputs are kept too. Read from the code; measured in the calibrate issue."""
+    """What torchtitan's op-level selective checkpointing keeps of one block per micro-batch: the
+    checkpointed block's input, the kept matmul outputs (op_sac_matmuls), FlexAttention's outputs
+    (the flex_attention op is on the save list: out, and the fp32 logsumexp and max_scores per
+    head) and, with SP, the two reduce-scatters' outputs. Equals the bytes torchtitan 0.3.0's own
+    Llama3Model leaves allocated per block (python -m calibrate.torchtitan_sac,
+    tests/test_activations_real.py)."""
     e, t = training.precision.element_bytes, lay.tp.astype(np.float64)
     sp = np.where(lay.sequence_parallel > 0, t, 1.0)
     tokens = training.seq_len / lay.cp * lay.mbs
-    h, q, kv = model.hidden, model.q_width, model.kv_width
-    per_token = (e * h / sp + e * (2 * q + kv) / t + 4.0 * model.heads / t
-                 + e * model.mlp_width_per_token / t + e * h + (sp > 1) * 2 * e * h / t)
+    h, q, a = model.hidden, model.q_width, model.heads
+    per_token = e * h / sp + e * q / t + 8.0 * a / t + (sp > 1) * 2 * e * h / t
+    for _, _, width, split, kept in op_sac_matmuls(model):
+        per_token = per_token + kept * e * width / (t if split else 1.0)
     return tokens * per_token
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.activations import recomputed_layers
+from planner.activations import op_sac_matmuls, recomputed_layers
+from planner.engines import SelectivePolicy
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
@@ -48,7 +49,9 @@ def flops_per_step(model: ModelSpec, training: Training, lay: Layouts) -> dict:
     model_flops = 3.0 * tokens * (model.layers * (gemm + core) + logits)  # backward = 2x forward
     # Korthikanti 2022 section 6.3: full recompute reruns the block forward, selective the attention core
     full_layers = recomputed_layers(lay, model.layers, lay.pp * lay.vpp)
-    extra = full_layers * (gemm + core) + np.where(lay.recompute == Recompute.SELECTIVE, model.layers * core, 0.0)
+    selective = core if training.engine.selective_policy is SelectivePolicy.CORE_ATTENTION else \
+        sum(2.0 * n_in * n_out for _, n_in, n_out, _, kept in op_sac_matmuls(model) if not kept)  # torchtitan
+    extra = full_layers * (gemm + core) + np.where(lay.recompute == Recompute.SELECTIVE, model.layers * selective, 0.0)
     return {"model_flops": model_flops, "hardware_flops": model_flops + tokens * extra}
 
 
@@ -75,6 +78,20 @@ def gemm_fwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layo
     for g in model.gemms(fused=training.engine.fused_gemms):
         flops = T * g.flops_per_token * (model.experts_per_token if g.expert else 1) / (t if g.tp_split else 1.0)
         seconds = seconds + gemm_s(flops, peak, c, local_experts if g.expert else 1)
+    return seconds
+
+
+def op_sac_recompute_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+    """What torchtitan's op-level selective checkpointing runs again in one block's backward: the
+    matmuls it does not keep (planner/activations.py op_sac_matmuls: wo and w3) and the elementwise
+    forward (norms, rotary, SiLU and the gate product); the attention and the kept matmuls are not
+    rerun."""
+    peak = peak_flops_per_s(cluster, training)
+    T, t = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64)
+    seconds = elementwise_fwd_s(model, cluster, training, lay, c)
+    for _, n_in, n_out, _, kept in op_sac_matmuls(model):
+        if not kept:
+            seconds = seconds + gemm_s(T * 2.0 * n_in * n_out / t, peak, c)  # 2 FLOPs per multiply-add
     return seconds
 
 

@@ -21,7 +21,7 @@ from planner.activations import recomputed_layers
 from planner.collectives import (group_bus_bytes_per_s, group_latency_s, intra_node_bus_bytes_per_s,
                                  p2p_bytes_per_s, ring_time_s)
 from planner.compute import flops_per_step, peak_flops_per_s, tokens_per_microbatch
-from planner.engines import GradBuckets
+from planner.engines import GradBuckets, SelectivePolicy
 from planner.grouping import Lazy, grouped
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
@@ -98,18 +98,22 @@ def microbatch_s(model: ModelSpec, cluster: Cluster, training: Training, lay: La
     layer_comm = tp_fwd + tp_bwd + 4.0 * a2a + cp_ring_exposed_s(model, cluster, training, lay, c, core_fwd, core_bwd)
     n = max_layers_on_stage(model.layers, lay.pp, training.engine.pipeline_edge_layers)
     rerun = recomputed_layers(lay, n, lay.vpp)  # blocks whose whole forward runs again
+    if training.engine.selective_policy is SelectivePolicy.OP_SAC:  # every op but attention and kept matmuls
+        sel_s, sel_comm = C.op_sac_recompute_s(model, cluster, training, lay, c), tp_fwd / 2.0  # the all-gathers
+    else:  # Megatron: the attention core alone, no communication
+        sel_s, sel_comm = core_fwd, 0.0
     head = C.head_s(model, cluster, training, lay, c)
     out = {"compute": n * (layer_fwd + layer_bwd) + head,
            # the head's backward is twice its forward (dgrad + wgrad: Narayanan 2021 eq. 3's 3x)
            "fwd_mb": n * layer_fwd + head / 3.0,
            # weight gradients: each GEMM's wgrad has its forward's FLOPs (what ZB-H1 defers)
            "weight_grad_s": n * gemm + head / 3.0,
-           "recompute": rerun * layer_fwd + np.where(selective, n * core_fwd, 0.0),
-           "tp_comm": n * layer_comm + rerun * (tp_fwd + 2.0 * a2a)}
+           "recompute": rerun * layer_fwd + np.where(selective, n * sel_s, 0.0),
+           "tp_comm": n * layer_comm + rerun * (tp_fwd + 2.0 * a2a) + np.where(selective, n * sel_comm, 0.0)}
     out["slot"] = out["compute"] + out["recompute"] + out["tp_comm"]
     # one block with its exposed TP all-reduces, as Korthikanti 2022 Table 4 times them
     out.update(fwd_s=layer_fwd + tp_fwd, bwd_s=layer_bwd + tp_bwd,
-               recompute_s=np.select([full, selective], [layer_fwd + tp_fwd, core_fwd], 0.0))
+               recompute_s=np.select([full, selective], [layer_fwd + tp_fwd, sel_s + sel_comm], 0.0))
     return out
 
 

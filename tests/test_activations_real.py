@@ -193,3 +193,36 @@ def test_megatron_block_recompute_keeps(recomputed, seq, batch, hidden, heads, f
     sbh, as2b = seq * batch * hidden, heads * seq * seq * batch
     assert measured == recomputed * 2 * sbh + (4 - recomputed) * (34 * sbh + 5 * as2b)
     assert megatron_kept_bytes(4, recomputed, seq, batch, hidden, heads, ffn) == pytest.approx(measured, rel=0.02)
+
+
+# ---------------------------------------------------------------------------------------------
+# torchtitan 0.3.0's own Llama3Model under its SelectiveAC and FullAC, measured by
+# `python -m calibrate.torchtitan_sac` (torchtitan is not a test dependency: the measurement is
+# recorded in data/references/torchtitan_sac_cpu.json with its environment)
+
+def test_torchtitan_checkpointed_blocks_keep_what_the_planner_books():
+    """Per block, minus the 5,056-byte CPU RNG state torch.utils.checkpoint stashes for each
+    checkpointed block (preserve_rng_state: torch.get_rng_state(), host memory, not the GPU's).
+    e.g. h 256, a 16, f 768, s 128 x b 2, selective: 256 tokens x (512 input + 1,536 wqkv + 512
+    attention + 128 lse/max + 1,536 w1 + 512 w2) = 1,212,416 bytes."""
+    import json
+    from pathlib import Path
+
+    from planner.model import ModelSpec
+
+    doc = json.loads((Path(__file__).resolve().parent.parent / "data/references/torchtitan_sac_cpu.json").read_text())
+    assert doc["environment"]["torchtitan"] == "0.3.0"
+    rng_state = torch.get_rng_state().numel()
+    assert rng_state == 5056
+    checked = 0
+    for row in doc["rows"]:
+        if row["policy"] == "none":
+            continue  # torchtitan's unchecked block (eager RMSNorm, FlexAttention) is not modelled exactly yet
+        spec = ModelSpec(layers=4, hidden=row["dim"], heads=row["heads"], kv_heads=row["kv_heads"], ffn=row["ffn"],
+                         vocab=2048)
+        train = layout.Training(seq_len=row["seq"], precision="bf16", engine="torchtitan")
+        lay = layout.single(mbs=row["batch"], recompute=row["policy"])
+        planned = float(activations.kept_per_layer(spec, train, lay)[0])
+        assert planned == row["layer_bytes"] - rng_state, row
+        checked += 1
+    assert checked == 8

@@ -69,12 +69,12 @@ def test_torchtitan_pipeline_split_gives_the_edges_fewer_layers():
 
 
 def test_torchtitan_op_sac_keeps_inputs_and_every_other_matmul():
-    # Llama-3-8B block, s 8192, b 1, bf16, no TP: SelectiveAC saves the block input (2h), wq's and wv's
-    # outputs (2q + 2kv), the attention output (2q) with its fp32 log-sum-exp (4a), w1's output (2f)
-    # and w2's output (2h); wk, wo and w3 (the 2nd, 4th and 6th matmuls) are recomputed
+    # Llama-3-8B block, s 8192, b 1, bf16, no TP: SelectiveAC saves the block input (2h), the fused
+    # wqkv's output (2(q + 2kv)), FlexAttention's output (2q) with its fp32 logsumexp and max_scores
+    # (8a), w1's output (2f) and w2's output (2h); wo and w3 (the 2nd and 4th matmuls) are recomputed
     m = lookup("llama-3-8b")
     training = layout.Training(seq_len=8192, engine="torchtitan")
-    per_token = 2 * 4096 + 2 * (4096 + 1024 + 4096) + 4 * 32 + 2 * 14336 + 2 * 4096  # 63,616 B
+    per_token = 2 * 4096 + 2 * (4096 + 2 * 1024) + 2 * 4096 + 8 * 32 + 2 * 14336 + 2 * 4096  # 65,792 B
     kept = activations.kept_per_layer(m, training, layout.single(recompute="selective"))[0]
     assert kept == 8192 * per_token
     # no recompute keeps norms' and projections' inputs, q k v, attention output, [gate|up] and fc2 input

@@ -591,3 +591,29 @@ def test_tp_comm_overlap_shows_one_chunk_per_collective():
     assert "--tp-comm-overlap" in export.megatron_args(model, over, lay.row(0))
     with pytest.raises(InputError, match="--tp-comm-overlap"):
         layout.Training(engine="deepspeed", tp_comm_overlap=True)
+
+
+def test_torchtitan_selective_reruns_wo_and_w3_not_the_attention():
+    """torchtitan 0.3.0 SelectiveAC keeps wqkv, w1, w2 and FlexAttention's outputs, so the backward
+    reruns wo and w3 (the 2nd and 4th matmuls) and the elementwise ops, never the attention;
+    Megatron's selective reruns the attention core only (Korthikanti et al. 2022 section 5)."""
+    m = lookup("llama-3-8b")
+    tt = layout.Training(seq_len=8192, engine="torchtitan")
+    lay = layout.single(dp=1, recompute="selective")
+    flops = compute.flops_per_step(m, tt, lay)
+    # per token and layer: wo 2 x 4096 x 4096 + w3 2 x 4096 x 14336; 8192 tokens x 32 layers
+    assert flops["hardware_flops"][0] - flops["model_flops"][0] == 8192 * 32 * (2 * 4096 * 4096 + 2 * 4096 * 14336)
+
+    # the rerun takes at least wo's and w3's GEMMs at the GEMM efficiency ceiling, and less than twice
+    # that with the eager elementwise ops (norms in fp32, rotary, SiLU x gate) on top: A100 bf16 312 TFLOP/s
+    rerun_s = float(timing.microbatch_s(m, node(), tt, lay, C)["recompute"][0])
+    gemms_s = 8192 * 32 * 2 * 4096 * (4096 + 14336) / (312e12 * C["gemm_efficiency_max"])  # 0.159 s
+    assert gemms_s <= rerun_s < 2 * gemms_s
+
+    def rerun_per_token(engine, seq):
+        training = layout.Training(seq_len=seq, engine=engine)
+        return float(timing.microbatch_s(m, node(), training, lay, C)["recompute"][0]) / seq
+
+    # doubling the sequence doubles attention work per token: Megatron's rerun grows, torchtitan's does not
+    assert rerun_per_token("torchtitan", 16384) == pytest.approx(rerun_per_token("torchtitan", 8192), rel=0.01)
+    assert rerun_per_token("megatron", 16384) > 1.8 * rerun_per_token("megatron", 8192)
