@@ -139,7 +139,23 @@ def layer_bytes(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
         whole = whole + part
         stored = stored + (0.0 if x.core else part)
     layer_input = tokens * training.precision.element_bytes * model.hidden / sp  # all full recompute keeps
-    return whole, stored, layer_input
+    return whole, stored, layer_input / checkpoint_partitions(training, lay)
+
+
+def checkpoint_partitions(training: Training, lay: Layouts) -> np.ndarray:
+    """Parts a checkpointed layer input is split into: t where deepspeed.checkpointing partitions
+    activations (DeepSpeed 0.19 runtime/activation_checkpointing/checkpointing.py
+    partition_activations: each rank keeps numel / mp_size of the input, gathered back in
+    backward), else 1."""
+    zc = training.zero_config
+    return np.where(training.engine.deepspeed_checkpointing and zc.partition_activations, lay.tp, 1).astype(np.float64)
+
+
+def checkpoints_on_host(training: Training) -> bool:
+    """deepspeed.checkpointing with cpu_checkpointing: the checkpointed inputs are copied to the
+    host in forward (checkpointing.py partition_activations / get_cpu_activations_for_backward,
+    buffer_device 'cpu') and back in backward."""
+    return training.engine.deepspeed_checkpointing and training.zero_config.cpu_checkpointing
 
 
 def op_sac_matmuls(model: ModelSpec) -> list[tuple]:
@@ -195,7 +211,16 @@ def kept_bytes(model: ModelSpec, training: Training, lay: Layouts, n_layers) -> 
     keeps, except the layers that full recompute skips under --recompute-layers, which keep all."""
     whole = layer_bytes(model, training, lay)[0]
     policy_layers = np.where(lay.recompute == Recompute.FULL, recomputed_layers(lay, n_layers, lay.vpp), n_layers)
-    return policy_layers * kept_per_layer(model, training, lay) + (n_layers - policy_layers) * whole
+    return policy_layers * kept_per_layer(model, training, lay) + (n_layers - policy_layers) * whole \
+        - host_checkpoint_bytes(model, training, lay, n_layers)
+
+
+def host_checkpoint_bytes(model: ModelSpec, training: Training, lay: Layouts, n_layers) -> np.ndarray:
+    """The checkpointed layer inputs of `n_layers` blocks that wait in host memory instead
+    (checkpoints_on_host), per micro-batch."""
+    if not checkpoints_on_host(training):
+        return 0.0 * lay.tp
+    return recomputed_layers(lay, n_layers, lay.vpp) * layer_bytes(model, training, lay)[2]
 
 
 def recompute_working_bytes(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
@@ -244,6 +269,13 @@ def logits_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, byte
     if chunks > 1:
         held = held + 4.0 * tokens * model.hidden
     return (stage == lay.pp - 1) * held
+
+
+def stage_host_activation_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+    """Host bytes of one rank of `stage`: its checkpointed inputs in flight under cpu_checkpointing."""
+    n_layers = layers_on_stage(model.layers, lay.pp, stage, training.engine.pipeline_edge_layers)
+    in_flight = microbatches_in_flight(lay.pp, lay.vpp, lay.gas, lay.schedule, stage)
+    return host_checkpoint_bytes(model, training, lay, n_layers) * in_flight
 
 
 def stage_activation_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:

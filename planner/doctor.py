@@ -110,6 +110,9 @@ def inputs(ds: dict, model, cluster: dict, layout: dict, mbs_flag: int | None) -
     for flag in ("overlap_comm", "contiguous_gradients"):
         if isinstance(zero.get(flag), bool):
             training[flag] = zero[flag]
+    checkpointing = ds.get("activation_checkpointing") or {}  # runtime/activation_checkpointing/config.py
+    for flag in ("partition_activations", "cpu_checkpointing"):
+        training[flag] = bool(checkpointing.get(flag, False))  # DeepSpeed's defaults: both off
     lay = {**layout, "tp": tp, "pp": pp, "dp": dp, "zero": stage, "mbs": mbs,
            "offload_optimizer": offload["offload_optimizer"], "offload_params": offload["offload_param"]}
     return training, lay, found

@@ -165,6 +165,9 @@ class Engine:
     """Launch script style of planner/export.py."""
     partial_recompute: bool = False
     """Full recompute can cover only the first N layers of each model chunk (--recompute-layers)."""
+    deepspeed_checkpointing: bool = False
+    """Full recompute runs through deepspeed.checkpointing, so the ds_config's activation_checkpointing
+    partition_activations and cpu_checkpointing decide where the layer inputs wait."""
 
     @property
     def pipeline(self) -> bool:
@@ -238,7 +241,10 @@ DEEPSPEED = Engine(
 MEGATRON_DEEPSPEED = Engine(
     name="megatron-deepspeed", summary="Megatron TP/SP/CP and fused kernels + DeepSpeed ZeRO, offload and pipeline",
     tensor_parallel=True, fused_gemms=True, eager_elementwise=False, p2p_split_over_tp=False,
-    modules=Modules.MEGATRON, launcher=Launcher.MEGATRON_DEEPSPEED, **_DS_COMMON)
+    modules=Modules.MEGATRON, launcher=Launcher.MEGATRON_DEEPSPEED,
+    # Megatron-DeepSpeed --deepspeed-activation-checkpointing: deepspeed.checkpointing.configure(mpu, ...)
+    # makes its checkpoint DeepSpeed's (runtime/activation_checkpointing/checkpointing.py CheckpointFunction)
+    deepspeed_checkpointing=True, **_DS_COMMON)
 
 MEGATRON = Engine(
     name="megatron", summary="Megatron-LM: TP/SP/CP/PP with interleaving; --zero 1 = distributed optimizer",

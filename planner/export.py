@@ -215,10 +215,12 @@ def deepspeed_config(model: ModelSpec, cluster: Cluster, training: Training, row
     if row["recompute"] != "none":
         # deepspeed/runtime/activation_checkpointing/config.py; used by deepspeed.checkpointing
         # (Megatron-DeepSpeed --deepspeed-activation-checkpointing). partition_activations splits the
-        # saved layer inputs over the tensor-parallel group, so it only helps with tp > 1.
+        # saved layer inputs over the tensor-parallel group, so it is written only where tp > 1
+        # (planner/activations.py checkpoint_partitions, timing.py checkpoint_restore_s)
+        zc = training.zero_config
         cfg["activation_checkpointing"] = {
-            "partition_activations": row["tp"] > 1,
-            "cpu_checkpointing": False,
+            "partition_activations": zc.partition_activations and row["tp"] > 1,
+            "cpu_checkpointing": zc.cpu_checkpointing,
             "contiguous_memory_optimization": False,
             "synchronize_checkpoint_boundary": False,
             "profile": False,

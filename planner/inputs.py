@@ -194,6 +194,10 @@ class TrainingInput:
     """DeepSpeed data_types.grad_accum_dtype "fp32" (default: the model dtype)."""
     tp_comm_overlap: bool | None = None
     """Megatron --tp-comm-overlap (default off)."""
+    partition_activations: bool | None = None
+    """DeepSpeed activation_checkpointing.partition_activations (default on, as exported)."""
+    cpu_checkpointing: bool | None = None
+    """DeepSpeed activation_checkpointing.cpu_checkpointing (default off)."""
     tokens: float | None = None
     """Training tokens: report days, GPU-hours and cost."""
     price_per_gpu_hour: float | None = None
@@ -205,13 +209,16 @@ class TrainingInput:
         _boolean(self.contiguous_gradients, "--no-contiguous-gradients")
         _boolean(self.fp32_grad_accum, "--fp32-grad-accum")
         _boolean(self.tp_comm_overlap, "--tp-comm-overlap")
+        _boolean(self.partition_activations, "activation_checkpointing.partition_activations")
+        _boolean(self.cpu_checkpointing, "activation_checkpointing.cpu_checkpointing")
         if self.gbs is not None and self.tokens_per_step is not None:
             raise InputError("--gbs and --tokens-per-step: give one of them, not both")
 
     def resolve(self, gbs: int, engine: str) -> "Training":
         from planner.layout import Training, ZeroConfig
 
-        zero = {k: getattr(self, k) for k in (*ZERO_FIELDS, "overlap_comm", "contiguous_gradients", "fp32_grad_accum")}
+        zero = {k: getattr(self, k) for k in (*ZERO_FIELDS, "overlap_comm", "contiguous_gradients", "fp32_grad_accum",
+                                              "partition_activations", "cpu_checkpointing")}
         return Training(seq_len=self.seq_len or DEFAULTS["seq_len"], gbs=gbs,
                         precision=self.precision or DEFAULTS["precision"],
                         optimizer=self.optimizer or DEFAULTS["optimizer"], flash_attention=self.flash_attention,

@@ -44,11 +44,17 @@ class ZeroConfig:
     fp32_grad_accum: bool = False
     """data_types.grad_accum_dtype "fp32": with bf16 and ZeRO-1 DeepSpeed then runs BF16_Optimizer
     (engine.py _do_optimizer_sanity_check), which accumulates gradients in a full fp32 buffer."""
+    partition_activations: bool = True
+    """activation_checkpointing.partition_activations: deepspeed.checkpointing keeps each
+    checkpointed layer input split over the TP ranks (the planner exports it on)."""
+    cpu_checkpointing: bool = False
+    """activation_checkpointing.cpu_checkpointing: the checkpointed layer inputs wait in host memory."""
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("overlap_comm", "contiguous_gradients", "fp32_grad_accum"):
+            if f.name in ("overlap_comm", "contiguous_gradients", "fp32_grad_accum", "partition_activations",
+                          "cpu_checkpointing"):
                 if value is not None and not isinstance(value, bool):
                     raise InputError(f"--{f.name.replace('_', '-')}: must be true or false, got {value!r}")
             else:

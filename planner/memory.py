@@ -290,7 +290,8 @@ def _activation_part(model, training, lay, where, coef) -> dict:
     stage = _stage(where, lay)
     logits = np.ceil(A.logits_bytes(model, training, lay, stage, coef["logits_bytes_per_element"]))
     acts = np.ceil(A.stage_activation_bytes(model, training, lay, stage))
-    return {"activations": acts, "logits": logits, "total": acts + logits}
+    return {"activations": acts, "logits": logits, "total": acts + logits,
+            "host": A.stage_host_activation_bytes(model, training, lay, stage)}
 
 
 class _Stage:
@@ -343,8 +344,10 @@ def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
     and 'reserved' (the peaks torch.cuda.max_memory_allocated / max_memory_reserved report),
     'cpu_per_node', 'phase' (an index into PHASES), and each of BREAKDOWN_KEYS on demand."""
     def column(s: _Stage, key: str, i):
-        if key == "cpu_per_node":
-            return s.states[key] if i is None else s.states.at(key, i)
+        if key == "cpu_per_node":  # model states and cpu-checkpointed activations of the node's ranks
+            ranks = min(cluster.gpus_per_node, cluster.num_gpus)
+            return s.states[key] + ranks * s.acts["host"] if i is None else \
+                s.states.at(key, i) + ranks * s.acts.at("host", i)
         return getattr(s, key) if i is None else getattr(s, key).flat[i]
 
     if stage is not None:

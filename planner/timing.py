@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner import compute as C
-from planner.activations import recomputed_layers
+from planner.activations import checkpoint_partitions, checkpoints_on_host, recomputed_layers
 from planner.collectives import (group_bus_bytes_per_s, group_latency_s, intra_node_bus_bytes_per_s,
                                  p2p_bytes_per_s, ring_time_s)
 from planner.compute import flops_per_step, peak_flops_per_s, tokens_per_microbatch
@@ -46,6 +46,23 @@ def tp_all_reduce_s(model: ModelSpec, cluster: Cluster, training: Training, lay:
     nbytes = tokens_per_microbatch(training, lay) * model.hidden * training.precision.element_bytes
     return ring_time_s(nbytes, lay.tp, intra_node_bus_bytes_per_s(cluster, c), "all_reduce",
                        c["collective_latency_intra_node_s"])
+
+
+def checkpoint_restore_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+    """Per fully recomputed block under deepspeed.checkpointing (DeepSpeed 0.19 runtime/
+    activation_checkpointing/checkpointing.py): its partitioned input all-gathered over the TP
+    ranks before the rerun (gather_partitioned_activations), and under cpu_checkpointing copied to
+    the host in forward and back in backward: blocking copies when activations are partitioned
+    (over t > 1 ranks here, as the planner exports it); without partitioning an asynchronous
+    side-stream engine moves them (_get_cpu_offload_engine), hidden here."""
+    nbytes = tokens_per_microbatch(training, lay) * model.hidden * training.precision.element_bytes
+    nbytes = nbytes / np.where(lay.sequence_parallel > 0, lay.tp, 1)
+    parts = checkpoint_partitions(training, lay)
+    gather = ring_time_s(nbytes, parts, intra_node_bus_bytes_per_s(cluster, c), "all_gather",
+                         c["collective_latency_intra_node_s"])
+    blocking = checkpoints_on_host(training) & (parts > 1)
+    copies = np.where(blocking, 2.0 * nbytes / parts / cluster.gpu.pcie_bytes_per_s, 0.0)
+    return gather + copies
 
 
 def tp_pass_exposed_s(training: Training, lay: Layouts, c: dict, tp_ar, gemm_s) -> np.ndarray:
@@ -108,7 +125,8 @@ def microbatch_s(model: ModelSpec, cluster: Cluster, training: Training, lay: La
            "fwd_mb": n * layer_fwd + head / 3.0,
            # weight gradients: each GEMM's wgrad has its forward's FLOPs (what ZB-H1 defers)
            "weight_grad_s": n * gemm + head / 3.0,
-           "recompute": rerun * layer_fwd + np.where(selective, n * sel_s, 0.0),
+           "recompute": rerun * (layer_fwd + checkpoint_restore_s(model, cluster, training, lay, c))
+                        + np.where(selective, n * sel_s, 0.0),
            "tp_comm": n * layer_comm + rerun * (tp_fwd + 2.0 * a2a) + np.where(selective, n * sel_comm, 0.0)}
     out["slot"] = out["compute"] + out["recompute"] + out["tp_comm"]
     # one block with its exposed TP all-reduces, as Korthikanti 2022 Table 4 times them
