@@ -135,6 +135,11 @@ def add_training_flags(p):
                    help="DeepSpeed data_types.grad_accum_dtype fp32 (bf16 + ZeRO-1: BF16_Optimizer)")
     g.add_argument("--tp-comm-overlap", action="store_true", default=None,
                    help="Megatron --tp-comm-overlap (TransformerEngine): SP collectives pipelined with their GEMMs")
+    g.add_argument("--no-partition-activations", dest="partition_activations", action="store_false", default=None,
+                   help="DeepSpeed activation_checkpointing.partition_activations off: every TP rank keeps each "
+                        "checkpointed layer input whole (default on, split over TP)")
+    g.add_argument("--cpu-checkpointing", action="store_true", default=None,
+                   help="DeepSpeed activation_checkpointing.cpu_checkpointing: checkpointed layer inputs wait in host memory")
     g.add_argument("--tokens", type=count, help=_h("training tokens: report days, GPU-hours and cost", "tokens"))
     g.add_argument("--price-per-gpu-hour", type=positive_float, help=help_text("price_per_gpu_hour"))
 
@@ -242,6 +247,7 @@ def training_input(args):
                          flash_attention=not args.no_flash_attention, engine=args.engine,
                          overlap_comm=args.overlap_comm, contiguous_gradients=False if args.no_contiguous_gradients else None,
                          fp32_grad_accum=args.fp32_grad_accum, tp_comm_overlap=args.tp_comm_overlap,
+                         partition_activations=args.partition_activations, cpu_checkpointing=args.cpu_checkpointing,
                          tokens=args.tokens, price_per_gpu_hour=args.price_per_gpu_hour,
                          **{k: getattr(args, k) for k in ZERO_FLAGS})
 

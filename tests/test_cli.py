@@ -181,6 +181,9 @@ for command in ("estimate", "recommend", "check"):
 # Megatron --recompute-method block (issue 7), on the commands that take a layout
 for command in ("estimate", "recommend"):
     FROZEN[command] = FROZEN[command] + ["--recompute-layers"]
+# DeepSpeed activation checkpointing placement (issue 7), with the other training flags
+for command in ("estimate", "recommend"):
+    FROZEN[command] = FROZEN[command] + ["--no-partition-activations", "--cpu-checkpointing"]
 FROZEN = {command: sorted(flags) for command, flags in FROZEN.items()}
 
 
@@ -190,3 +193,23 @@ def test_cli_surface_is_frozen():
     surface = {name: sorted(s for a in p._actions for s in a.option_strings if s.startswith("--") and s != "--help")
                for name, p in sub.choices.items()}
     assert surface == FROZEN
+
+
+def test_activation_checkpointing_placement_flags():
+    """--no-partition-activations and --cpu-checkpointing reach the estimate: Llama 3 8B (L 32,
+    h 4096), seq 4096, mbs 1, tp 2, full recompute under Megatron-DeepSpeed keeps one 2-byte layer
+    input per layer, 2 x 4096 x 4096 = 32 MiB whole, 16 MiB per rank when partitioned over TP
+    (DeepSpeed checkpointing.py partition_activations; measured in test_deepspeed_checkpointing_real)."""
+    base = ["estimate", "--model", "llama-3-8b", "--gpus", "8", "--seq-len", "4096", "--engine", "megatron-deepspeed",
+            "--tp", "2", "--recompute", "full", "--json"]
+
+    def mem(*flags):
+        code, out = run(*base, *flags)
+        assert code == 0
+        m = json.loads(out)["memory"]
+        return m["breakdown"]["activations"], m["cpu_bytes_per_node"]
+
+    (split, host0), (whole, _), (left, host) = mem(), mem("--no-partition-activations"), mem("--cpu-checkpointing")
+    assert whole - split == 32 * 16 * 2**20  # 32 layers x the other rank's half, 16 MiB
+    assert split - left == 32 * 16 * 2**20  # the partitioned inputs leave the GPU ...
+    assert (host0, host) == (0, 8 * 32 * 16 * 2**20)  # ... for host memory: 8 ranks x 32 x 16 MiB = 4 GiB a node
