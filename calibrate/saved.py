@@ -47,9 +47,12 @@ def counting(exclude=()):
         yield c
 
 
-def llama_saved_bytes(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat16", checkpointing: bool = False) -> int:
-    """Bytes the transformers base model of `hf_config` (its model_type, default llama) saves for
-    backward in one forward."""
+def hf_saved_counter(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat16",
+                     checkpointing: bool = False) -> SavedCounter:
+    """The SavedCounter of one forward of the transformers base model (AutoModel) of `hf_config`:
+    its model_type (default llama; gpt2, gpt_neox, ... alike) and fields go to AutoConfig.for_model;
+    num_hidden_layers works for every model_type (GPT2Config.attribute_map maps it to n_layer).
+    Call .table() on it to see each saved tensor."""
     import transformers
 
     torch.manual_seed(0)
@@ -61,13 +64,19 @@ def llama_saved_bytes(hf_config: dict, seq: int, batch: int, dtype: str = "bfloa
     ids = torch.randint(0, hf_config["vocab_size"], (batch, seq))
     with counting(model.parameters()) as c:
         model(input_ids=ids, use_cache=False)
-    return c.total_bytes
+    return c
 
 
-def llama_layer_bytes(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat16", checkpointing: bool = False) -> int:
+def hf_saved_bytes(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat16", checkpointing: bool = False) -> int:
+    """Bytes the transformers base model of `hf_config` (its model_type, default llama) saves for
+    backward in one forward."""
+    return hf_saved_counter(hf_config, seq, batch, dtype, checkpointing).total_bytes
+
+
+def hf_layer_bytes(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat16", checkpointing: bool = False) -> int:
     """What one decoder layer saves: half the difference between 4 and 2 layers (every storage once)."""
-    two = llama_saved_bytes({**hf_config, "num_hidden_layers": 2}, seq, batch, dtype, checkpointing)
-    four = llama_saved_bytes({**hf_config, "num_hidden_layers": 4}, seq, batch, dtype, checkpointing)
+    two = hf_saved_bytes({**hf_config, "num_hidden_layers": 2}, seq, batch, dtype, checkpointing)
+    four = hf_saved_bytes({**hf_config, "num_hidden_layers": 4}, seq, batch, dtype, checkpointing)
     assert (four - two) % 2 == 0
     return (four - two) // 2
 

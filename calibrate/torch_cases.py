@@ -73,7 +73,7 @@ def activation_prediction(attention: str, dtype: str, checkpointing: bool) -> di
 
 
 def activation_cases() -> list:
-    from calibrate.saved import llama_layer_bytes
+    from calibrate.saved import hf_layer_bytes
 
     out = []
     for name, attention, dtype, checkpointing in ACTIVATION_SHAPES:
@@ -84,5 +84,5 @@ def activation_cases() -> list:
             predict=lambda a=attention, d=dtype, c=checkpointing: activation_prediction(a, d, c),
             reduce=lambda r: r[0],
             run_inline=lambda hf=hf, d=dtype, c=checkpointing: {
-                "layer_saved_bytes": llama_layer_bytes(hf, ACT_SEQ, ACT_BATCH, d, c)}))
+                "layer_saved_bytes": hf_layer_bytes(hf, ACT_SEQ, ACT_BATCH, d, c)}))
     return out

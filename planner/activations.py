@@ -17,12 +17,13 @@ from planner.engines import Modules, SelectivePolicy
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
 from planner.options import Recompute
-from planner.pipeline import layers_on_stage, microbatches_in_flight
+from planner.pipeline import layers_on_stage, microbatches_in_flight, p2p_buffers
 
 # how a saved tensor divides over the TP ranks
-TP, SP = "tp", "sp"
+TP, SP, WHOLE = "tp", "sp", "whole"
 """TP: split by t (inside the tensor-parallel region); SP: split by t only under sequence
-parallelism (the 'replicated' LayerNorm/dropout region, Korthikanti section 4.2.2)."""
+parallelism (the 'replicated' LayerNorm/dropout region, Korthikanti section 4.2.2); WHOLE: every
+TP rank keeps all of it (a DTensor linear's input, all-gathered before the matmul saves it)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,12 @@ def saved_tensors(model: ModelSpec, training: Training, seq: float) -> list[Save
     query (the attention scores per token)."""
     if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "llama":
         return hf_llama_saved(model, training, seq)
+    if training.engine.modules is Modules.TORCHTITAN and training.flash_attention:
+        return torchtitan_llama_saved(model, training)
+    if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "gpt2":
+        return hf_gpt2_saved(model, training, seq)
+    if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "gpt_neox":
+        return hf_gpt_neox_saved(model, training, seq)
     return megatron_saved(model, training, seq)
 
 
@@ -88,6 +95,100 @@ def hf_llama_saved(model: ModelSpec, training: Training, seq: float) -> list[Sav
     return out
 
 
+LAYER_NORM_STATS_BYTES_PER_TOKEN = 8.0
+"""torch.nn.LayerNorm's mean and rstd per row, fp32 on CUDA whatever the input dtype (torch 2.x
+aten/src/ATen/native/cuda/layer_norm_kernel.cu layer_norm_cuda: at::empty({M}, acc_type)); the CPU
+kernel (native/layer_norm.cpp layer_norm_cpu) keeps them in the input dtype, 2 + 2 bytes in bf16."""
+
+
+def hf_layer_norm_saved(e: float, h: int, where: str) -> list[Saved]:
+    """torch.nn.LayerNorm (aten native_layer_norm, derivatives.yaml native_layer_norm_backward): its
+    input and the fp32 mean and rstd per token on CUDA. Its output is saved by the linear it feeds."""
+    return [Saved(f"{where} input", e * h, SP),
+            Saved(f"{where} mean and rstd, fp32", LAYER_NORM_STATS_BYTES_PER_TOKEN, SP)]
+
+
+def hf_gpt2_saved(model: ModelSpec, training: Training, seq: float) -> list[Saved]:
+    """transformers 5 GPT2Block (models/gpt2/modeling_gpt2.py GPT2Block, GPT2Attention, GPT2MLP;
+    pytorch_utils.py Conv1D = addmm of the input viewed 2-D), counted with saved_tensors_hooks and
+    translated to what CUDA keeps (tests/test_activations_real.py): per token, bf16,
+    SDPA 16h + 4a + 10f + 16 (+ 2h of dropout masks), eager 16h + 2as + 10f + 16 (+ 3as + 2h).
+    Assumes GPT2Config's defaults: activation_function 'gelu_new' (activations.py NewGELUActivation,
+    eager Python 0.5 x (1 + tanh(c (x + 0.044715 x^3))): keeps x, tanh, 1 + tanh, 0.5 x and its
+    output, 5f), reorder_and_upcast_attn False, attn_pdrop = resid_pdrop (model.dropout).
+    SDPA: q, k and v are views of c_attn's output, so the flash kernel keeps all of it (q + 2kv); its
+    output is [b, s, a, d] in memory (it follows q's strides), so c_proj's input is a view of it;
+    with dropout CUDA's flash kernel keeps the same plus a philox seed/offset per call (the CPU takes
+    the fp32 math path then, which CUDA does not). Eager (modeling_gpt2.py eager_attention_forward):
+    matmul copies q, k^T and v contiguous, softmax keeps its bf16 output, dropout a 1-byte mask and
+    its output, c_proj a contiguous copy of the attention output."""
+    e = training.precision.element_bytes
+    h, q, kv, a = model.hidden, model.q_width, model.kv_width, model.heads
+    w = model.mlp_width_per_token
+    out = hf_layer_norm_saved(e, h, "ln_1") + [Saved("c_attn input (ln_1 output)", e * h, SP)]
+    if training.flash_attention:
+        out += [Saved("c_attn output (SDPA keeps q, k, v views of it)", e * (q + 2 * kv), TP),
+                Saved("SDPA output (c_proj input)", e * q, TP),
+                Saved("flash log-sum-exp (fp32)", 4.0 * a, TP, core=True)]
+    else:
+        out += [Saved("q, contiguous copy", e * q, TP), Saved("k transposed, contiguous copy", e * kv, TP),
+                Saved("v, contiguous copy", e * kv, TP), Saved("softmax output", e * a * seq, TP, core=True)]
+        if model.dropout:
+            out += [Saved("attention dropout mask", 1.0 * a * seq, TP, core=True),
+                    Saved("attention dropout output", e * a * seq, TP, core=True)]
+        out.append(Saved("c_proj input (contiguous)", e * q, TP))
+    if model.dropout:
+        out.append(Saved("attention resid_dropout mask", 1.0 * h, SP))
+    out += hf_layer_norm_saved(e, h, "ln_2") + [Saved("c_fc input (ln_2 output)", e * h, SP)]
+    out += [Saved(f"gelu_new {name}", e * w, TP)
+            for name in ("input (c_fc output)", "0.5 x", "tanh", "1 + tanh", "output (c_proj input)")]
+    if model.dropout:
+        out.append(Saved("mlp dropout mask", 1.0 * h, SP))
+    return out
+
+
+def hf_gpt_neox_saved(model: ModelSpec, training: Training, seq: float) -> list[Saved]:
+    """transformers 5 GPTNeoXLayer (models/gpt_neox/modeling_gpt_neox.py GPTNeoXLayer, GPTNeoXAttention,
+    GPTNeoXMLP, apply_rotary_pos_emb), counted with saved_tensors_hooks and translated to what CUDA
+    keeps (tests/test_activations_real.py): per token, bf16, SDPA 20h + 4a + 4f + 16 (+ 2h of dropout
+    masks), eager 14h + 6as + 4f + 16 (with dropout 16h + 7as + 4f + 16).
+    Assumes GPTNeoXConfig's defaults: use_parallel_residual True (both LayerNorms read the layer input,
+    one storage), hidden_act 'gelu' (activations.py GELUActivation = torch's exact erf gelu: keeps its
+    input); attention_dropout and hidden_dropout both on or both off (model.dropout). Any rotary_pct:
+    torch.cat makes q and k full-width copies. SDPA: v is a view of query_key_value's output, so the
+    flash kernel keeps all of it (q + 2kv) beside q and k after rotary; the flash output follows q's
+    [b, a, s, d] layout, so dense's input is a contiguous copy; with dropout CUDA's flash kernel keeps
+    the same (CPU takes the math path). Eager (eager_attention_forward): matmul keeps q and k as
+    views and copies v, softmax keeps its fp32 output, then the 16-bit cast (or, with dropout, a
+    1-byte mask and the dropout output) for the second matmul."""
+    e = training.precision.element_bytes
+    h, q, kv, a = model.hidden, model.q_width, model.kv_width, model.heads
+    w = model.mlp_width_per_token
+    out = [Saved("layer input (both norms' input, parallel residual)", e * h, SP),
+           Saved("input_layernorm mean and rstd, fp32", LAYER_NORM_STATS_BYTES_PER_TOKEN, SP),
+           Saved("post_attention_layernorm mean and rstd, fp32", LAYER_NORM_STATS_BYTES_PER_TOKEN, SP),
+           Saved("query_key_value input (input_layernorm output)", e * h, SP),
+           Saved("mlp input (post_attention_layernorm output)", e * h, SP),
+           Saved("q after rotary (torch.cat copy)", e * q, TP), Saved("k after rotary (torch.cat copy)", e * kv, TP)]
+    if training.flash_attention:
+        out += [Saved("query_key_value output (SDPA keeps v, a view of it)", e * (q + 2 * kv), TP),
+                Saved("SDPA output", e * q, TP, core=True),
+                Saved("flash log-sum-exp (fp32)", 4.0 * a, TP, core=True)]
+    else:
+        out += [Saved("v, contiguous copy", e * kv, TP), Saved("softmax output (fp32)", 4.0 * a * seq, TP, core=True)]
+        if model.dropout:
+            out += [Saved("attention dropout mask", 1.0 * a * seq, TP, core=True),
+                    Saved("attention dropout output", e * a * seq, TP, core=True)]
+        elif e != 4.0:  # .to(query.dtype) of the fp32 softmax: a no-op in fp32
+            out.append(Saved("softmax output, 16-bit", e * a * seq, TP, core=True))
+    out.append(Saved("dense input (contiguous)", e * q, TP))
+    if model.dropout:
+        out += [Saved("post_attention_dropout mask", 1.0 * h, SP), Saved("post_mlp_dropout mask", 1.0 * h, SP)]
+    out += [Saved("gelu input (dense_h_to_4h output)", e * w, TP),
+            Saved("dense_4h_to_h input (gelu output)", e * w, TP)]
+    return out
+
+
 def megatron_saved(model: ModelSpec, training: Training, seq: float) -> list[Saved]:
     """What one Megatron block saves for backward, per token, with `seq` keys per query (the attention
     scores per token). Megatron-LM's kernels: fused SwiGLU saves the [gate|up] fc1 output (2f)
@@ -126,6 +227,34 @@ def megatron_saved(model: ModelSpec, training: Training, seq: float) -> list[Sav
     return out
 
 
+def torchtitan_llama_saved(model: ModelSpec, training: Training) -> list[Saved]:
+    """torchtitan 0.3.0 Llama3TransformerBlock (models/llama3/model.py) as it runs on CUDA without
+    activation checkpointing, per token: 8h + 4q + 4kv + 8a + 8f + 8 bytes in bf16 (TP 1).
+    nn.RMSNorm is torch's fused rms_norm on CUDA, which keeps its input and an fp32 rstd per row
+    (torch 2.13 derivatives.yaml _fused_rms_norm -> _fused_rms_norm_backward(grad, input, rstd));
+    the fused wqkv (common/attention.py FusedQKVLinear) and w1/w3 keep the norm output, all-gathered
+    whole on every TP rank under SP (models/llama3/sharding.py: Replicate before the linears);
+    ComplexRoPE multiplies by its cache buffer and keeps nothing of its own; FlexAttention keeps
+    q, k, v, its output (wo's input: .contiguous() of it is a view) and the fp32 logsumexp and
+    max_scores per head; FeedForward w2(silu(w1 x) * w3 x) is eager: w1's output, silu's output,
+    w3's output and their product (common/feed_forward.py). Counted on torchtitan's own block
+    (tests/test_activations_real.py, with the CPU-only RMSNorm decomposition translated)."""
+    e = training.precision.element_bytes
+    h, q, kv, a, w = model.hidden, model.q_width, model.kv_width, model.heads, model.mlp_width_per_token
+    norm = [Saved("attention norm input", e * h, SP), Saved("attention norm rstd (fp32)", 4.0, SP),
+            Saved("wqkv input (norm output)", e * h, WHOLE)]
+    if model.qk_norm:  # torchtitan qwen3: q_norm / k_norm (nn.RMSNorm over the head width): input and rstd per head
+        norm += [Saved("q norm input", e * q, TP), Saved("q norm rstd (fp32)", 4.0 * a, TP),
+                 Saved("k norm input", e * kv, TP), Saved("k norm rstd (fp32)", 4.0 * model.kv_heads, TP)]
+    attention = [Saved("q after rotary", e * q, TP), Saved("k after rotary", e * kv, TP), Saved("v", e * kv, TP),
+                 Saved("flex output (wo input)", e * q, TP), Saved("flex logsumexp (fp32)", 4.0 * a, TP, core=True),
+                 Saved("flex max_scores (fp32)", 4.0 * a, TP, core=True)]
+    mlp = [Saved("ffn norm input", e * h, SP), Saved("ffn norm rstd (fp32)", 4.0, SP),
+           Saved("w1/w3 input (norm output)", e * h, WHOLE)]
+    mlp += [Saved(name, e * w, TP) for name in ("w1 output", "silu output", "w3 output", "w2 input")]
+    return norm + attention + mlp
+
+
 def layer_bytes(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
     """(every saved tensor, without the attention core, the block input alone) bytes of one block
     for one micro-batch on one rank: what no, selective and full recompute keep."""
@@ -135,11 +264,17 @@ def layer_bytes(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
     sp = np.where(lay.sequence_parallel > 0, t, 1.0)
     whole, stored = 0.0, 0.0
     for x in saved_tensors(model, training, s):
-        part = tokens * x.bytes_per_token / (t if x.split == TP else sp)
+        part = tokens * x.bytes_per_token / {TP: t, SP: sp, WHOLE: 1.0}[x.split]
         whole = whole + part
         stored = stored + (0.0 if x.core else part)
-    layer_input = tokens * training.precision.element_bytes * model.hidden / sp  # all full recompute keeps
-    return whole, stored, layer_input / checkpoint_partitions(training, lay)
+    return whole, stored, boundary_bytes(model, training, lay) / checkpoint_partitions(training, lay)
+
+
+def boundary_bytes(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
+    """One micro-batch's hidden states on one rank (split by t under SP): a block's input, all full
+    recompute keeps of it, and what a pipeline stage sends to the next."""
+    tokens = training.seq_len / lay.cp * lay.mbs
+    return tokens * training.precision.element_bytes * model.hidden / np.where(lay.sequence_parallel > 0, lay.tp, 1.0)
 
 
 def checkpoint_partitions(training: Training, lay: Layouts) -> np.ndarray:
@@ -252,6 +387,9 @@ def head_input_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) 
     e, h = training.precision.element_bytes, model.hidden
     if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "llama":
         per_token = sum(x.bytes_per_token for x in hf_rms_norm_saved(e, h, "final")) + e * h
+    elif training.engine.modules is Modules.HUGGING_FACE and model.architecture in ("gpt2", "gpt_neox"):
+        # GPT2Model ln_f / GPTNeoXModel final_layer_norm (nn.LayerNorm) and lm_head's input (transformers 5)
+        per_token = sum(x.bytes_per_token for x in hf_layer_norm_saved(e, h, "final norm")) + e * h
     else:
         per_token = 2 * e * h
     return (stage == lay.pp - 1) * tokens * per_token / sp
@@ -280,10 +418,12 @@ def stage_host_activation_bytes(model: ModelSpec, training: Training, lay: Layou
 
 def stage_activation_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
     """Activation bytes on one rank of `stage` at its backward peak: what each block keeps, times
-    its blocks and the micro-batches in flight, plus the recompute working set and the
-    first/last-stage extras."""
+    its blocks and the micro-batches in flight, the engine's pipeline receive buffers, plus the
+    recompute working set and the first/last-stage extras."""
     n_layers = layers_on_stage(model.layers, lay.pp, stage, training.engine.pipeline_edge_layers)
     in_flight = microbatches_in_flight(lay.pp, lay.vpp, lay.gas, lay.schedule, stage)
     kept = kept_bytes(model, training, lay, n_layers) * in_flight
+    if training.engine.pipeline_p2p_buffers:
+        kept = kept + p2p_buffers(lay.pp, lay.vpp, lay.gas, lay.schedule, stage) * boundary_bytes(model, training, lay)
     return (kept + recompute_working_bytes(model, training, lay)
             + embedding_dropout_bytes(model, training, lay, stage) + head_input_bytes(model, training, lay, stage))

@@ -97,6 +97,10 @@ class Engine:
     the micro-batches, reduced once after the schedule (torch.distributed.pipelining stage.py
     backward_maybe_with_nosync: set_requires_gradient_sync(False), set_reshard_after_backward(False);
     perform_reduce_grad after the last backward)."""
+    pipeline_p2p_buffers: bool
+    """Its pipeline stages keep a receive buffer per micro-batch for activations and one for their
+    gradients, made once and kept (torch 2.13 torch/distributed/pipelining/stage.py
+    PipelineStage._setup_forward_recv_info, _create_grad_recv_info; pipeline.p2p_buffers)."""
     offload_devices: tuple
     """Devices optimizer states (and ZeRO-3 parameters) can be offloaded to."""
     offload_together: bool
@@ -192,6 +196,7 @@ _DS_COMMON = dict(
     pipeline_schedules=(Schedule.ONE_F_ONE_B,),
     pipeline_edge_layers=0,
     pipeline_defers_grad_reduction=False,  # pipe/engine.py reduces after the schedule, counted as ZeRO-0/1 grads
+    pipeline_p2p_buffers=False,  # pipe/schedule.py TrainSchedule.num_pipe_buffers: min(p - i, m), the in-flight ones
     # runtime/zero/offload_config.py: offload_optimizer device cpu|nvme (stages 1-3), offload_param stage 3
     offload_devices=(Offload.CPU, Offload.NVME),
     offload_together=False,
@@ -256,6 +261,7 @@ MEGATRON = Engine(
     pipeline_schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE),
     pipeline_edge_layers=0,  # account_for_embedding_in_pipeline_split is off by default
     pipeline_defers_grad_reduction=False,  # Megatron's grad buffer is full-size anyway
+    pipeline_p2p_buffers=False,  # p2p_communication.py allocates each received tensor when it arrives
     offload_devices=(),
     offload_together=False,
     buffers=Buffers.NONE,
@@ -307,6 +313,7 @@ FSDP = Engine(
     pipeline_schedules=(),
     pipeline_edge_layers=0,
     pipeline_defers_grad_reduction=False,
+    pipeline_p2p_buffers=False,
     # torch/distributed/fsdp/_fully_shard/_fsdp_api.py CPUOffloadPolicy: params, grads and the
     # optimizer step on the CPU together; no NVMe
     offload_devices=(Offload.CPU,),
@@ -356,6 +363,7 @@ TORCHTITAN = replace(
     pipeline_schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE, Schedule.ZB_H1),
     pipeline_edge_layers=1,
     pipeline_defers_grad_reduction=True,
+    pipeline_p2p_buffers=True,
     # models/llama3: separate wq, wk, wv and w1, w3, w2 (fused_gemms False as Hugging Face's); no
     # torch.compile by default (CompileConfig.enable = False), so elementwise kernels run eagerly
     modules=Modules.TORCHTITAN,

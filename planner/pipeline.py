@@ -47,6 +47,18 @@ def microbatches_in_flight(pp, vpp, gas, schedule, stage) -> np.ndarray:
     return np.select([schedule == Schedule.INTERLEAVED, schedule == Schedule.GPIPE], [interleaved, gas], one_f_one_b)
 
 
+def p2p_buffers(pp, vpp, gas, schedule, stage) -> np.ndarray:
+    """Receive buffers (one micro-batch's stage-boundary hidden states each) a rank of `stage` keeps
+    for the engine's life under torch.distributed.pipelining (Engine.pipeline_p2p_buffers): per
+    model chunk, m for activations unless the chunk is the first stage of the whole pipeline and m
+    for their gradients unless it is the last (torch 2.13 stage.py PipelineStage
+    _setup_forward_recv_info and _create_grad_recv_info: one _make_tensor_from_meta buffer per
+    micro-batch, made at the first step; counted on the engine's own stages in
+    tests/test_torch_pipelining_real.py)."""
+    v = chunks_per_stage(vpp, schedule)
+    return np.where(pp > 1, gas * ((v - (stage == 0)) + (v - (stage == pp - 1))), 0)
+
+
 def chunks_per_stage(vpp, schedule) -> np.ndarray:
     """Model chunks per pipeline rank the schedule interleaves (1 unless interleaved)."""
     return np.where(schedule == Schedule.INTERLEAVED, vpp, 1)

@@ -77,9 +77,11 @@ def test_torchtitan_op_sac_keeps_inputs_and_every_other_matmul():
     per_token = 2 * 4096 + 2 * (4096 + 2 * 1024) + 2 * 4096 + 8 * 32 + 2 * 14336 + 2 * 4096  # 65,792 B
     kept = activations.kept_per_layer(m, training, layout.single(recompute="selective"))[0]
     assert kept == 8192 * per_token
-    # no recompute keeps norms' and projections' inputs, q k v, attention output, [gate|up] and fc2 input
+    # no recompute (torchtitan's eager block, counted in tests/test_activations_real.py): two norm inputs and
+    # their fp32 rstd, the norm outputs wqkv and w1/w3 read, q k v, the attention output with its 8a,
+    # and w1's, silu's, w3's outputs and w2's input: 8h + 4q + 4kv + 8a + 8f + 8 = 168,200 B/token
     whole = activations.kept_per_layer(m, training, layout.single(recompute="none"))[0]
-    assert whole == 8192 * (8 * 4096 + 2 * (2 * 4096 + 2 * 1024) + 3 * 2 * 14336 + 4 * 32)  # 139,392 B/token
+    assert whole == 8192 * (8 * 4096 + 4 * 4096 + 4 * 1024 + 8 * 32 + 8 * 14336 + 8)
 
 
 def test_torchtitan_chunked_loss_holds_one_chunk_of_logits():
@@ -119,3 +121,20 @@ def test_recommend_with_the_torchtitan_engine():
     d = json.loads(out.getvalue())
     assert d["assumptions"]["engine"] == "torchtitan" and d["layouts"]
     assert all(r["memory"]["fits"] and r["layout"]["zero"] in (0, 2, 3) for r in d["layouts"])
+
+
+def test_torchtitan_pipeline_keeps_receive_buffers_per_microbatch():
+    # torch.distributed.pipelining PipelineStage: a middle stage of 4 keeps m activation and m gradient
+    # receive buffers (counted on the real engine in tests/test_torch_pipelining_real.py). Llama-3-8B,
+    # s 8192, mbs 1, bf16: a boundary tensor is 8192 x 4096 x 2 = 64 MiB; m 16: 32 x 64 MiB = 2 GiB
+    from dataclasses import replace
+
+    m = lookup("llama-3-8b")
+    lay = layout.single(pp=4, gas=16, recompute="full")
+    titan = layout.Training(seq_len=8192, engine="torchtitan")
+    without = layout.Training(seq_len=8192, engine=replace(TORCHTITAN, pipeline_p2p_buffers=False))
+    extra = activations.stage_activation_bytes(m, titan, lay, 1)[0] - activations.stage_activation_bytes(m, without, lay, 1)[0]
+    assert extra == 32 * 64 * 2**20
+    # the first stage receives gradients only: 16 x 64 MiB
+    first = activations.stage_activation_bytes(m, titan, lay, 0)[0] - activations.stage_activation_bytes(m, without, lay, 0)[0]
+    assert first == 16 * 64 * 2**20
