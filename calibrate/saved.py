@@ -83,15 +83,24 @@ def hf_layer_bytes(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat16
 
 def transient_peak_bytes(fn) -> int:
     """Peak, above what was live before, of the bytes allocated while `fn` runs on the CPU:
-    torch.profiler(profile_memory=True) records each op's own allocations and frees
-    (self_cpu_memory_usage, signed); their running sum in time order peaks at the step's peak."""
+    torch.profiler(profile_memory=True) records every allocation and free as an Allocation event
+    with its own timestamp (signed alloc_size); their running sum in time order peaks at the step's
+    peak. (Summing each op's self_cpu_memory_usage at the op's start instead misplaces a free made
+    between ops, e.g. a tensor dropped in Python, at the start of the op that encloses it: on
+    torch.distributed.pipelining's Schedule1F1B that read 3.19 micro-batches held where 2 were.)"""
+    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    events = sorted((e for e in prof.events() if e.self_cpu_memory_usage), key=lambda e: e.time_range.start)
+    todo, events = list(prof.profiler.kineto_results.experimental_event_tree()), []
+    while todo:
+        e = todo.pop()
+        todo.extend(e.children)
+        if e.tag == _EventType.Allocation:
+            events.append((e.start_time_ns, e.extra_fields.alloc_size))
     live = peak = 0
-    for e in events:
-        live += e.self_cpu_memory_usage
+    for _, size in sorted(events):
+        live += size
         peak = max(peak, live)
     return peak

@@ -8,12 +8,10 @@ Each rank measures, for every schedule and micro-batch count m:
                the user's batch or the stage's persistent receive buffer) plus the chunk's output,
                which the stage keeps in its fwd_cache until that micro-batch's backward;
   peak_bytes   the peak, above what was live before, of the bytes allocated during one full
-               schedule.step() (second step, so receive buffers and .grad already exist): on a CPU
-               live_peak_bytes below, on a GPU torch.cuda.max_memory_allocated; self_peak_bytes is
-               calibrate.saved.transient_peak_bytes of the same step, kept for comparison (it puts
-               Schedule1F1B's stage 0 one micro-batch too high, see live_peak_bytes);
+               schedule.step() (second step, so the receive buffers already exist): on a CPU
+               calibrate.saved.transient_peak_bytes, on a GPU torch.cuda.max_memory_allocated;
   p2p_bytes    what the stages keep for point-to-point transfers after the step: receive
-               buffers per micro-batch and the received inputs' gradients (p2p_buffer_bytes);
+               buffers per micro-batch and any gradient on them (p2p_buffer_bytes);
   held_max     the most micro-batches the engine itself keeps: after every forward_one_chunk /
                backward_one_chunk, the entries of each local stage's fwd_cache (forwards whose
                backward has not run) times that chunk's share of the rank's layers.
@@ -61,34 +59,9 @@ def chunk_bytes(module: torch.nn.Module, first: bool, dev) -> int:
     return c.total_bytes + (0 if ptr in c.saved else out.untyped_storage().nbytes())
 
 
-def live_peak_bytes(fn) -> int:
-    """Peak, above what was live before, of the CPU allocator's live bytes while `fn` runs: every
-    allocation and free the profiler records (its Allocation events, with their own timestamps),
-    summed in time order. transient_peak_bytes sums each event's self memory at the event's start,
-    so a free made between ops (a block's up-projection output, dropped in Python after the ReLU)
-    counts at the start of whatever event encloses it, not when it happens: on Schedule1F1B's
-    stage 0 it reads 3.19 micro-batches where the engine holds 2; here each free counts in time."""
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    todo, events = list(prof.profiler.kineto_results.experimental_event_tree()), []
-    while todo:
-        e = todo.pop()
-        todo.extend(e.children)
-        if e.tag == _EventType.Allocation:
-            events.append((e.start_time_ns, e.extra_fields.alloc_size))
-    live = peak = 0
-    for _, size in sorted(events):
-        live += size
-        peak = max(peak, live)
-    return peak
-
-
 def peak_above_start(fn, dev) -> int:
     if dev.type != "cuda":
-        return live_peak_bytes(fn)
+        return transient_peak_bytes(fn)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     start = torch.cuda.memory_allocated()
@@ -142,10 +115,9 @@ def run(name: str, m: int, dev) -> dict:
     p2p = p2p_buffer_bytes(stages)
     for s in stages:
         s.clear_runtime_states()
-    self_peak = transient_peak_bytes(step) if dev.type != "cuda" else None  # for comparison only
     dist.barrier()
     return {"schedule": name, "m": m, "stages": indices, "unit_bytes": unit, "peak_bytes": peak,
-            "held_max": held, "self_peak_bytes": self_peak, "p2p_bytes": p2p, "boundary_bytes": TOKENS * WIDTH * 4}
+            "held_max": held, "p2p_bytes": p2p, "boundary_bytes": TOKENS * WIDTH * 4}
 
 
 def p2p_buffer_bytes(stages) -> int:

@@ -14,7 +14,7 @@ from functools import lru_cache
 import numpy as np
 
 from planner import activations as A
-from planner.engines import Buffers
+from planner.engines import Buffers, Modules
 from planner.grouping import Lazy, grouped
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
@@ -286,9 +286,17 @@ def _states_part(model, cluster, training, lay, where) -> dict:
             "cpu_per_node": host_bytes(model, training, lay, stage) * min(cluster.gpus_per_node, cluster.num_gpus)}
 
 
+def loss_bytes_per_logit(training: Training, coef: dict) -> float:
+    """Peak bytes per logit of the engine's loss: Megatron's own VocabParallelCrossEntropy
+    (logits_bytes_per_element), else aten cross_entropy on fp32 logits, which transformers'
+    ForCausalLMLoss and torchtitan's cross_entropy_loss call (aten_cross_entropy_bytes_per_logit)."""
+    megatron = training.engine.modules is Modules.MEGATRON
+    return coef["logits_bytes_per_element" if megatron else "aten_cross_entropy_bytes_per_logit"]
+
+
 def _activation_part(model, training, lay, where, coef) -> dict:
     stage = _stage(where, lay)
-    logits = np.ceil(A.logits_bytes(model, training, lay, stage, coef["logits_bytes_per_element"]))
+    logits = np.ceil(A.logits_bytes(model, training, lay, stage, loss_bytes_per_logit(training, coef)))
     acts = np.ceil(A.stage_activation_bytes(model, training, lay, stage))
     return {"activations": acts, "logits": logits, "total": acts + logits,
             "host": A.stage_host_activation_bytes(model, training, lay, stage)}

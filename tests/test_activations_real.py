@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from calibrate.saved import hf_layer_bytes, hf_saved_bytes  # noqa: E402
-from planner import activations, layout  # noqa: E402
+from planner import activations, layout, memory  # noqa: E402
 from planner.hf_config import from_hf_config  # noqa: E402
 
 BASE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=176, head_dim=16)
@@ -120,9 +120,11 @@ def test_final_norm_and_head_input():
 @pytest.mark.parametrize("layers, vocab", [(1, 8192), (3, 8192), (1, 2048)])
 def test_step_peak_is_activations_plus_logits(layers, vocab):
     """The transient peak of one forward+backward of LlamaForCausalLM (torch.profiler allocation
-    events; gradients preallocated by the step before) against the planner's activations of the
-    stage plus its logits at 10 bytes per vocabulary element (16-bit logits, their fp32 copy in
-    transformers' ForCausalLMLoss, the fp32 log-softmax cross_entropy keeps)."""
+    events in time order; gradients preallocated by the step before) against the planner's
+    activations of the stage plus its logits at the engine's loss peak: 12 bytes per vocabulary
+    element, in cross_entropy's backward (_log_softmax_backward_data), where log_softmax's saved
+    fp32 output, nll_loss_backward's fp32 gradient and the fp32 result are live together; the
+    forward's 16-bit logits and fp32 copy (10 B with the saved output) are gone by then."""
     from calibrate.saved import transient_peak_bytes
 
     cfg = {**hf_config(layers, "sdpa", {}), "vocab_size": vocab}
@@ -138,9 +140,11 @@ def test_step_peak_is_activations_plus_logits(layers, vocab):
     spec = from_hf_config(cfg)
     training = layout.Training(seq_len=64, engine="deepspeed")
     lay = layout.single(mbs=2)
+    per_logit = memory.loss_bytes_per_logit(training, memory.coefficients("memory"))
+    assert per_logit == 12
     predicted = activations.stage_activation_bytes(spec, training, lay, 0)[0] \
-        + activations.logits_bytes(spec, training, lay, 0, 10)[0]
-    # e.g. 1 layer, V 8192: 128 tokens x (10 x 8192 logits + 2,840 layer + 516 head) = 10.9 MB
+        + activations.logits_bytes(spec, training, lay, 0, per_logit)[0]
+    # e.g. 1 layer, V 8192: 128 tokens x (12 x 8192 logits + 2,840 layer + 516 head) = 13.0 MB
     assert measured == pytest.approx(predicted, rel=0.02)
 
 

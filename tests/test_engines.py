@@ -85,15 +85,17 @@ def test_torchtitan_op_sac_keeps_inputs_and_every_other_matmul():
 
 
 def test_torchtitan_chunked_loss_holds_one_chunk_of_logits():
-    # components/loss.py ChunkedLossWrapper, 8 chunks: one chunk's logits (bf16, fp32 copy, fp32
-    # log-softmax: 10 B per logit) and a [B, L, D] fp32 gradient buffer, vs Megatron's whole micro-batch
+    # components/loss.py ChunkedLossWrapper, 8 chunks: one chunk's logits at aten cross_entropy's
+    # backward peak (12 B per logit, measured in tests/test_activations_real.py) and a [B, L, D] fp32
+    # gradient buffer, vs Megatron's whole micro-batch at VocabParallelCrossEntropy's 10 B
     m = lookup("llama-3-8b")
     lay = layout.single()
-    coef = memory.coefficients("memory")["logits_bytes_per_element"]
-    tt = activations.logits_bytes(m, layout.Training(seq_len=8192, engine="torchtitan"), lay, np.zeros(1), coef)[0]
-    mg = activations.logits_bytes(m, layout.Training(seq_len=8192, engine="megatron"), lay, np.zeros(1), coef)[0]
+    coef = memory.coefficients("memory")
+    titan, megatron = layout.Training(seq_len=8192, engine="torchtitan"), layout.Training(seq_len=8192, engine="megatron")
+    tt = activations.logits_bytes(m, titan, lay, np.zeros(1), memory.loss_bytes_per_logit(titan, coef))[0]
+    mg = activations.logits_bytes(m, megatron, lay, np.zeros(1), memory.loss_bytes_per_logit(megatron, coef))[0]
     assert mg == 10 * 8192 * 128256
-    assert tt == 10 * 8192 * 128256 / 8 + 4 * 8192 * 4096
+    assert tt == 12 * 8192 * 128256 / 8 + 4 * 8192 * 4096
 
 
 def test_torchtitan_pipeline_keeps_gradients_unsharded_until_the_schedule_ends():
