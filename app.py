@@ -170,9 +170,11 @@ def manual_layout_from_sidebar() -> dict:
     lay["mbs"] = int(sb.number_input("Micro-batch", 1, 4096, 1, key="man_mbs"))
     lay["recompute"] = sb.selectbox("Recompute", ("none", "selective", "full"), key="man_recompute")
     if lay["recompute"] == "full":
-        layers = int(sb.number_input("Layers recomputed per chunk (0: all; Megatron block method)", 0, 16384, 0,
+        layers = int(sb.number_input("Recompute layers N (0: every layer, one checkpoint each)", 0, 16384, 0,
                                      key="man_recompute_layers"))
         lay["recompute_layers"] = layers or None
+        if layers:  # Megatron --recompute-method: the first N layers of each chunk, or checkpoints of N layers
+            lay["recompute_method"] = sb.selectbox("Recompute method", ("block", "uniform"), key="man_recompute_method")
     lay["sequence_parallel"] = sb.checkbox("Sequence parallel", False, key="man_sp")
     schedule = sb.selectbox("Schedule", ("default", *Schedule.words()), key="man_schedule")
     if schedule != "default":

@@ -8,7 +8,8 @@ the fused QKV output, softmax, attention dropout, bmm with the value view), line
 add, pre-MLP LayerNorm, linear_fc1, GeLU, linear_fc2, bias-dropout-add. The causal mask is a
 constant that the CUDA kernel (fused_softmax.py ScaledUpperTriangMaskedSoftmax) never saves: leave it
 out of the count. Full recompute runs as transformer/transformer_block.py _checkpointed_forward does:
-a reentrant checkpoint (tensor_parallel.checkpoint) around each of the first N layers ('block').
+a reentrant checkpoint (tensor_parallel.checkpoint) around each of the first N layers ('block'), or
+around every group of N consecutive layers ('uniform').
 """
 
 from __future__ import annotations
@@ -51,6 +52,49 @@ class MegatronStyleBlock(nn.Module):
         return x + drop(mlp, self.dropout, self.training)
 
 
+def _blocks(layers, seq, batch, hidden, heads, ffn, dropout, dtype):
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(MegatronStyleBlock(hidden, heads, ffn, dropout) for _ in range(layers)).to(dtype).train()
+    causal = torch.ones(seq, seq, dtype=torch.bool).triu(1)
+    x = torch.randn(seq, batch, hidden, dtype=dtype, requires_grad=True)
+    return blocks, causal, x
+
+
+def uniform_forward(blocks, causal, x, group: int):
+    """_checkpointed_forward 'uniform': checkpoint_handler(custom(l, l + N)) for l = 0, N, 2N, ..."""
+    from torch.utils.checkpoint import checkpoint
+
+    def run(start, end):
+        def custom(h):
+            for block in blocks[start:end]:
+                h = block(h, causal)
+            return h
+        return custom
+
+    h = x
+    for start in range(0, len(blocks), group):
+        h = checkpoint(run(start, start + group), h, use_reentrant=True)
+    return h
+
+
+def uniform_method_bytes(layers: int, group: int, seq: int, batch: int, hidden: int, heads: int, ffn: int,
+                         dropout: float = 0.1, dtype=torch.bfloat16) -> tuple:
+    """(bytes kept for backward after the forward, peak bytes above the start of one forward +
+    backward) of `layers` Megatron-style blocks under --recompute-method uniform with `group`
+    layers per checkpoint."""
+    from calibrate.saved import counting, transient_peak_bytes
+
+    blocks, causal, x = _blocks(layers, seq, batch, hidden, heads, ffn, dropout, dtype)
+    with counting([*blocks.parameters(), causal]) as c:
+        uniform_forward(blocks, causal, x, group)
+
+    def step():
+        uniform_forward(blocks, causal, x, group).float().sum().backward()
+
+    step()  # parameter gradients exist from here on, as in training
+    return c.total_bytes, transient_peak_bytes(step)
+
+
 def block_method_saved_bytes(layers: int, recomputed: int, seq: int, batch: int, hidden: int, heads: int, ffn: int,
                              dropout: float = 0.1, dtype=torch.bfloat16) -> int:
     """Bytes `layers` Megatron-style blocks keep for backward in one forward when the first
@@ -59,10 +103,7 @@ def block_method_saved_bytes(layers: int, recomputed: int, seq: int, batch: int,
 
     from calibrate.saved import counting
 
-    torch.manual_seed(0)
-    blocks = nn.ModuleList(MegatronStyleBlock(hidden, heads, ffn, dropout) for _ in range(layers)).to(dtype).train()
-    causal = torch.ones(seq, seq, dtype=torch.bool).triu(1)
-    x = torch.randn(seq, batch, hidden, dtype=dtype, requires_grad=True)
+    blocks, causal, x = _blocks(layers, seq, batch, hidden, heads, ffn, dropout, dtype)
     with counting([*blocks.parameters(), causal]) as c:
         h = x
         for i, block in enumerate(blocks):

@@ -16,7 +16,7 @@ import numpy as np
 from planner.engines import Modules, SelectivePolicy
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
-from planner.options import Recompute
+from planner.options import Recompute, RecomputeMethod
 from planner.pipeline import layers_on_stage, microbatches_in_flight, p2p_buffers
 
 # how a saved tensor divides over the TP ranks
@@ -70,7 +70,7 @@ def hf_llama_saved(model: ModelSpec, training: Training, seq: float) -> list[Sav
     and an fp32 log-sum-exp per head (aten _scaled_dot_product_flash_attention, CUDA and CPU alike);
     eager attention (eager_attention_forward) keeps q, k and v repeated to all heads, the fp32
     softmax and its 16-bit cast, and o_proj's contiguous input. LlamaMLP keeps gate, up, act(gate)
-    and down's input."""
+    and down's input (8f); a sparse MoE block (experts > 1) keeps what hf_moe_mlp_saved lists."""
     e = training.precision.element_bytes
     h, q, kv, a = model.hidden, model.q_width, model.kv_width, model.heads
     out = hf_rms_norm_saved(e, h, "attention") + [Saved("q/k/v input (norm output)", e * h, SP)]
@@ -89,9 +89,57 @@ def hf_llama_saved(model: ModelSpec, training: Training, seq: float) -> list[Sav
                 Saved("softmax output (fp32)", 4.0 * a * seq, TP, core=True),
                 Saved("softmax output, 16-bit", e * a * seq, TP, core=True),
                 Saved("o_proj input (contiguous)", e * q, TP)]
-    w = model.mlp_width_per_token  # top-k routed experts (and a shared one) per token
     out += hf_rms_norm_saved(e, h, "mlp") + [Saved("gate/up input (norm output)", e * h, SP)]
-    out += [Saved(name, e * w, TP) for name in ("gate output", "up output", "act(gate)", "down input")]
+    if model.experts > 1:  # the sparse MoE block in place of LlamaMLP
+        return out + hf_moe_mlp_saved(model, training)
+    out += [Saved(name, e * model.ffn, TP) for name in ("gate output", "up output", "act(gate)", "down input")]
+    return out
+
+
+def hf_moe_mlp_saved(model: ModelSpec, training: Training) -> list[Saved]:
+    """transformers 5.25 sparse MoE blocks beyond their input (the post-attention norm output, which
+    the router, the shared expert and its gate read): MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock
+    and Qwen3MoeSparseMoeBlock (models/*/modeling_*.py) with their TopKRouter and the stacked Experts
+    run by the default experts_implementation 'grouped_mm' (modeling_utils.py
+    get_correct_experts_implementation; integrations/moe.py grouped_mm_experts_forward: the k T
+    (token, expert) pairs sorted by expert, one grouped_mm for gate_up_proj and one for down_proj),
+    counted with saved_tensors_hooks (tests/test_activations_real.py), per token, bf16:
+    4E + 32k + 4kh + 8kf (+ 4k + 4 where the top-k weights are renormalized) + 4k (Mixtral: fp32
+    routing weights) or 2k (Qwen: cast to bf16) + with a shared expert fs wide 8fs + 2h + 2 bytes.
+    Every row count is k T whatever the routing (grouped_mm's offsets, 4E bytes per layer, are
+    left out). The config's output_router_logits is off by default, and the router logits are
+    then saved by nothing. Which router: Mixtral (router_first, no shared expert) always
+    renormalizes and keeps fp32 routing weights; Qwen routers cast them to the 16-bit dtype and
+    renormalize under norm_topk_prob, which ModelSpec does not carry: taken on for Qwen3-MoE (its
+    checkpoints set it; its config default is off: 4k + 4 bytes less) and off for Qwen2-MoE.
+    Splits: the engines running these modules have no TP; expert intermediates are marked TP like
+    the dense MLP's, the h-, E- and k-wide tensors SP like the norm region's."""
+    e = training.precision.element_bytes
+    h, n, k, f, fs = model.hidden, model.experts, model.experts_per_token, model.ffn, model.shared_expert_ffn
+    mixtral = model.router_first and not fs
+    renormalized = mixtral or not model.router_first
+    # MixtralTopKRouter.forward softmax(router_logits.float()); Qwen2Moe/Qwen3MoeTopKRouter softmax(dtype=float)
+    out = [Saved("router softmax output, fp32", 4.0 * n, SP),
+           Saved("router top-k indices, int64 (torch.topk)", 8.0 * k, SP)]  # same TopKRouter.forward
+    if renormalized:  # TopKRouter.forward router_top_value /= sum: div_ keeps a clone of its input and the sum
+        out += [Saved("top-k weights before the in-place div, fp32", 4.0 * k, SP),
+                Saved("top-k weights' sum, fp32", 4.0, SP)]
+    # integrations/moe.py grouped_mm_experts_forward: hidden_states[perm // k], sample_weights[perm],
+    # weighted_out[inv_perm] keep their int64 indices; the gathered tokens feed grouped_mm
+    out += [Saved("token of each sorted (token, expert) pair, int64", 8.0 * k, SP),
+            Saved("sort permutation, int64", 8.0 * k, SP), Saved("inverse permutation, int64", 8.0 * k, SP),
+            Saved("tokens gathered to their experts (gate_up input)", e * k * h, SP)]
+    # grouped_mm_experts_forward: gate_up grouped_mm output (_default_apply_gate chunks it: silu keeps
+    # gate, the product keeps up, both views of it), act(gate), act(gate) * up (down_proj's input)
+    out += [Saved("experts' gate_up output", e * 2 * k * f, TP), Saved("experts' act(gate)", e * k * f, TP),
+            Saved("experts' down input", e * k * f, TP)]
+    # grouped_mm_experts_forward: proj_out * sample_weights_g keeps both (Mixtral's stay fp32)
+    out += [Saved("experts' down output", e * k * h, SP),
+            Saved("routing weights of the sorted pairs", (4.0 if mixtral else e) * k, SP)]
+    if fs:  # Qwen2MoeSparseMoeBlock.forward: Qwen2MoeMLP shared_expert, sigmoid(shared_expert_gate(x)) * it
+        out += [Saved(name, e * fs, TP) for name in ("shared gate output", "shared up output",
+                                                     "shared act(gate)", "shared down input")]
+        out += [Saved("shared expert output", e * h, SP), Saved("shared_expert_gate sigmoid output", e, SP)]
     return out
 
 
@@ -333,20 +381,34 @@ def kept_per_layer(model: ModelSpec, training: Training, lay: Layouts, recompute
 
 
 def recomputed_layers(lay: Layouts, n_layers, chunks) -> np.ndarray:
-    """Of `n_layers` in `chunks` model chunks, those run under full recompute: every one, or the
-    first recompute_layers of each chunk (megatron-core 0.16.1 transformer/transformer_block.py
-    TransformerBlock._checkpointed_forward, recompute_method 'block': each TransformerBlock is one
-    pipeline stage's chunk); none under the other policies."""
+    """Of `n_layers` in `chunks` model chunks, those run under full recompute: every one, or with
+    the block method the first recompute_layers of each chunk (megatron-core 0.16.1
+    transformer/transformer_block.py TransformerBlock._checkpointed_forward: each TransformerBlock
+    is one pipeline stage's chunk); none under the other policies."""
+    block = (lay.recompute_layers > 0) & (lay.recompute_method == RecomputeMethod.BLOCK)
     some = np.minimum(lay.recompute_layers * chunks, n_layers)
-    return np.where(lay.recompute == Recompute.FULL, np.where(lay.recompute_layers > 0, some, n_layers), 0)
+    return np.where(lay.recompute == Recompute.FULL, np.where(block, some, n_layers), 0)
+
+
+def checkpoints(lay: Layouts, n_layers, chunks) -> np.ndarray:
+    """Checkpointed inputs `n_layers` blocks in `chunks` model chunks keep under full recompute:
+    one per recomputed layer, or with the uniform method one per group of recompute_layers layers
+    of a chunk (_checkpointed_forward 'uniform': checkpoint_handler(custom(l, l + N)) from l = 0
+    in steps of N, the last group possibly shorter)."""
+    uniform = (lay.recompute_layers > 0) & (lay.recompute_method == RecomputeMethod.UNIFORM)
+    per_chunk = np.ceil(n_layers / np.maximum(chunks, 1))
+    groups = chunks * np.ceil(per_chunk / np.maximum(lay.recompute_layers, 1))
+    return np.where(uniform & (lay.recompute == Recompute.FULL), groups, recomputed_layers(lay, n_layers, chunks))
 
 
 def kept_bytes(model: ModelSpec, training: Training, lay: Layouts, n_layers) -> np.ndarray:
     """What `n_layers` blocks of a stage keep for backward per micro-batch: each what the policy
     keeps, except the layers that full recompute skips under --recompute-layers, which keep all."""
     whole = layer_bytes(model, training, lay)[0]
-    policy_layers = np.where(lay.recompute == Recompute.FULL, recomputed_layers(lay, n_layers, lay.vpp), n_layers)
-    return policy_layers * kept_per_layer(model, training, lay) + (n_layers - policy_layers) * whole \
+    full = lay.recompute == Recompute.FULL
+    policy_layers = np.where(full, recomputed_layers(lay, n_layers, lay.vpp), n_layers)
+    kept = np.where(full, checkpoints(lay, n_layers, lay.vpp), policy_layers)  # one input per checkpoint
+    return kept * kept_per_layer(model, training, lay) + (n_layers - policy_layers) * whole \
         - host_checkpoint_bytes(model, training, lay, n_layers)
 
 
@@ -355,16 +417,19 @@ def host_checkpoint_bytes(model: ModelSpec, training: Training, lay: Layouts, n_
     (checkpoints_on_host), per micro-batch."""
     if not checkpoints_on_host(training):
         return 0.0 * lay.tp
-    return recomputed_layers(lay, n_layers, lay.vpp) * layer_bytes(model, training, lay)[2]
+    return checkpoints(lay, n_layers, lay.vpp) * layer_bytes(model, training, lay)[2]
 
 
 def recompute_working_bytes(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
-    """Recomputation in backward materialises, for one block and micro-batch at a time, what it
-    dropped: the whole block under full recompute, what selective recompute did not keep."""
+    """Recomputation in backward materialises, for one checkpoint and micro-batch at a time, what it
+    dropped: the whole block under full recompute (recompute_layers blocks at once with the uniform
+    method: the group's forward reruns before its backward), what selective recompute did not keep."""
     whole = layer_bytes(model, training, lay)[0]
     selective = whole - kept_per_layer(model, training, lay, Recompute.SELECTIVE + 0 * lay.recompute)
+    uniform = (lay.recompute_layers > 0) & (lay.recompute_method == RecomputeMethod.UNIFORM)
+    group = np.where(uniform, lay.recompute_layers, 1)
     return np.select([lay.recompute == Recompute.FULL, lay.recompute == Recompute.SELECTIVE],
-                     [whole, np.maximum(selective, 0.0)], 0.0)
+                     [group * whole, np.maximum(selective, 0.0)], 0.0)
 
 
 def embedding_dropout_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:

@@ -147,7 +147,7 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
     lay = single(tp=tp, pp=pp, dp=dp, cp=cp, ep=lin.ep, vpp=lin.vpp, zero=lin.zero,
                  offload_optimizer=lin.offload_optimizer, offload_params=lin.offload_params, mbs=mbs,
                  gas=gbs // (mbs * dp), recompute=lin.recompute, recompute_layers=lin.recompute_layers,
-                 sequence_parallel=lin.sequence_parallel,
+                 recompute_method=lin.recompute_method or "block", sequence_parallel=lin.sequence_parallel,
                  schedule=lin.schedule)
     rules.check_single(spec, clus, train, lay)
     ev = search.evaluate(spec, clus, train, lay)
@@ -242,7 +242,7 @@ def _pin_codes(pinned: dict, gpus: int) -> dict:
     """{field: int code} of the pinned layout values, each checked; InputError naming the flags when
     they cannot multiply to the GPU count."""
     from planner.bounds import check
-    from planner.options import Offload, Recompute
+    from planner.options import Offload, Recompute, RecomputeMethod
 
     unknown = sorted(set(pinned) - set(search.PINNABLE))
     if unknown:
@@ -255,6 +255,8 @@ def _pin_codes(pinned: dict, gpus: int) -> dict:
             codes[key] = int(Offload.parse(value, flag))
         elif key == "recompute":
             codes[key] = int(Recompute.parse(value, flag))
+        elif key == "recompute_method":
+            codes[key] = int(RecomputeMethod.parse(value, flag))
         elif key == "sequence_parallel":
             _boolean_pin(value, flag)
             codes[key] = int(value)
@@ -266,6 +268,8 @@ def _pin_codes(pinned: dict, gpus: int) -> dict:
             codes[key] = check(key, value, flag)
     if "recompute_layers" in codes and codes.get("recompute", Recompute.FULL) != Recompute.FULL:
         raise InputError("--recompute-layers: needs --recompute full")
+    if codes.get("recompute_method", RecomputeMethod.BLOCK) != RecomputeMethod.BLOCK and "recompute_layers" not in codes:
+        raise InputError("--recompute-method: uniform needs --recompute-layers N (the layers per checkpoint)")
     axes = [k for k in ("tp", "pp", "cp", "dp") if k in codes]
     product = math.prod(codes[k] for k in axes)
     if axes and (gpus % product or ("dp" in codes and len(axes) == 4 and product != gpus)):

@@ -146,6 +146,7 @@ def add_training_flags(p):
 
 LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "dp": None, "cp": 1, "ep": 1, "vpp": 1, "zero": 0, "offload_optimizer": "none",
                    "offload_params": "none", "mbs": 1, "recompute": "none", "recompute_layers": None,
+                   "recompute_method": "block",
                    "sequence_parallel": False}
 """estimate's layout defaults; recommend takes the same flags with no default: each one given pins its axis."""
 
@@ -166,6 +167,9 @@ def add_layout_flags(g, pinning: bool):
     g.add_argument("--recompute-layers", type=positive_int, default=None,
                    help=_h("with --recompute full: layers per model chunk recomputed, the rest keep their "
                            "activations (Megatron --recompute-method block); default every layer" + pin, "recompute_layers"))
+    g.add_argument("--recompute-method", default=default("recompute_method"),
+                   help="block, uniform: with --recompute-layers N, the first N layers of each chunk (block) or "
+                        "every layer in checkpoints of N (uniform; Megatron --recompute-method)" + pin)
     g.add_argument("--sequence-parallel", action="store_true", default=default("sequence_parallel"), help=pin or None)
 
 
@@ -259,6 +263,7 @@ def cmd_estimate(args, out) -> int:
     layout = LayoutInput(tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, ep=args.ep, vpp=args.vpp, schedule=args.schedule,
                          zero=args.zero, offload_optimizer=args.offload_optimizer, offload_params=args.offload_params,
                          mbs=args.mbs, recompute=args.recompute, recompute_layers=args.recompute_layers,
+                         recompute_method=args.recompute_method,
                          sequence_parallel=args.sequence_parallel)
     e = api.estimate(model_input(args), cluster_input(args), training_input(args), layout, ds_estimator=args.ds_estimator)
     result = e.to_json()

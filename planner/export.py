@@ -46,7 +46,7 @@ LAUNCH = "launch.sh"
 MEGATRON_ARGS = "megatron_args.txt"
 
 _ROW_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "offload_optimizer", "offload_params",
-             "mbs", "gas", "recompute", "recompute_layers", "sequence_parallel")
+             "mbs", "gas", "recompute", "recompute_layers", "recompute_method", "sequence_parallel")
 
 # keys of `extra` that change the files; any other key is copied into launch.sh as a comment line
 EXTRA_DEFAULTS = {
@@ -583,9 +583,11 @@ def _megatron_shape_args(model: ModelSpec) -> list[str]:
 
 
 def _recompute_method(row: dict) -> tuple:
-    """Megatron's full recompute: the first N layers of each chunk ('block', --recompute-layers), else
-    every layer on its own ('uniform' chunks of 1)."""
-    return ("block", row["recompute_layers"]) if row.get("recompute_layers") else ("uniform", 1)
+    """Megatron's full recompute: the first N layers of each chunk ('block', --recompute-layers) or
+    every layer in checkpoints of N ('uniform'), else every layer on its own ('uniform' chunks of 1)."""
+    if not row.get("recompute_layers"):
+        return ("uniform", 1)
+    return (row.get("recompute_method") or "block", row["recompute_layers"])
 
 
 def _normalise_row(layout_row: dict) -> dict:
@@ -595,7 +597,8 @@ def _normalise_row(layout_row: dict) -> dict:
     if missing:
         raise InputError(f"--emit: layout is missing {', '.join(missing)}")
     row = {"cp": 1, "ep": 1, "vpp": 1, "offload_optimizer": "none", "offload_params": "none",
-           "recompute": "none", "recompute_layers": None, "sequence_parallel": False, "schedule": None, **layout_row}
+           "recompute": "none", "recompute_layers": None, "recompute_method": None, "sequence_parallel": False,
+           "schedule": None, **layout_row}
     for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "mbs", "gas"):
         row[k] = int(row[k])
     row["sequence_parallel"] = bool(row["sequence_parallel"])
@@ -611,5 +614,6 @@ def _check(model, cluster, training, row) -> None:
                  zero=row["zero"], offload_optimizer=row["offload_optimizer"],
                  offload_params=row["offload_params"], mbs=row["mbs"], gas=row["gas"],
                  recompute=row["recompute"], recompute_layers=row["recompute_layers"],
+                 recompute_method=row["recompute_method"] or "block",
                  sequence_parallel=row["sequence_parallel"], schedule=row.get("schedule"))
     check_single(model, cluster, training, lay)

@@ -246,7 +246,11 @@ class LayoutInput:
     recompute: str = "none"
     recompute_layers: int | None = None
     """With recompute 'full': layers of each model chunk recomputed (Megatron --recompute-method
-    block --recompute-num-layers); None: every layer."""
+    block --recompute-num-layers), or per checkpoint with recompute_method 'uniform'; None: every
+    layer, one checkpoint each."""
+    recompute_method: str | None = "block"
+    """Megatron --recompute-method for recompute_layers: 'block' or 'uniform' (None: 'block', as a
+    layout row without recompute_layers carries it)."""
     sequence_parallel: bool = False
 
     def __post_init__(self):

@@ -15,7 +15,7 @@ import numpy as np
 from planner.bounds import check
 from planner.engines import Engine, lookup as engine_lookup
 from planner.errors import InputError
-from planner.options import Offload, Optimizer, Precision, Recompute, Schedule
+from planner.options import Offload, Optimizer, Precision, Recompute, RecomputeMethod, Schedule
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ class Training:
 
 # field name -> order is the JSON order
 FIELDS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "offload_optimizer", "offload_params",
-          "mbs", "gas", "recompute", "recompute_layers", "sequence_parallel", "schedule")
+          "mbs", "gas", "recompute", "recompute_layers", "recompute_method", "sequence_parallel", "schedule")
 
 
 @dataclass
@@ -157,6 +157,10 @@ class Layouts:
     """Under full recompute, the layers of each model chunk (a pipeline stage, or each of its vpp
     virtual stages) recomputed, the first ones of the chunk; the others keep every activation
     (Megatron --recompute-method block --recompute-num-layers). 0: every layer."""
+    recompute_method: np.ndarray = 0
+    """RecomputeMethod code for recompute_layers N > 0: block (the first N layers, as above) or
+    uniform (every layer, checkpointed in groups of N: one kept input per group, N layers
+    rematerialized at once in backward)."""
 
     def __post_init__(self):
         arrays = np.broadcast_arrays(*(np.asarray(getattr(self, k), dtype=np.int64) for k in FIELDS))
@@ -207,6 +211,7 @@ class Layouts:
         out = {k: int(getattr(self, k).flat[i]) for k in FIELDS}
         out["recompute"] = Recompute(out["recompute"]).word
         out["recompute_layers"] = out["recompute_layers"] or None  # None: every layer
+        out["recompute_method"] = RecomputeMethod(out["recompute_method"]).word if out["recompute_layers"] else None
         out["offload_optimizer"] = Offload(out["offload_optimizer"]).word
         out["offload_params"] = Offload(out["offload_params"]).word
         out["schedule"] = Schedule(out["schedule"]).word
@@ -216,7 +221,8 @@ class Layouts:
 
 
 def single(tp=1, pp=1, dp=1, cp=1, ep=1, vpp=1, zero=0, offload_optimizer="none", offload_params="none",
-           mbs=1, gas=1, recompute="none", recompute_layers=None, sequence_parallel=False, schedule=None) -> Layouts:
+           mbs=1, gas=1, recompute="none", recompute_layers=None, recompute_method="block", sequence_parallel=False,
+           schedule=None) -> Layouts:
     """One layout, from words, as a Layouts of size 1 (every number checked against its bound)."""
     numbers = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, mbs=mbs, gas=gas)
     numbers = {k: check(k, v) for k, v in numbers.items()}
@@ -230,5 +236,6 @@ def single(tp=1, pp=1, dp=1, cp=1, ep=1, vpp=1, zero=0, offload_optimizer="none"
         offload_params=[Offload.parse(offload_params, "--offload-params")],
         recompute=[Recompute.parse(recompute, "--recompute")],
         recompute_layers=[0 if recompute_layers is None else check("recompute_layers", recompute_layers)],
+        recompute_method=[RecomputeMethod.parse(recompute_method, "--recompute-method")],
         sequence_parallel=[int(bool(sequence_parallel))], schedule=[Schedule.parse(schedule, "--schedule")],
     )

@@ -40,6 +40,15 @@ class Recompute(Choice):
     FULL = 2
 
 
+class RecomputeMethod(Choice):
+    """Which layers full recompute checkpoints with --recompute-layers N (megatron-core 0.16.1
+    transformer/transformer_block.py TransformerBlock._checkpointed_forward): 'block' the first N
+    layers of each chunk, one checkpoint each; 'uniform' every layer, in checkpoints of N layers."""
+
+    BLOCK = 0
+    UNIFORM = 1
+
+
 class Offload(Choice):
     """Where ZeRO-Offload / ZeRO-Infinity put optimizer states or parameters."""
 

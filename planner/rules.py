@@ -14,7 +14,7 @@ from planner.errors import InputError
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
-from planner.options import Offload, Precision, Recompute, Schedule
+from planner.options import Offload, Precision, Recompute, RecomputeMethod, Schedule
 
 DIVISIBILITY, TOPOLOGY, ENGINE_RULE = "divisibility", "topology", "engine rule"
 """Rejection groups the search counts."""
@@ -104,6 +104,14 @@ RULES: tuple[Rule, ...] = (
     Rule("recompute_layers_full", ENGINE_RULE,
          lambda m, cl, tr, l: (l.recompute_layers > 0) & (l.recompute != Recompute.FULL),
          lambda m, cl, tr: "--recompute-layers: needs --recompute full"),
+    Rule("recompute_uniform_chunk", ENGINE_RULE,
+         lambda m, cl, tr, l: (l.recompute_method == RecomputeMethod.UNIFORM)
+                              & (l.recompute_layers > -(-m.layers // np.maximum(l.pp * l.vpp, 1))),
+         lambda m, cl, tr: "--recompute-layers: with --recompute-method uniform, at most the layers of one model "
+                           "chunk (layers / (pp * vpp))"),
+    Rule("recompute_method_layers", ENGINE_RULE,
+         lambda m, cl, tr, l: (l.recompute_method == RecomputeMethod.UNIFORM) & (l.recompute_layers == 0),
+         lambda m, cl, tr: "--recompute-method: uniform needs --recompute-layers N (the layers per checkpoint)"),
     Rule("batch", DIVISIBILITY, lambda m, cl, tr, l: (l.mbs < 1) | (l.gas < 1),
          lambda m, cl, tr: "--mbs/--gbs: must be positive, with --gbs divisible by --mbs*--dp"),
     # ---- generated from the engine record ----

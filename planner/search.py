@@ -147,7 +147,7 @@ def _offload_params(space: Space) -> tuple:
 
 
 PINNABLE = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "offload_optimizer", "offload_params", "mbs", "recompute",
-            "recompute_layers", "sequence_parallel")
+            "recompute_layers", "recompute_method", "sequence_parallel")
 """Layout fields a search can be told to keep fixed (recommend --tp 8 --zero 1 ...)."""
 
 
@@ -207,6 +207,7 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, training: Training, ma
     lay = Layouts(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vpp=vpp, zero=zero, offload_optimizer=oo,
                   offload_params=op, mbs=mbs, gas=training.gbs // (mbs * dp), recompute=rc,
                   recompute_layers=space.pinned_value("recompute_layers") or 0,
+                  recompute_method=space.pinned_value("recompute_method") or 0,
                   sequence_parallel=sp, schedule=np.where(vpp > 1, Schedule.INTERLEAVED, flat_schedule(training)))
     return lay, dropped, space.coarsened
 
@@ -298,7 +299,8 @@ def short(row: dict) -> str:
     parts += [f"ep{row['ep']}"] if row["ep"] > 1 else []
     parts += [f"dp{row['dp']}", f"z{row['zero']}", f"mbs{row['mbs']}x{row['gas']}"]
     parts += [] if row["recompute"] == "none" else [row["recompute"][:3] + "-rc"]
-    parts += [f"rc-layers{row['recompute_layers']}"] if row.get("recompute_layers") else []
+    if row.get("recompute_layers"):
+        parts.append(f"rc-{'groups' if row.get('recompute_method') == 'uniform' else 'layers'}{row['recompute_layers']}")
     parts += ["sp"] if row["sequence_parallel"] else []
     parts += [row["schedule"]] if row["schedule"] in ("gpipe", "zb-h1") else []
     parts += [f"off-opt:{row['offload_optimizer']}"] if row["offload_optimizer"] != "none" else []

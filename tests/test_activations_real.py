@@ -199,6 +199,38 @@ def test_megatron_block_recompute_keeps(recomputed, seq, batch, hidden, heads, f
     assert megatron_kept_bytes(4, recomputed, seq, batch, hidden, heads, ffn) == pytest.approx(measured, rel=0.02)
 
 
+@pytest.mark.parametrize("group", [2, 4])
+def test_megatron_uniform_recompute_keeps_a_group_input_and_reruns_a_group(group):
+    """--recompute-method uniform --recompute-num-layers N over 4 Megatron-style blocks (s128 b2
+    h256 a8 f1024): the forward keeps one 2sbh input per group of N (4/N x 131,072 bytes), and the
+    backward reruns a whole group before its backward, so the peak of forward + backward rises by
+    N - 1 blocks' saved tensors (each 3,934,208 bytes as the CPU keeps them) less the inputs no longer
+    kept: N 2: 3,934,208 - 2 x 131,072 = 3,672,064 (measured 3,661,952); N 4: 3 x 3,934,208 -
+    3 x 131,072 = 11,409,408 (measured 11,394,240). The planner books ceil(L/N) inputs and N whole
+    blocks of recompute working set."""
+    from calibrate.megatron_block import block_method_saved_bytes, uniform_method_bytes
+
+    s, b, h, a, f = 128, 2, 256, 8, 1024
+    layer_cpu, layer_input = block_method_saved_bytes(1, 0, s, b, h, a, f), 2 * s * b * h
+    kept_1, peak_1 = uniform_method_bytes(4, 1, s, b, h, a, f)
+    kept_n, peak_n = uniform_method_bytes(4, group, s, b, h, a, f)
+    assert (kept_1, kept_n) == (4 * layer_input, 4 // group * layer_input)
+    assert peak_n - peak_1 == pytest.approx((group - 1) * layer_cpu - (4 - 4 // group) * layer_input, rel=0.01)
+
+    from planner.model import ModelSpec
+
+    spec = ModelSpec(layers=4, hidden=h, heads=a, kv_heads=a, ffn=f, vocab=128, ffn_kind="gelu", norm="layernorm",
+                     bias=True, positions="learned", max_positions=s, dropout=True, architecture="gpt2")
+    training = layout.Training(seq_len=s, precision="bf16", flash_attention=False, engine="megatron")
+    every = layout.single(mbs=b, recompute="full")
+    grouped = layout.single(mbs=b, recompute="full", recompute_layers=group, recompute_method="uniform")
+    assert activations.kept_bytes(spec, training, grouped, 4)[0] == kept_n  # 4 / N inputs of 131,072 B
+    working_1 = activations.recompute_working_bytes(spec, training, every)[0]
+    assert activations.recompute_working_bytes(spec, training, grouped)[0] == group * working_1
+    # every layer still runs twice: the same recompute FLOPs and time as one checkpoint per layer
+    assert activations.recomputed_layers(grouped, 4, 1)[0] == activations.recomputed_layers(every, 4, 1)[0] == 4
+
+
 # ---------------------------------------------------------------------------------------------
 # torchtitan 0.3.0's own Llama3Model under its SelectiveAC and FullAC, measured by
 # `python -m calibrate.torchtitan_sac` (torchtitan is not a test dependency: the measurement is
@@ -430,3 +462,98 @@ def test_hf_gpt_batch_one(config, impl):
     assert measured == s * b * expected
     short = 4 * h * s * b if (config is neox_config and impl == "eager") else 0  # 64 x 256 = 16,384
     assert hf_planner_per_layer(config, impl, True, h, a, f, s, b) == pytest.approx(measured - short, rel=0.02)
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers 5 sparse MoE decoder layers (planner/activations.py hf_moe_mlp_saved):
+# MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock (shared expert and its sigmoid gate) and
+# Qwen3MoeSparseMoeBlock, whose stacked experts run the default experts_implementation 'grouped_mm'
+# (transformers integrations/moe.py grouped_mm_experts_forward): every (token, expert) pair is one
+# row of one grouped_mm, k T rows whatever the routing, so the count does not depend on which experts
+# the random router picks (the eager per-expert loop would add per-expert index tensors).
+# At h 32, f 16 the smallest term (the 4-byte sum of the renormalized top-k weights) is over 0.2 %
+# of a layer; the planner must equal the count exactly but for grouped_mm's int32 offsets (4E bytes
+# per layer, not per token), so any coefficient off at all fails. Shapes move h, E, k, f and the
+# shared expert's width one at a time.
+
+MOE_BASE = dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+MOE_SEQ, MOE_BATCH = 16, 2
+MOE_SHAPES = [  # (model_type, config changes)
+    ("mixtral", {}),
+    ("mixtral", {"hidden_size": 64}),  # h alone (head_dim fixed)
+    ("mixtral", {"num_local_experts": 8}),  # E alone
+    ("mixtral", {"num_experts_per_tok": 3}),  # k alone
+    ("mixtral", {"intermediate_size": 48}),  # f alone
+    ("qwen2_moe", {}),
+    ("qwen2_moe", {"shared_expert_intermediate_size": 72}),  # shared f alone
+    ("qwen2_moe", {"num_experts_per_tok": 3}),  # k with bf16 routing weights, no renormalization
+    ("qwen3_moe", {}),  # norm_topk_prob True (Qwen3-30B-A3B's)
+    ("qwen3_moe", {"norm_topk_prob": False}),  # Qwen3MoeConfig's default
+]
+
+
+def moe_config(model_type: str, change: dict, layers: int = 2) -> dict:
+    routed = {"mixtral": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=16),
+              "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                                shared_expert_intermediate_size=24, decoder_sparse_step=1, mlp_only_layers=[]),
+              "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                                norm_topk_prob=True)}[model_type]
+    return {"model_type": model_type, **MOE_BASE, **routed, **change, "num_hidden_layers": layers,
+            "vocab_size": 128, "max_position_embeddings": 128, "tie_word_embeddings": False,
+            "attn_implementation": "sdpa"}
+
+
+def moe_expected_per_token(model_type: str, cfg: dict, e: int = 2) -> int:
+    """Bytes per token of one MoE decoder layer from the transformers 5.25 source, e bytes per element."""
+    h, d, a, g = cfg["hidden_size"], cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    q, kv = a * d, g * d
+    n = cfg.get("num_local_experts", cfg.get("num_experts"))
+    k = cfg["num_experts_per_tok"]
+    f = cfg.get("moe_intermediate_size", cfg.get("intermediate_size"))
+    fs = cfg.get("shared_expert_intermediate_size", 0) if model_type == "qwen2_moe" else 0
+    # test_sdpa_layer_bf16's layer without its MLP: two norms (fp32 input 4h, rstd 4, normalized input
+    # and output e h each: 16h + 8 in bf16), q, k, v, out, fp32 lse; Qwen3's q/k norms (test_qwen3_layer_bf16)
+    attention = 2 * (4 * h + 4 + 2 * e * h) + e * (2 * q + 2 * kv) + 4 * a
+    if model_type == "qwen3_moe":
+        attention += (4 + e) * (q + kv) + 4 * a + 4 * g
+    router = 4 * n + 8 * k  # fp32 softmax output, int64 topk indices
+    if model_type == "mixtral" or cfg.get("norm_topk_prob"):
+        router += 4 * k + 4  # in-place div of the fp32 top-k weights: a clone of them and their sum
+    # int64 perm // k, perm, inv_perm; gathered tokens e kh; gate_up 2e kf, act e kf, product e kf; down output e kh
+    experts = 24 * k + e * (2 * k * h + 4 * k * f)
+    experts += 4 * k if model_type == "mixtral" else e * k  # routing weights: fp32 (Mixtral) or the model's (Qwen)
+    shared = e * (4 * fs + h + 1) if fs else 0  # Qwen2MoeMLP gate/up/act/product; its output; sigmoid
+    return attention + router + experts + shared
+
+
+@pytest.mark.parametrize("model_type, change", MOE_SHAPES)
+def test_hf_moe_layer_bf16(model_type, change):
+    cfg = moe_config(model_type, change)
+    s, b = MOE_SEQ, MOE_BATCH
+    measured = hf_layer_bytes(cfg, s, b, "bfloat16")
+    n = cfg.get("num_local_experts", cfg.get("num_experts"))
+    offsets = 4 * n  # grouped_mm's int32 offsets (E,), one per layer, shared by both grouped_mms
+    assert measured == s * b * moe_expected_per_token(model_type, cfg) + offsets
+    spec = from_hf_config(cfg)
+    training = layout.Training(seq_len=s, precision="bf16", flash_attention=True, engine="deepspeed")
+    planned = float(activations.kept_per_layer(spec, training, layout.single(mbs=b))[0])
+    # the planner takes Qwen3-MoE's top-k weights as renormalized (ModelSpec has no norm_topk_prob)
+    k = cfg["num_experts_per_tok"]
+    assumed = (4 * k + 4) * s * b if (model_type == "qwen3_moe" and not cfg["norm_topk_prob"]) else 0
+    assert planned == measured - offsets + assumed
+    assert planned == pytest.approx(measured, rel=0.02)
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_hf_moe_layer_fp32(model_type):
+    """fp32: the norms' casts are no-ops (input and normalized input kept, 4h each), Qwen's routing
+    weights are fp32 like Mixtral's, every other term scales with the element size."""
+    cfg = moe_config(model_type, {})
+    s, b = MOE_SEQ, MOE_BATCH
+    measured = hf_layer_bytes(cfg, s, b, "float32")
+    offsets = 4 * cfg.get("num_local_experts", cfg.get("num_experts"))
+    assert measured == s * b * moe_expected_per_token(model_type, cfg, e=4) + offsets
+    training = layout.Training(seq_len=s, precision="fp32", flash_attention=True, engine="deepspeed")
+    planned = float(activations.kept_per_layer(from_hf_config(cfg), training, layout.single(mbs=b))[0])
+    assert planned == measured - offsets
+    assert planned == pytest.approx(measured, rel=0.02)

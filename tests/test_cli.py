@@ -111,6 +111,12 @@ def test_estimate_per_stage_table_text():
     (["estimate", "--model", "llama-2-7b", "--recompute", "sometimes"], "--recompute"),
     (["estimate", "--model", "llama-2-7b", "--offload-params", "cpu", "--zero", "2"], "--offload-params"),
     (["estimate", "--model", "llama-2-7b", "--pp", "2", "--zero", "2"], "--zero"),
+    (["estimate", "--model", "llama-2-7b", "--engine", "megatron", "--recompute", "full", "--recompute-method",
+      "uniform"], "--recompute-method"),
+    (["estimate", "--model", "llama-2-7b", "--engine", "megatron", "--recompute", "full", "--recompute-method",
+      "uniform", "--recompute-layers", "33"], "--recompute-layers"),  # 32 layers in one chunk
+    (["estimate", "--model", "llama-2-7b", "--recompute-method", "sideways"], "--recompute-method"),
+    (["recommend", "--params", "70e9", "--gpus", "8", "--recompute-method", "uniform"], "--recompute-method"),
     (["recommend", "--params", "70e9"], "--gpus"),
     (["recommend", "--params", "70e9", "--gpus", "0"], "--gpus"),
 ])
@@ -184,6 +190,9 @@ for command in ("estimate", "recommend"):
 # DeepSpeed activation checkpointing placement (issue 7), with the other training flags
 for command in ("estimate", "recommend"):
     FROZEN[command] = FROZEN[command] + ["--no-partition-activations", "--cpu-checkpointing"]
+# Megatron --recompute-method uniform|block (issue 7)
+for command in ("estimate", "recommend"):
+    FROZEN[command] = FROZEN[command] + ["--recompute-method"]
 FROZEN = {command: sorted(flags) for command, flags in FROZEN.items()}
 
 

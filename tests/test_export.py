@@ -406,6 +406,17 @@ def test_megatron_args_carry_qwen3_moe_shape(tmp_path):
         assert a in margs, a
 
 
+def test_megatron_args_uniform_recompute_groups(tmp_path):
+    # --recompute-method uniform with 2 layers per checkpoint, as megatron-core's
+    # TransformerBlock._checkpointed_forward reads it; the JSON row carries the method back
+    row = single(tp=2, pp=2, dp=4, zero=1, mbs=1, gas=8, recompute="full", recompute_layers=2,
+                 recompute_method="uniform").row(0)
+    assert (row["recompute_layers"], row["recompute_method"]) == (2, "uniform")
+    out = files(emit(tmp_path, MODEL, cluster(16), Training(engine="megatron"), row))
+    margs = args_of(out["megatron_args.txt"].read_text())
+    assert "--recompute-method uniform" in margs and "--recompute-num-layers 2" in margs
+
+
 def test_launch_sh_plain_deepspeed(tmp_path):
     row = single(dp=16, zero=3, offload_optimizer="cpu", offload_params="cpu").row(0)
     out = files(emit(tmp_path, MODEL, cluster(16), Training(), row))

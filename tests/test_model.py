@@ -628,4 +628,7 @@ def test_shared_expert_activations_are_a_llama_mlp_more():
     def per_token(spec):
         return sum(x.bytes_per_token for x in activations.hf_llama_saved(spec, training, 4096))
 
-    assert per_token(shared) - per_token(base) == 4 * 2 * 5632  # 4 tensors x 2 bytes x 5632
+    # 4 tensors x 2 bytes x 5632, + the shared output (2h) and its sigmoid gate (2); a shared expert
+    # also makes it a Qwen router (activations.hf_moe_mlp_saved): bf16 routing weights (2k, not
+    # Mixtral's fp32 4k) and no renormalization (no 4k + 4): 45,056 + 4,098 - 28 = 49,126
+    assert per_token(shared) - per_token(base) == 4 * 2 * 5632 + 2 * 2048 + 2 - (2 * 4 + 4 * 4 + 4)
