@@ -31,6 +31,8 @@ TERMS = [
     ("planner.activations", "embedding_dropout_bytes"), ("planner.activations", "head_input_bytes"),
     ("planner.activations", "logits_bytes"), ("planner.activations", "recomputed_layers"),
     ("planner.activations", "kept_bytes"), ("planner.activations", "op_sac_bytes"),
+    ("planner.activations", "checkpoints"), ("planner.activations", "boundary_bytes"),
+    ("planner.memory", "loss_bytes_per_logit"), ("planner.pipeline", "p2p_buffers"),
     ("planner.pipeline", "microbatches_in_flight"), ("planner.pipeline", "bubble_slots"), ("planner.pipeline", "bubble_s"),
     ("planner.pipeline", "p2p_transfers"),
     # step time

@@ -16,6 +16,7 @@ import numpy as np
 from planner.engines import Modules, SelectivePolicy
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
+from planner.moe import routed_per_token
 from planner.options import Recompute, RecomputeMethod
 from planner.pipeline import layers_on_stage, microbatches_in_flight, p2p_buffers
 
@@ -39,9 +40,10 @@ class Saved:
     """Attention-core internals that selective recompute drops (Korthikanti section 5)."""
 
 
-def saved_tensors(model: ModelSpec, training: Training, seq: float) -> list[Saved]:
+def saved_tensors(model: ModelSpec, training: Training, seq: float, routed) -> list[Saved]:
     """What one block of the engine's modules saves for backward, per token, with `seq` keys per
-    query (the attention scores per token)."""
+    query (the attention scores per token) and `routed` expert rows per token (planner/moe.py
+    routed_per_token: k dropless; Hugging Face and torchtitan blocks are dropless)."""
     if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "llama":
         return hf_llama_saved(model, training, seq)
     if training.engine.modules is Modules.TORCHTITAN and training.flash_attention:
@@ -50,7 +52,7 @@ def saved_tensors(model: ModelSpec, training: Training, seq: float) -> list[Save
         return hf_gpt2_saved(model, training, seq)
     if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "gpt_neox":
         return hf_gpt_neox_saved(model, training, seq)
-    return megatron_saved(model, training, seq)
+    return megatron_saved(model, training, seq, routed)
 
 
 def hf_rms_norm_saved(e: float, h: int, where: str) -> list[Saved]:
@@ -237,9 +239,10 @@ def hf_gpt_neox_saved(model: ModelSpec, training: Training, seq: float) -> list[
     return out
 
 
-def megatron_saved(model: ModelSpec, training: Training, seq: float) -> list[Saved]:
+def megatron_saved(model: ModelSpec, training: Training, seq: float, routed) -> list[Saved]:
     """What one Megatron block saves for backward, per token, with `seq` keys per query (the attention
-    scores per token). Megatron-LM's kernels: fused SwiGLU saves the [gate|up] fc1 output (2f)
+    scores per token) and `routed` routed-expert rows per token (k dropless, about k C padded to an
+    expert capacity: planner/moe.py routed_per_token). Megatron-LM's kernels: fused SwiGLU saves the [gate|up] fc1 output (2f)
     and the fc2 input (f) (core/fusions/fused_bias_swiglu.py save_for_backward); FlashAttention
     keeps its output and an fp32 log-sum-exp per head (Dao 2023 section 3.1) instead of the
     a s^2 scores; dropout keeps 1-byte masks."""
@@ -265,7 +268,7 @@ def megatron_saved(model: ModelSpec, training: Training, seq: float) -> list[Sav
     if dropout:
         out.append(Saved("attention-output dropout mask", 1.0 * h, SP))
     out += [Saved("mlp norm input", e * h, SP), Saved("mlp input", e * h, SP)]
-    w = model.mlp_width_per_token  # each token's activations in its top-k experts (and a shared one)
+    w = model.mlp_width(routed)  # each token's rows in the routed experts (padding included) and a shared one
     if model.ffn_kind == "swiglu":
         out += [Saved("fc1 output [gate|up]", e * 2 * w, TP), Saved("fc2 input", e * w, TP)]
     else:
@@ -311,7 +314,7 @@ def layer_bytes(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
     tokens = s * lay.mbs
     sp = np.where(lay.sequence_parallel > 0, t, 1.0)
     whole, stored = 0.0, 0.0
-    for x in saved_tensors(model, training, s):
+    for x in saved_tensors(model, training, s, routed_per_token(model, training, lay, tokens)):
         part = tokens * x.bytes_per_token / {TP: t, SP: sp, WHOLE: 1.0}[x.split]
         whole = whole + part
         stored = stored + (0.0 if x.core else part)

@@ -142,7 +142,7 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
     if tin.engine is None:
         defaults["engine"] = engine
     train = tin.resolve(gbs, engine)
-    defaults.update(_training_defaults(tin, cin))
+    defaults.update(_training_defaults(tin, cin, train, spec))
     clus = cin.resolve(train.precision, world)
     lay = single(tp=tp, pp=pp, dp=dp, cp=cp, ep=lin.ep, vpp=lin.vpp, zero=lin.zero,
                  offload_optimizer=lin.offload_optimizer, offload_params=lin.offload_params, mbs=mbs,
@@ -190,7 +190,7 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     train = tin.resolve(gbs, tin.engine or DEFAULTS["engine"])
     if tin.engine is None:
         defaults["engine"] = train.engine.name
-    defaults.update(_training_defaults(tin, cin))
+    defaults.update(_training_defaults(tin, cin, train, spec))
     pins = _pin_codes(pinned or {}, clus.num_gpus)
     result = search.search(spec, clus, train, headroom, max_mbs, pinned=pins)
     if pins and result["valid"].size == 0:
@@ -217,17 +217,18 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     hints = [] if records else search.what_would_fit(spec, clus, train, headroom, max_mbs, result)
     points = search.landscape(result, landscape) if landscape else None
     best = records[0]["throughput"]["tokens_per_s"] if records else None
-    others = [_engine_best(spec, clus, tin, gbs, name, headroom, max_mbs, pins, best)
+    others = [_engine_best(spec, clus, train, name, headroom, max_mbs, pins, best)
               for name in ENGINE_NAMES if name != train.engine.name]
     return Recommendation(spec, clus, train, assumptions, defaults, result["candidates"], result["rejected"],
                           records, hints, result["elapsed_s"], points, others)
 
 
-def _engine_best(spec, clus, tin: TrainingInput, gbs: int, engine: str, headroom: float, max_mbs: int, pins: dict,
+def _engine_best(spec, clus, training: Training, engine: str, headroom: float, max_mbs: int, pins: dict,
                  best_tokens_per_s: float | None) -> dict:
-    """The fastest fitting layout of the same model, cluster, batch and pins under another engine,
-    with its speed relative to the recommended one (> 1: faster)."""
-    train = tin.resolve(gbs, engine)
+    """The fastest fitting layout of the same model, cluster, batch and pins under another engine
+    (the settings it does not take dropped: Training.for_engine), with its speed relative to the
+    recommended one (> 1: faster)."""
+    train = training.for_engine(engine)
     result = search.search(spec, clus, train, headroom, max_mbs, pinned=pins)
     if not result["order"].size:
         why = "the pinned axes break its rules" if pins and result["valid"].size == 0 else "nothing fits"
@@ -295,12 +296,17 @@ def _raise_contradiction(spec, clus, train, max_mbs, pins: dict, pinned: dict) -
     raise InputError(f"{given}: no layout with these passes the rules: {rule.message(spec, clus, train)}")
 
 
-def _training_defaults(tin: TrainingInput, cin: ClusterInput) -> dict:
+def _training_defaults(tin: TrainingInput, cin: ClusterInput, train: Training, spec: ModelSpec) -> dict:
+    from planner.moe import capacity_settings
+
     out = {}
     for key, value in (("gpu", cin.gpu), ("seq_len", tin.seq_len), ("precision", tin.precision),
                        ("optimizer", tin.optimizer)):
         if value is None:
             out[key] = DEFAULTS[key]
+    factor = capacity_settings(train)[0]
+    if spec.experts > 1 and tin.moe_capacity_factor is None and factor is not None:  # the engine's own capacity
+        out["moe_capacity_factor"] = factor
     return out
 
 

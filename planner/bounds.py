@@ -75,6 +75,8 @@ BOUNDS: dict[str, Bound] = {
     "tokens_per_step": Bound(1, 2**46, integer=False),
     "tokens": Bound(1, 1e18, integer=False),
     "price_per_gpu_hour": Bound(0, 1e6, integer=False, open_low=True),
+    # an expert capacity factor past E/k only pads further (every expert already takes every token)
+    "moe_capacity_factor": Bound(0, 65536, integer=False, open_low=True, why="the largest expert count"),
     # layout
     "tp": Bound(1, _GPUS), "pp": Bound(1, _GPUS), "dp": Bound(1, _GPUS), "cp": Bound(1, _GPUS),
     "ep": Bound(1, _GPUS), "vpp": Bound(1, 16384),

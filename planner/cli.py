@@ -140,6 +140,13 @@ def add_training_flags(p):
                         "checkpointed layer input whole (default on, split over TP)")
     g.add_argument("--cpu-checkpointing", action="store_true", default=None,
                    help="DeepSpeed activation_checkpointing.cpu_checkpointing: checkpointed layer inputs wait in host memory")
+    g.add_argument("--moe-capacity-factor", type=number, metavar="C",
+                   help=_h("MoE expert capacity factor: each expert takes ceil(T k C / E) tokens, the rest dropped "
+                           "(default: megatron-deepspeed's DeepSpeed-MoE 1.0, padded; dropless elsewhere; "
+                           "--engine megatron or megatron-deepspeed)", "moe_capacity_factor"))
+    g.add_argument("--moe-pad-to-capacity", action="store_true", default=None,
+                   help="with --moe-capacity-factor under --engine megatron: pad every expert's input to its "
+                        "capacity (Megatron --moe-pad-expert-input-to-capacity)")
     g.add_argument("--tokens", type=count, help=_h("training tokens: report days, GPU-hours and cost", "tokens"))
     g.add_argument("--price-per-gpu-hour", type=positive_float, help=help_text("price_per_gpu_hour"))
 
@@ -252,6 +259,7 @@ def training_input(args):
                          overlap_comm=args.overlap_comm, contiguous_gradients=False if args.no_contiguous_gradients else None,
                          fp32_grad_accum=args.fp32_grad_accum, tp_comm_overlap=args.tp_comm_overlap,
                          partition_activations=args.partition_activations, cpu_checkpointing=args.cpu_checkpointing,
+                         moe_capacity_factor=args.moe_capacity_factor, moe_pad_to_capacity=args.moe_pad_to_capacity,
                          tokens=args.tokens, price_per_gpu_hour=args.price_per_gpu_hour,
                          **{k: getattr(args, k) for k in ZERO_FLAGS})
 

@@ -15,6 +15,7 @@ from planner.engines import SelectivePolicy
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
+from planner.moe import routed_per_token
 from planner.options import Recompute
 
 
@@ -40,8 +41,13 @@ def tokens_per_microbatch(training: Training, lay: Layouts) -> np.ndarray:
 def flops_per_step(model: ModelSpec, training: Training, lay: Layouts) -> dict:
     """Model FLOPs (fwd + 2x bwd, no recompute) and hardware FLOPs (plus the recomputed forward)
     of one step of the whole job, summed over the model's GEMM list; equals Narayanan 2021 eq. 3
-    for GPT shapes."""
-    gemm = sum(g.flops_per_token * (model.experts_per_token if g.expert else 1) for g in model.gemms(fused=True))
+    for GPT shapes. Model FLOPs count each token's k routed experts; hardware FLOPs count the rows
+    the experts run, padding to an expert capacity included (planner/moe.py routed_per_token)."""
+    def gemm_per_token(routed):  # an expert GEMM runs `routed` rows per token (GShard: k dropless)
+        return sum(g.flops_per_token * (routed if g.expert else 1) for g in model.gemms(fused=True))
+
+    gemm = gemm_per_token(model.experts_per_token)
+    run = gemm_per_token(routed_per_token(model, training, lay, tokens_per_microbatch(training, lay)))
     # QK^T and AV: 2*s*q each per token, full s^2 as in Narayanan eq. 3 and PaLM appendix B (12*L*h*s)
     core = 4.0 * training.seq_len * model.q_width
     logits = 2.0 * model.hidden * model.vocab
@@ -51,8 +57,9 @@ def flops_per_step(model: ModelSpec, training: Training, lay: Layouts) -> dict:
     full_layers = recomputed_layers(lay, model.layers, lay.pp * lay.vpp)
     selective = core if training.engine.selective_policy is SelectivePolicy.CORE_ATTENTION else \
         sum(2.0 * n_in * n_out for _, n_in, n_out, _, kept in op_sac_matmuls(model) if not kept)  # torchtitan
-    extra = full_layers * (gemm + core) + np.where(lay.recompute == Recompute.SELECTIVE, model.layers * selective, 0.0)
-    return {"model_flops": model_flops, "hardware_flops": model_flops + tokens * extra}
+    extra = full_layers * (run + core) + np.where(lay.recompute == Recompute.SELECTIVE, model.layers * selective, 0.0)
+    padding = 3.0 * model.layers * (run - gemm)  # capacity padding, forward and backward (planner/moe.py)
+    return {"model_flops": model_flops, "hardware_flops": model_flops + tokens * (padding + extra)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -70,13 +77,15 @@ def gemm_fwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layo
     """Forward GEMMs of one block. Each GEMM runs at eff = emax F/(F + F_half) of peak, so its time
     is (F + F_half)/(peak emax) (small-matrix fall-off, data/coefficients.json). TP splits all but
     the router; each local expert runs its own GEMMs on T k ep/E routed tokens (Lepikhin et al.
-    2020, GShard), i.e. T k FLOPs-worth in total."""
+    2020, GShard), i.e. T k FLOPs-worth in total; T k C padded to an expert capacity
+    (planner/moe.py routed_per_token)."""
     peak = peak_flops_per_s(cluster, training)
     T, t = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64)
     local_experts = np.maximum(model.experts // lay.ep, 1)
+    routed = routed_per_token(model, training, lay, T)  # k dropless, E capacity / T padded
     seconds = 0.0
     for g in model.gemms(fused=training.engine.fused_gemms):
-        flops = T * g.flops_per_token * (model.experts_per_token if g.expert else 1) / (t if g.tp_split else 1.0)
+        flops = T * g.flops_per_token * (routed if g.expert else 1) / (t if g.tp_split else 1.0)
         seconds = seconds + gemm_s(flops, peak, c, local_experts if g.expert else 1)
     return seconds
 
@@ -118,18 +127,19 @@ def attention_core_s(model: ModelSpec, cluster: Cluster, training: Training, lay
     return fwd, bwd
 
 
-def fused_elementwise_bytes(model: ModelSpec, e: float) -> tuple:
+def fused_elementwise_bytes(model: ModelSpec, e: float, routed) -> tuple:
     """(replicated, activation-function, rotary) forward bytes per token of one block with
     Megatron's fused kernels: 2 norms (r+w) + 2 residual adds with bias-dropout (r x, r residual,
     w, 1-byte mask) in the replicated region (Korthikanti Table 2's 10sbh); the activation
-    function (GeLU r f, w f; SwiGLU r 2f, w f) and rotary (r+w q, k) inside the TP region."""
-    act = (2 if model.ffn_kind == "gelu" else 3) * e * model.mlp_width_per_token
+    function (GeLU r f, w f; SwiGLU r 2f, w f) over the `routed` expert rows per token
+    (planner/moe.py) and rotary (r+w q, k) inside the TP region."""
+    act = (2 if model.ffn_kind == "gelu" else 3) * e * model.mlp_width(routed)
     rope = 2 * e * (model.q_width + model.kv_width) if model.positions == "rotary" else 0.0
     drop = 1.0 if model.dropout else 0.0
     return (10 * e + 2 * drop) * model.hidden, act, rope
 
 
-def eager_elementwise_bytes(model: ModelSpec, e: float) -> tuple:
+def eager_elementwise_bytes(model: ModelSpec, e: float, routed) -> tuple:
     """(replicated, activation-function, rotary) forward bytes per token of one block run as eager
     PyTorch modules, as DeepSpeed and FSDP train Hugging Face models (transformers modeling_llama):
     RMSNorm upcasts to fp32, squares, means, scales, downcasts and multiplies by the weight
@@ -142,7 +152,7 @@ def eager_elementwise_bytes(model: ModelSpec, e: float) -> tuple:
     norm = (28 + 4 * e) if model.norm == "rmsnorm" else 2 * e
     drop = (2 * e + 1) * 2 if model.dropout else 0.0
     replicated = (2 * norm + 2 * 3 * e + drop) * h
-    act = (5 * e if model.ffn_kind == "swiglu" else 2 * e) * model.mlp_width_per_token
+    act = (5 * e if model.ffn_kind == "swiglu" else 2 * e) * model.mlp_width(routed)  # k rows: dropless modules
     rope = 9 * e * (q + kv) if model.positions == "rotary" else 0.0
     return replicated, act, rope + 2 * e * q
 
@@ -152,10 +162,11 @@ def elementwise_fwd_s(model: ModelSpec, cluster: Cluster, training: Training, la
     replicated region splits over t under sequence parallelism (Korthikanti 2022 section 4.2.2)."""
     e = training.precision.element_bytes
     bytes_of = eager_elementwise_bytes if training.engine.eager_elementwise else fused_elementwise_bytes
-    replicated, act, rope = bytes_of(model, e)
+    T = tokens_per_microbatch(training, lay)
+    replicated, act, rope = bytes_of(model, e, routed_per_token(model, training, lay, T))
     t = lay.tp.astype(np.float64)
     sp = np.where(lay.sequence_parallel > 0, t, 1.0)
-    return tokens_per_microbatch(training, lay) * (replicated / sp + (act + rope) / t) / hbm_bytes_per_s(cluster, c)
+    return T * (replicated / sp + (act + rope) / t) / hbm_bytes_per_s(cluster, c)
 
 
 def elementwise_bwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:

@@ -58,6 +58,21 @@ class Modules(Word):
     """torchtitan's own models/llama3 block."""
 
 
+class MoeCapacity(Word):
+    """How the engine's MoE layer sizes each expert's input (planner/moe.py routed_per_token)."""
+
+    DROPLESS = "dropless"
+    """Every routed (token, expert) pair reaches its expert, no capacity: transformers 5 sparse MoE
+    blocks (integrations/moe.py grouped_mm_experts_forward), torchtitan."""
+    DEEPSPEED_MOE = "deepspeed_moe"
+    """deepspeed.moe (DeepSpeed 0.19.8 moe/sharded_moe.py MOELayer, as Megatron-DeepSpeed's MoE layers
+    use it): a capacity always (MoE.__init__ capacity_factor 1.0, min_capacity 4), every expert's
+    input padded to it ([E, capacity, M] dispatch tensor)."""
+    MEGATRON = "megatron"
+    """megatron-core 0.16.1 (transformer_config.py): dropless unless moe_expert_capacity_factor;
+    tokens past capacity dropped, padded to it with moe_pad_expert_input_to_capacity."""
+
+
 class Launcher(Word):
     """Which configs planner/export.py writes and how its launch script starts the job."""
 
@@ -172,6 +187,8 @@ class Engine:
     deepspeed_checkpointing: bool = False
     """Full recompute runs through deepspeed.checkpointing, so the ds_config's activation_checkpointing
     partition_activations and cpu_checkpointing decide where the layer inputs wait."""
+    moe_capacity: MoeCapacity = MoeCapacity.DROPLESS
+    """Whether its MoE layer has an expert capacity, and whether it pads to it."""
 
     @property
     def pipeline(self) -> bool:
@@ -249,7 +266,7 @@ MEGATRON_DEEPSPEED = Engine(
     modules=Modules.MEGATRON, launcher=Launcher.MEGATRON_DEEPSPEED,
     # Megatron-DeepSpeed --deepspeed-activation-checkpointing: deepspeed.checkpointing.configure(mpu, ...)
     # makes its checkpoint DeepSpeed's (runtime/activation_checkpointing/checkpointing.py CheckpointFunction)
-    deepspeed_checkpointing=True, **_DS_COMMON)
+    deepspeed_checkpointing=True, moe_capacity=MoeCapacity.DEEPSPEED_MOE, **_DS_COMMON)
 
 MEGATRON = Engine(
     name="megatron", summary="Megatron-LM: TP/SP/CP/PP with interleaving; --zero 1 = distributed optimizer",
@@ -302,6 +319,7 @@ MEGATRON = Engine(
     launcher=Launcher.MEGATRON,
     # transformer_block.py _checkpointed_forward, --recompute-method block --recompute-num-layers N
     partial_recompute=True,
+    moe_capacity=MoeCapacity.MEGATRON,  # --moe-expert-capacity-factor, --moe-pad-expert-input-to-capacity
 )
 
 FSDP = Engine(

@@ -415,6 +415,12 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
         a.append(f"--topk {model.experts_per_token}" if mds else f"--moe-router-topk {model.experts_per_token}")
         if model.shared_expert_ffn and not mds:  # Megatron-LM training/arguments.py (Qwen-MoE style)
             a.append(f"--moe-shared-expert-intermediate-size {model.shared_expert_ffn}")
+        # Megatron-LM training/arguments.py, megatron-core 0.16.1 TransformerConfig moe_expert_capacity_factor and
+        # moe_pad_expert_input_to_capacity; Megatron-DeepSpeed's own capacity argument is not written (unread)
+        if training.moe_capacity_factor is not None and not mds:
+            a.append(f"--moe-expert-capacity-factor {training.moe_capacity_factor!r}")
+            if training.moe_pad_to_capacity:
+                a.append("--moe-pad-expert-input-to-capacity")
     if e > 1:
         a.append(f"--moe-expert-parallel-size {e}" if mds else f"--expert-model-parallel-size {e}")
     if row["sequence_parallel"]:

@@ -198,12 +198,18 @@ class TrainingInput:
     """DeepSpeed activation_checkpointing.partition_activations (default on, as exported)."""
     cpu_checkpointing: bool | None = None
     """DeepSpeed activation_checkpointing.cpu_checkpointing (default off)."""
+    moe_capacity_factor: float | None = None
+    """MoE expert capacity factor C (None: the engine's default: DeepSpeed-MoE's 1.0 under
+    megatron-deepspeed, dropless under the others; planner/moe.py)."""
+    moe_pad_to_capacity: bool | None = None
+    """Megatron --moe-pad-expert-input-to-capacity (default off; needs moe_capacity_factor)."""
     tokens: float | None = None
     """Training tokens: report days, GPU-hours and cost."""
     price_per_gpu_hour: float | None = None
 
     def __post_init__(self):
-        _checked(self, ("seq_len", "gbs", "tokens_per_step", "tokens", "price_per_gpu_hour", *ZERO_FIELDS))
+        _checked(self, ("seq_len", "gbs", "tokens_per_step", "tokens", "price_per_gpu_hour", "moe_capacity_factor",
+                        *ZERO_FIELDS))
         _boolean(self.flash_attention, "--no-flash-attention")
         _boolean(self.overlap_comm, "--overlap-comm")
         _boolean(self.contiguous_gradients, "--no-contiguous-gradients")
@@ -211,6 +217,7 @@ class TrainingInput:
         _boolean(self.tp_comm_overlap, "--tp-comm-overlap")
         _boolean(self.partition_activations, "activation_checkpointing.partition_activations")
         _boolean(self.cpu_checkpointing, "activation_checkpointing.cpu_checkpointing")
+        _boolean(self.moe_pad_to_capacity, "--moe-pad-to-capacity")
         if self.gbs is not None and self.tokens_per_step is not None:
             raise InputError("--gbs and --tokens-per-step: give one of them, not both")
 
@@ -223,7 +230,8 @@ class TrainingInput:
                         precision=self.precision or DEFAULTS["precision"],
                         optimizer=self.optimizer or DEFAULTS["optimizer"], flash_attention=self.flash_attention,
                         engine=engine, zero_config=ZeroConfig(**{k: v for k, v in zero.items() if v is not None}),
-                        tp_comm_overlap=bool(self.tp_comm_overlap))
+                        tp_comm_overlap=bool(self.tp_comm_overlap), moe_capacity_factor=self.moe_capacity_factor,
+                        moe_pad_to_capacity=bool(self.moe_pad_to_capacity))
 
 
 @dataclass(frozen=True)

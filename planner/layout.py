@@ -8,12 +8,12 @@ candidates in one vectorized pass. `Training` holds the settings shared by all c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
 from planner.bounds import check
-from planner.engines import Engine, lookup as engine_lookup
+from planner.engines import Engine, MoeCapacity, lookup as engine_lookup
 from planner.errors import InputError
 from planner.options import Offload, Optimizer, Precision, Recompute, RecomputeMethod, Schedule
 
@@ -82,6 +82,11 @@ class Training:
     tp_comm_overlap: bool = False
     """Megatron --tp-comm-overlap: sequence-parallel TP collectives pipelined with their GEMMs
     (where a layout has sequence parallelism)."""
+    moe_capacity_factor: float | None = None
+    """Expert capacity factor C of an MoE (None: the engine's default, planner/moe.py
+    capacity_settings: DeepSpeed-MoE 1.0 under megatron-deepspeed, dropless elsewhere)."""
+    moe_pad_to_capacity: bool = False
+    """Megatron --moe-pad-expert-input-to-capacity: every expert runs exactly its capacity."""
 
     def __post_init__(self):
         check("seq_len", self.seq_len)
@@ -95,6 +100,33 @@ class Training:
         if self.tp_comm_overlap and not self.engine.tp_comm_overlap:
             raise InputError(f"--tp-comm-overlap: --engine {self.engine.name} has no TP communication overlap "
                              "(Megatron-LM with TransformerEngine has: --engine megatron)")
+        self._check_moe_capacity()
+
+    def _check_moe_capacity(self) -> None:
+        """--moe-capacity-factor where the engine's MoE layer has a capacity; --moe-pad-to-capacity
+        where padding is optional (megatron-core 0.16.1 transformer_config.py __post_init__: it needs
+        moe_expert_capacity_factor)."""
+        kind = self.engine.moe_capacity
+        if self.moe_capacity_factor is not None:
+            object.__setattr__(self, "moe_capacity_factor", check("moe_capacity_factor", self.moe_capacity_factor))
+            if kind is MoeCapacity.DROPLESS:
+                raise InputError(f"--moe-capacity-factor: --engine {self.engine.name} runs dropless MoE blocks "
+                                 "(no expert capacity); --engine megatron or megatron-deepspeed take one")
+        if not isinstance(self.moe_pad_to_capacity, bool):
+            raise InputError(f"--moe-pad-to-capacity: must be true or false, got {self.moe_pad_to_capacity!r}")
+        if self.moe_pad_to_capacity and kind is not MoeCapacity.MEGATRON:
+            raise InputError(f"--moe-pad-to-capacity: --engine {self.engine.name} has no such choice (DeepSpeed-MoE "
+                             "always pads, Hugging Face and torchtitan MoE are dropless); --engine megatron takes it")
+        if self.moe_pad_to_capacity and self.moe_capacity_factor is None:
+            raise InputError("--moe-pad-to-capacity: needs --moe-capacity-factor C (Megatron pads to that capacity)")
+
+    def for_engine(self, engine) -> "Training":
+        """These settings under another engine, less what that engine does not take (--tp-comm-overlap,
+        --moe-capacity-factor, --moe-pad-to-capacity): the search's comparisons across engines."""
+        other = engine_lookup(engine)
+        return replace(self, engine=other, tp_comm_overlap=self.tp_comm_overlap and other.tp_comm_overlap,
+                       moe_capacity_factor=None if other.moe_capacity is MoeCapacity.DROPLESS else self.moe_capacity_factor,
+                       moe_pad_to_capacity=self.moe_pad_to_capacity and other.moe_capacity is MoeCapacity.MEGATRON)
 
     def overlaps_grad_reduce(self, zero) -> np.ndarray:
         """Whether the gradient reduction overlaps backward, per ZeRO stage: the user's

@@ -167,8 +167,13 @@ class ModelSpec:
     @property
     def mlp_width_per_token(self) -> int:
         """Intermediate width each token's MLP work spans: its top-k routed experts and the shared
-        one (what the MLP's saved activations and elementwise kernels scale with)."""
-        return self.experts_per_token * self.ffn + self.shared_expert_ffn
+        one (what the MLP's saved activations and elementwise kernels scale with), dropless."""
+        return self.mlp_width(self.experts_per_token)
+
+    def mlp_width(self, routed):
+        """That width when each token costs `routed` rows of the routed experts (k dropless; with an
+        expert capacity, planner/moe.py routed_per_token) and passes the shared expert once."""
+        return routed * self.ffn + self.shared_expert_ffn
 
     # ---- the tensor list -----------------------------------------------------------------
     def tensors(self) -> list[Tensor]:

@@ -377,7 +377,7 @@ def what_would_fit(model: ModelSpec, cluster: Cluster, training: Training, headr
         return res if len(res["order"]) else None
 
     for engine in ENGINES.values():
-        if engine is not training.engine and (other := attempt(cluster, replace(training, engine=engine))):
+        if engine is not training.engine and (other := attempt(cluster, training.for_engine(engine))):
             hints.append(f"--engine {engine.name} fits ({best_text(other)})")
     for factor in (2, 4, 8, 16):
         if cluster.num_gpus * factor > 2**20:

@@ -79,12 +79,17 @@ def tp_pass_exposed_s(training: Training, lay: Layouts, c: dict, tp_ar, gemm_s) 
 
 def ep_all_to_all_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
     """One expert-parallel all-to-all (dispatch or combine) of the T*k routed tokens: each rank
-    sends (ep-1)/ep of them (GShard section 3; Megatron-core MoE token dispatcher)."""
+    sends (ep-1)/ep of them (GShard section 3; Megatron-core MoE token dispatcher). Padded to an
+    expert capacity it moves all E x capacity rows, padding included (DeepSpeed 0.19.8
+    moe/sharded_moe.py MOELayer.forward: _AllToAll of the [E, C, M] dispatched_input)."""
+    from planner.moe import routed_per_token
+
     if model.experts == 1:
         return 0.0 * lay.tp
-    ep, k = lay.ep.astype(np.float64), model.experts_per_token
+    ep, T = lay.ep.astype(np.float64), tokens_per_microbatch(training, lay)
+    rows = routed_per_token(model, training, lay, T)  # per token: k dropless, E capacity / T padded (planner/moe.py)
     bw = p2p_bytes_per_s(cluster, lay.tp * lay.cp * lay.ep > cluster.gpus_per_node, c)
-    nbytes = tokens_per_microbatch(training, lay) * k * model.hidden * training.precision.element_bytes
+    nbytes = T * rows * model.hidden * training.precision.element_bytes
     return np.where(ep > 1, (ep - 1) * c["p2p_latency_s"] + nbytes * (ep - 1) / ep / bw, 0.0)
 
 

@@ -193,6 +193,9 @@ for command in ("estimate", "recommend"):
 # Megatron --recompute-method uniform|block (issue 7)
 for command in ("estimate", "recommend"):
     FROZEN[command] = FROZEN[command] + ["--recompute-method"]
+# MoE expert capacity factor (issue 10), with the other training flags
+for command in ("estimate", "recommend"):
+    FROZEN[command] = FROZEN[command] + ["--moe-capacity-factor", "--moe-pad-to-capacity"]
 FROZEN = {command: sorted(flags) for command, flags in FROZEN.items()}
 
 
