@@ -33,6 +33,7 @@ TERMS = [
     ("planner.activations", "kept_bytes"), ("planner.activations", "op_sac_bytes"),
     ("planner.activations", "checkpoints"), ("planner.activations", "boundary_bytes"),
     ("planner.memory", "loss_bytes_per_logit"), ("planner.pipeline", "p2p_buffers"),
+    ("planner.moe", "routed_per_token"), ("planner.moe", "expert_capacity"),
     ("planner.pipeline", "microbatches_in_flight"), ("planner.pipeline", "bubble_slots"), ("planner.pipeline", "bubble_s"),
     ("planner.pipeline", "p2p_transfers"),
     # step time
@@ -58,7 +59,8 @@ DELIBERATE = [
 ]
 
 FAST_TESTS = ["tests/test_memory.py", "tests/test_timing.py", "tests/test_validate.py", "tests/test_search.py",
-              "tests/test_cli.py", "tests/test_terms.py", "tests/test_activations_real.py"]
+              "tests/test_cli.py", "tests/test_terms.py", "tests/test_activations_real.py", "tests/test_engines.py",
+              "tests/test_moe_capacity.py"]
 
 
 def run(spec: str, pytest_args: list[str]) -> tuple[bool, str, float]:

@@ -112,14 +112,13 @@ def hf_moe_mlp_saved(model: ModelSpec, training: Training) -> list[Saved]:
     left out). The config's output_router_logits is off by default, and the router logits are
     then saved by nothing. Which router: Mixtral (router_first, no shared expert) always
     renormalizes and keeps fp32 routing weights; Qwen routers cast them to the 16-bit dtype and
-    renormalize under norm_topk_prob, which ModelSpec does not carry: taken on for Qwen3-MoE (its
-    checkpoints set it; its config default is off: 4k + 4 bytes less) and off for Qwen2-MoE.
+    renormalize under norm_topk_prob (ModelSpec.norm_topk_prob, from config.json).
     Splits: the engines running these modules have no TP; expert intermediates are marked TP like
     the dense MLP's, the h-, E- and k-wide tensors SP like the norm region's."""
     e = training.precision.element_bytes
     h, n, k, f, fs = model.hidden, model.experts, model.experts_per_token, model.ffn, model.shared_expert_ffn
     mixtral = model.router_first and not fs
-    renormalized = mixtral or not model.router_first
+    renormalized = model.norm_topk_prob
     # MixtralTopKRouter.forward softmax(router_logits.float()); Qwen2Moe/Qwen3MoeTopKRouter softmax(dtype=float)
     out = [Saved("router softmax output, fp32", 4.0 * n, SP),
            Saved("router top-k indices, int64 (torch.topk)", 8.0 * k, SP)]  # same TopKRouter.forward

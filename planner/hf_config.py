@@ -124,6 +124,7 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
                 experts=integer("num_experts", default=60),
                 experts_per_token=integer("num_experts_per_tok", default=4),
                 shared_expert_ffn=integer("shared_expert_intermediate_size", default=5632),
+                norm_topk_prob=flag("norm_topk_prob", False),  # Qwen2MoeConfig default
                 architecture="llama",
             )
         elif kind in ("qwen3", "qwen3_moe"):
@@ -163,6 +164,7 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
                 experts=integer("num_experts", "num_local_experts", default=128) if moe else 1,
                 experts_per_token=integer("num_experts_per_tok", default=8) if moe else 1,
                 router_first=False,
+                norm_topk_prob=flag("norm_topk_prob", False) if moe else True,  # Qwen3MoeConfig default False
                 architecture="llama",
             )
         elif kind == "gpt2":

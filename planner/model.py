@@ -116,6 +116,10 @@ class ModelSpec:
     router_first: bool = True
     """The MoE router registers before the experts (Mixtral, Qwen2-MoE); Qwen3-MoE registers it
     after them. Only the order of the tensor list changes (DeepSpeed's flat partitions)."""
+    norm_topk_prob: bool = True
+    """The MoE router renormalizes its top-k weights to sum to 1 (transformers 5 MixtralTopKRouter
+    always; Qwen2-MoE and Qwen3-MoE when config.norm_topk_prob). Only what the router keeps for
+    backward changes (planner/activations.py hf_moe_mlp_saved)."""
     shared_expert_ffn: int = 0
     """Intermediate width of the shared expert every token also passes, beside its routed ones
     (Qwen2-MoE shared_expert_intermediate_size; 0: none). `ffn` is then the routed experts' width."""

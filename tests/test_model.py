@@ -622,7 +622,7 @@ def test_shared_expert_activations_are_a_llama_mlp_more():
     base = ModelSpec(layers=2, hidden=2048, heads=16, kv_heads=16, ffn=1408, vocab=1000, experts=60,
                      experts_per_token=4)
     shared = ModelSpec(layers=2, hidden=2048, heads=16, kv_heads=16, ffn=1408, vocab=1000, experts=60,
-                       experts_per_token=4, shared_expert_ffn=5632)
+                       experts_per_token=4, shared_expert_ffn=5632, norm_topk_prob=False)  # Qwen1.5-MoE's
     training = layout.Training(engine="fsdp")  # Hugging Face modules
 
     def per_token(spec):
@@ -630,5 +630,6 @@ def test_shared_expert_activations_are_a_llama_mlp_more():
 
     # 4 tensors x 2 bytes x 5632, + the shared output (2h) and its sigmoid gate (2); a shared expert
     # also makes it a Qwen router (activations.hf_moe_mlp_saved): bf16 routing weights (2k, not
-    # Mixtral's fp32 4k) and no renormalization (no 4k + 4): 45,056 + 4,098 - 28 = 49,126
+    # Mixtral's fp32 4k), and Qwen1.5-MoE's norm_topk_prob false drops the renormalization's 4k + 4:
+    # 45,056 + 4,098 - 28 = 49,126
     assert per_token(shared) - per_token(base) == 4 * 2 * 5632 + 2 * 2048 + 2 - (2 * 4 + 4 * 4 + 4)
