@@ -1,7 +1,9 @@
 """Worker: PyTorch FSDP2 (fully_shard per decoder layer and at the root) on a small transformers
 Llama, run under torchrun. Each rank counts by unique storage what the engine holds after an
 optimizer step: the sharded parameters (DTensor local shards), the sharded gradients and AdamW's
-states. Usage: python -m torch.distributed.run --nproc_per_node 2 -m calibrate.fsdp_worker
+states. With "gathers_for": [m, ...] it also counts, for a step of m micro-batches each, the
+parameter all-gathers FSDP2 issues (calls of _fsdp_param_group.foreach_all_gather: one per unit
+unshard). Usage: python -m torch.distributed.run --nproc_per_node 2 -m calibrate.fsdp_worker
 '{"mixed": true, "reshard_after_forward": true, ...}'
 """
 
@@ -57,6 +59,25 @@ def main(cfg: dict) -> None:
 
     step()  # optimizer states are created lazily at the first step
     params = [p for p in model.parameters()]
+    gathers = {}
+    if cfg.get("gathers_for"):
+        import torch.distributed.fsdp._fully_shard._fsdp_param_group as group
+
+        original, calls = group.foreach_all_gather, [0]
+
+        def counted(*args, **kwargs):
+            calls[0] += 1
+            return original(*args, **kwargs)
+
+        group.foreach_all_gather = counted
+        for m in cfg["gathers_for"]:
+            calls[0] = 0
+            for _ in range(m):  # gradient accumulation: m forward/backward passes, one optimizer step
+                model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+            gathers[str(m)] = calls[0]
+        group.foreach_all_gather = original
     result = {
         "param_bytes": storage_bytes(params),
         "param_dtype": str(_local(params[0]).dtype),
@@ -64,6 +85,8 @@ def main(cfg: dict) -> None:
         "optimizer_bytes": storage_bytes(v for st in opt.state.values() for v in st.values()
                                          if torch.is_tensor(v) and v.dim() > 0),
         "params": sum(p.numel() for p in params),
+        "units": len(model.model.layers) + 1,  # fully_shard per decoder layer and at the root
+        "gathers_per_step": gathers,
         **cuda_memory(),
     }
     write_result(result)

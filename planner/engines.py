@@ -170,6 +170,10 @@ class Engine:
     --overlap-param-gather) instead of before it (DeepSpeed all_gather_dp_groups)."""
     zero3_fetch_per_block: bool
     """ZeRO-3 gathers one unit per block (FSDP) rather than one per submodule (DeepSpeed)."""
+    reshards_after_backward: bool
+    """--zero 2 parameters are resharded after every backward and all-gathered again, unit by unit,
+    in the next micro-batch's forward (torch 2.13 _fully_shard.py: reshard_after_backward True
+    unless set_reshard_after_backward(False)), rather than gathered once after the step."""
     tp_comm_overlap: bool
     """--tp-comm-overlap exists: TransformerEngine userbuffers split each sequence-parallel all-gather
     and reduce-scatter into tp chunks pipelined with their GEMM (Megatron-LM with TE)."""
@@ -250,6 +254,7 @@ _DS_COMMON = dict(
     param_gather_overlaps_forward=False,  # runtime/utils.py all_gather_dp_groups: synchronous, after the step
     # partitioned_param_coordinator.py fetch_sub_module: one coalesced all-gather per submodule
     zero3_fetch_per_block=False,
+    reshards_after_backward=False,
     tp_comm_overlap=False,
     selective_policy=SelectivePolicy.CORE_ATTENTION,  # Megatron-DeepSpeed's; deepspeed.checkpointing wraps any function
     loss_chunks=1,
@@ -311,6 +316,7 @@ MEGATRON = Engine(
     param_gather_per_bucket=True,  # param_and_grad_buffer.py start_param_sync per bucket group
     param_gather_overlaps_forward=True,  # param_and_grad_buffer.py finish_param_sync: next bucket's gather
     zero3_fetch_per_block=False,
+    reshards_after_backward=False,
     tp_comm_overlap=True,  # training/arguments.py --tp-comm-overlap (needs --sequence-parallel and TE)
     # Narayanan et al. 2021 section 4.1: scatter/gather over the TP ranks' NICs
     p2p_split_over_tp=True,
@@ -360,6 +366,7 @@ FSDP = Engine(
     param_gather_overlaps_forward=False,  # ZeRO-1/2 gathers are DeepSpeed/Megatron's; FSDP2 gathers per unit (zero3 path)
     param_gather_per_bucket=True,
     zero3_fetch_per_block=True,
+    reshards_after_backward=True,  # measured: tests/test_fsdp_real.py test_fsdp2_gathers_every_micro_batch
     tp_comm_overlap=False,
     p2p_split_over_tp=False,
     selective_policy=SelectivePolicy.CORE_ATTENTION,

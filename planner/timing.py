@@ -242,7 +242,8 @@ def param_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
         if training.engine.param_gather_per_bucket else 1.0
     gather = ring_time_s(dense * w, n_dp, bw_dp, "all_gather", lat, calls) \
         + ring_time_s(expert * w, n_edp, bw_edp, "all_gather", lat, calls)
-    return np.where((lay.zero == 1) | (lay.zero == 2), gather, 0.0), np.maximum(calls, 1.0) + 0 * lay.tp
+    after_step = (lay.zero == 1) | ((lay.zero == 2) & (not training.engine.reshards_after_backward))
+    return np.where(after_step, gather, 0.0), np.maximum(calls, 1.0) + 0 * lay.tp
 
 
 def overlapped_exposed_s(total_s, buckets, window_s):
@@ -258,20 +259,29 @@ def overlapped_exposed_s(total_s, buckets, window_s):
     return per + (buckets - 1.0) * np.maximum(per - window_s / buckets, 0.0)
 
 
+def zero3_gathers_per_step(training: Training, lay: Layouts) -> np.ndarray:
+    """Times each sharded parameter is all-gathered in a step: forward and again backward every
+    micro-batch under ZeRO-3 (ZeRO paper section 7); the forward only under --zero 2 where the
+    engine reshards after every backward (Engine.reshards_after_backward); once where a pipeline
+    keeps its stage gathered across the micro-batches; else none (ZeRO-1/2 gather after the step:
+    param_gather_s)."""
+    regather = (lay.zero == 2) & training.engine.reshards_after_backward
+    per_microbatch = np.select([lay.zero == 3, regather], [2.0, 1.0], 0.0)
+    return np.where(deferred_reduction(training, lay) & (per_microbatch > 0), 1.0, per_microbatch * lay.gas)
+
+
 def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> tuple:
-    """(exposed, hideable) ZeRO-3 parameter all-gathers: forward and again backward, every micro-
-    batch (ZeRO paper section 7), one coalesced call per submodule (DeepSpeed fetch_sub_module)
-    or per block (FSDP); prefetch hides a calibrated fraction."""
+    """(exposed, hideable) parameter all-gathers of sharded parameters (zero3_gathers_per_step), one
+    coalesced call per submodule (DeepSpeed fetch_sub_module) or per block (FSDP); prefetch hides a
+    calibrated fraction."""
     dense, expert = _held_params(model, training, lay)
     n_dp, bw_dp, n_edp, bw_edp, lat = _dp_groups(cluster, lay, c)
     w = state_bytes(training).weights
     n_layers = max_layers_on_stage(model.layers, lay.pp, training.engine.pipeline_edge_layers)
     per_block = 1 if training.engine.zero3_fetch_per_block else len(model.gemms(training.engine.fused_gemms))
     calls = n_layers * per_block + 2
-    gathers = np.where(deferred_reduction(training, lay), 1.0, 2.0 * lay.gas)  # a kept-gathered stage: once
-    gather = gathers * (ring_time_s(dense * w, n_dp, bw_dp, "all_gather", lat, calls)
-                              + ring_time_s(expert * w, n_edp, bw_edp, "all_gather", lat, calls))
-    gather = np.where(lay.zero == 3, gather, 0.0)
+    gather = zero3_gathers_per_step(training, lay) * (ring_time_s(dense * w, n_dp, bw_dp, "all_gather", lat, calls)
+                                                      + ring_time_s(expert * w, n_edp, bw_edp, "all_gather", lat, calls))
     hidden = c["zero3_gather_overlap_fraction"]
     return (1 - hidden) * gather, hidden * gather
 

@@ -33,3 +33,40 @@ def test_model_states(records, name):
     if "reshard-true" in name:  # --zero 3 (see calibrate/torch_cases.py for --zero 2)
         assert r["prediction"]["model_state_bytes"] == m["model_state_bytes"]
     assert r["prediction"]["grad_bytes"] == m["grad_bytes"]
+
+
+@pytest.fixture(scope="module")
+def gathers():
+    """{reshard_after_forward: rank 0's record} of FSDP2 steps with 1, 2 and 4 micro-batches each."""
+    import json
+
+    from calibrate.launch import launch
+
+    out = {}
+    for reshard in (True, False):
+        cfg = {"mixed": True, "reshard_after_forward": reshard, "mbs": 2, "seq": 32, "gathers_for": [1, 2, 4]}
+        run = launch("calibrate.fsdp_worker", [json.dumps(cfg)], nproc=D, timeout_s=180)
+        assert run.status == "ok", run.to_json()
+        out[reshard] = run.ranks[0]
+    return out
+
+
+def test_fsdp2_gathers_every_micro_batch(gathers):
+    """FSDP2 reshards after every backward (torch 2.13 _fully_shard.py: reshard_after_backward True
+    unless set_reshard_after_backward(False)), so with reshard_after_forward False (the planner's
+    --zero 2) every micro-batch's forward all-gathers each unit again: 3 units (2 layers and the
+    root) x m gathers a step, m = 1, 2, 4; with True (--zero 3, the root sharded with the same
+    setting) the backward gathers every unit once more: 2 x 3 x m. The planner times m gathers of
+    each parameter a step for --zero 2 and 2m for --zero 3 (planner/timing.py zero3_gather_s)."""
+    from planner import layout
+    from planner.timing import zero3_gathers_per_step
+
+    units = gathers[False]["units"]
+    assert units == 3
+    assert gathers[False]["gathers_per_step"] == {"1": 3, "2": 6, "4": 12}  # units x m
+    assert gathers[True]["gathers_per_step"] == {"1": 6, "2": 12, "4": 24}  # 2 x units x m
+    training = layout.Training(engine="fsdp")
+    for zero, reshard in ((2, False), (3, True)):
+        per_unit = [float(zero3_gathers_per_step(training, layout.single(dp=2, zero=zero, gas=m))[0]) for m in (1, 2, 4)]
+        measured = [gathers[reshard]["gathers_per_step"][str(m)] / units for m in (1, 2, 4)]
+        assert per_unit == measured  # [1, 2, 4] for --zero 2, [2, 4, 8] for --zero 3

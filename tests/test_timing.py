@@ -617,3 +617,24 @@ def test_torchtitan_selective_reruns_wo_and_w3_not_the_attention():
     # doubling the sequence doubles attention work per token: Megatron's rerun grows, torchtitan's does not
     assert rerun_per_token("torchtitan", 16384) == pytest.approx(rerun_per_token("torchtitan", 8192), rel=0.01)
     assert rerun_per_token("megatron", 16384) > 1.8 * rerun_per_token("megatron", 8192)
+
+
+def test_fsdp_zero2_gathers_every_micro_batch_deepspeed_once_a_step():
+    # FSDP2 with reshard_after_forward False reshards after each backward and all-gathers every unit
+    # again in the next forward (counted on 2 gloo ranks: tests/test_fsdp_real.py, 3 units x m);
+    # DeepSpeed ZeRO-2 gathers the updated partitions once, after the step. Llama-3-8B on 16 H100
+    m = lookup("llama-3-8b")
+    clus = hardware.Cluster(H100, 16, 8)
+    c = memory.coefficients("time")
+    fsdp, ds = layout.Training(seq_len=4096, engine="fsdp"), layout.Training(seq_len=4096, engine="deepspeed")
+
+    def gathers(training, gas):
+        lay = layout.single(dp=16, zero=2, gas=gas)
+        return sum(timing.zero3_gather_s(m, clus, training, lay, c))[0], timing.param_gather_s(m, clus, training, lay, c)[0][0]
+
+    (f1, f1_after), (f4, f4_after) = gathers(fsdp, 1), gathers(fsdp, 4)
+    assert f1 > 0 and f4 == pytest.approx(4 * f1) and f1_after == f4_after == 0  # m forward gathers, 4 = 4 x 1
+    (d1, d1_after), (d4, d4_after) = gathers(ds, 1), gathers(ds, 4)
+    assert d1 == d4 == 0 and d1_after == d4_after > 0  # one gather after the step, whatever m
+    # the same bytes either way: one all-gather of the 16-bit parameters over 16 ranks
+    assert f1 == pytest.approx(d1_after, rel=0.5)
