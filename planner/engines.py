@@ -170,6 +170,9 @@ class Engine:
     --overlap-param-gather) instead of before it (DeepSpeed all_gather_dp_groups)."""
     zero3_fetch_per_block: bool
     """ZeRO-3 gathers one unit per block (FSDP) rather than one per submodule (DeepSpeed)."""
+    experts_split_over_tp: bool
+    """Routed experts' matrices split over the TP ranks like the dense ones (else every TP rank
+    holds its local experts whole and runs them on its 1/t of the tokens)."""
     reshards_after_backward: bool
     """--zero 2 parameters are resharded after every backward and all-gathered again, unit by unit,
     in the next micro-batch's forward (torch 2.13 _fully_shard.py: reshard_after_backward True
@@ -263,7 +266,7 @@ _DS_COMMON = dict(
 DEEPSPEED = Engine(
     name="deepspeed", summary="DeepSpeed ZeRO 0-3 + offload on Hugging Face modules; 1F1B PipelineModule (ZeRO 0/1)",
     tensor_parallel=False, fused_gemms=False, eager_elementwise=True, p2p_split_over_tp=False,
-    modules=Modules.HUGGING_FACE, launcher=Launcher.DEEPSPEED, **_DS_COMMON)
+    modules=Modules.HUGGING_FACE, launcher=Launcher.DEEPSPEED, experts_split_over_tp=True, **_DS_COMMON)
 
 MEGATRON_DEEPSPEED = Engine(
     name="megatron-deepspeed", summary="Megatron TP/SP/CP and fused kernels + DeepSpeed ZeRO, offload and pipeline",
@@ -271,7 +274,10 @@ MEGATRON_DEEPSPEED = Engine(
     modules=Modules.MEGATRON, launcher=Launcher.MEGATRON_DEEPSPEED,
     # Megatron-DeepSpeed --deepspeed-activation-checkpointing: deepspeed.checkpointing.configure(mpu, ...)
     # makes its checkpoint DeepSpeed's (runtime/activation_checkpointing/checkpointing.py CheckpointFunction)
-    deepspeed_checkpointing=True, moe_capacity=MoeCapacity.DEEPSPEED_MOE, **_DS_COMMON)
+    deepspeed_checkpointing=True, moe_capacity=MoeCapacity.DEEPSPEED_MOE,
+    # DeepSpeed 0.19 moe/layer.py MoE(enable_expert_tensor_parallelism=False): experts stay whole on
+    # every TP rank, which runs them on its 1/t of the tokens (sharded_moe.py MOELayer.forward drop_tokens)
+    experts_split_over_tp=False, **_DS_COMMON)
 
 MEGATRON = Engine(
     name="megatron", summary="Megatron-LM: TP/SP/CP/PP with interleaving; --zero 1 = distributed optimizer",
@@ -284,6 +290,8 @@ MEGATRON = Engine(
     pipeline_edge_layers=0,  # account_for_embedding_in_pipeline_split is off by default
     pipeline_defers_grad_reduction=False,  # Megatron's grad buffer is full-size anyway
     pipeline_p2p_buffers=False,  # p2p_communication.py allocates each received tensor when it arrives
+    # megatron-core 0.16.1 model_parallel_config.py: expert_tensor_parallel_size defaults to the TP size
+    experts_split_over_tp=True,
     offload_devices=(),
     offload_together=False,
     buffers=Buffers.NONE,
@@ -367,6 +375,7 @@ FSDP = Engine(
     param_gather_per_bucket=True,
     zero3_fetch_per_block=True,
     reshards_after_backward=True,  # measured: tests/test_fsdp_real.py test_fsdp2_gathers_every_micro_batch
+    experts_split_over_tp=True,  # a DTensor plan shards what it is told to; the planner splits experts with TP
     tp_comm_overlap=False,
     p2p_split_over_tp=False,
     selective_policy=SelectivePolicy.CORE_ATTENTION,

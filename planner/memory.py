@@ -153,7 +153,7 @@ def deepspeed_straddle_bytes(model: ModelSpec, training: Training, lay: Layouts,
     hooks = (lay.zero == 2) | ((lay.zero == 1) & training.zero_config.contiguous_gradients)
     phase = engine.grads_sharded_step if at_step else engine.grads_sharded_backward
     held = hooks & np.isin(lay.zero, phase) & (lay.offload_optimizer == Offload.NONE)
-    excess = deepspeed_grad_partition_excess(model, lay, stage, held) * training.precision.element_bytes
+    excess = deepspeed_grad_partition_excess(model, training, lay, stage, held) * training.precision.element_bytes
     if not at_step:  # each partition copy of a later micro-step carries its own (measured)
         excess = excess * (1 + (np.isin(lay.zero, engine.accumulation_copy) & (lay.gas > 1)))
     return excess
@@ -181,11 +181,11 @@ def zero3_live_param_bytes(model: ModelSpec, training: Training, lay: Layouts, s
     dense, expert = rank_params(model, training, lay, stage)
     rank = dense + expert
     n_layers = layers_on_stage(model.layers, lay.pp, stage, training.engine.pipeline_edge_layers)
-    block = block_params(model, lay)
+    block = block_params(model, training, lay)
     live = np.minimum(np.minimum(rank, zc.stage3_max_live_parameters),
                       np.maximum(zc.stage3_max_reuse_distance, block + zc.stage3_prefetch_bucket_size))
     working = np.maximum(live, np.minimum(rank, block + zc.stage3_prefetch_bucket_size))
-    persistent = persistent_params_per_layer(model, lay, zc.stage3_param_persistence_threshold) * n_layers
+    persistent = persistent_params_per_layer(model, training, lay, zc.stage3_param_persistence_threshold) * n_layers
     return np.where(lay.zero == 3, (working + persistent) * w, 0.0)
 
 
@@ -194,7 +194,7 @@ def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts
     prefetched next one (fully_shard's default forward/backward prefetch of one unit; one unit per
     block); none when every block stays gathered from forward to backward (--zero 2, or a pipeline
     keeping the stage gathered), which is counted as whole weights."""
-    units = 2 * block_params(model, lay) * training.precision.element_bytes
+    units = 2 * block_params(model, training, lay) * training.precision.element_bytes
     return np.where((lay.zero >= 3) & ~deferred_reduction(training, lay), units, 0.0)
 
 

@@ -258,11 +258,13 @@ class ModelSpec:
         n = self.layers // pp + (stage < self.layers % pp)
         return self.flat_sizes(tp, n, stage == 0, stage == pp - 1, ep)
 
-    def flat_sizes(self, tp: int, n_layers: int, first: bool, last: bool, ep: int = 1) -> np.ndarray:
+    def flat_sizes(self, tp: int, n_layers: int, first: bool, last: bool, ep: int = 1, expert_tp: int | None = None) -> np.ndarray:
         """flat_local_sizes of a stage given by its block count and whether it is the first and/or
-        the last (a tied output layer is a second copy on a last stage that is not also the first)."""
+        the last (a tied output layer is a second copy on a last stage that is not also the first);
+        routed experts split over `expert_tp` TP ranks (default: tp)."""
         def local(place):
-            return [local_numel(t, tp, self.experts, ep) for t in self._tensors
+            return [local_numel(t, expert_tp if t.expert and expert_tp is not None else tp, self.experts, ep)
+                    for t in self._tensors
                     if t.place == place and (not t.tied or not first)]
 
         block = np.array(local(BLOCK), dtype=np.float64)

@@ -21,12 +21,13 @@ def rank_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> tu
     Megatron TP splits q/k/v/MLP matrices by t and keeps norms and row-parallel biases whole
     (Shoeybi et al. 2019 section 3); the embedding is vocab-parallel (split by t) on the first
     stage, the output layer on the last; tied embeddings need a second copy when p > 1
-    (Megatron-LM `shared_embedding`). Experts are split over EP ranks (Lepikhin et al. 2020)."""
+    (Megatron-LM `shared_embedding`). Experts are split over EP ranks (Lepikhin et al. 2020), and
+    over TP where the engine splits them (expert_tp)."""
     s = model.sums
     t, p = lay.tp, lay.pp
     local_experts = np.maximum(model.experts // lay.ep, 1) / model.experts
     dense_per_layer = s.block_split / t + s.block_replicated
-    expert_per_layer = local_experts * (s.expert_split / t + s.expert_replicated)
+    expert_per_layer = local_experts * (s.expert_split / expert_tp(training, lay) + s.expert_replicated)
     n = layers_on_stage(model.layers, p, stage, training.engine.pipeline_edge_layers)
     first, last = stage == 0, stage == p - 1
     embedding = s.first_split / t + s.first_replicated
@@ -35,20 +36,32 @@ def rank_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> tu
     return np.ceil(dense), np.ceil(n * expert_per_layer)
 
 
-def block_params(model: ModelSpec, lay: Layouts) -> np.ndarray:
+def expert_tp(training: Training, lay: Layouts) -> np.ndarray:
+    """TP ranks a routed expert's split matrices divide over: t where the engine splits experts
+    like the dense layers (Engine.experts_split_over_tp: megatron-core 0.16.1
+    model_parallel_config.py expert_tensor_parallel_size defaults to the TP size), else 1
+    (DeepSpeed 0.19 moe/layer.py MoE enable_expert_tensor_parallelism=False). The FLOPs and
+    activations per rank are the same either way: whole experts on 1/t of the tokens
+    (sharded_moe.py MOELayer.forward drop_tokens) or 1/t of each expert on all of them."""
+    return lay.tp if training.engine.experts_split_over_tp else np.ones_like(lay.tp)
+
+
+def block_params(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
     """Parameter elements of one transformer block on one rank (its TP shard, its local experts)."""
     s = model.sums
     local_experts = np.maximum(model.experts // lay.ep, 1) / model.experts
-    return s.block_split / lay.tp + s.block_replicated + local_experts * (s.expert_split / lay.tp + s.expert_replicated)
+    return s.block_split / lay.tp + s.block_replicated \
+        + local_experts * (s.expert_split / expert_tp(training, lay) + s.expert_replicated)
 
 
-def persistent_params_per_layer(model: ModelSpec, lay: Layouts, threshold: int) -> np.ndarray:
+def persistent_params_per_layer(model: ModelSpec, training: Training, lay: Layouts, threshold: int) -> np.ndarray:
     """Elements of a block's tensors smaller than stage3_param_persistence_threshold on this rank:
     ZeRO-3 keeps them whole on every rank (deepspeed/runtime/zero/parameter_offload.py
     mark_persistent_parameters: ds_numel <= param_persistence_threshold)."""
     total = 0.0 * lay.tp
     for t in model.block_tensors():
-        local = t.numel / lay.tp if t.tp_dim is not None else t.numel + 0 * lay.tp
+        split = expert_tp(training, lay) if t.expert else lay.tp
+        local = t.numel / split if t.tp_dim is not None else t.numel + 0 * lay.tp
         if t.expert:
             local = local * np.maximum(model.experts // lay.ep, 1) / model.experts
         total = total + np.where(local < threshold, local, 0)
@@ -125,10 +138,10 @@ def _worst_partition_overlap(sizes: np.ndarray, ends: np.ndarray, ranks: int) ->
 
 
 @lru_cache(maxsize=1024)
-def _flat(model: ModelSpec, tp: int, n_layers: int, first: bool, last: bool, ep: int) -> tuple:
+def _flat(model: ModelSpec, tp: int, n_layers: int, first: bool, last: bool, ep: int, etp: int) -> tuple:
     """(sizes, running ends) of a rank's flat parameter buffer, cached across evaluations (middle
     stages with as many blocks share one)."""
-    sizes = model.flat_sizes(tp, n_layers, first, last, ep)
+    sizes = model.flat_sizes(tp, n_layers, first, last, ep, etp)
     return sizes, np.cumsum(sizes)
 
 
@@ -137,7 +150,7 @@ EXACT_TENSORS = 20_000
 layers of Llama-3.1-405B are ~1,100)."""
 
 
-def deepspeed_grad_partition_excess(model: ModelSpec, lay: Layouts, stage, where=None) -> np.ndarray:
+def deepspeed_grad_partition_excess(model: ModelSpec, training: Training, lay: Layouts, stage, where=None) -> np.ndarray:
     """Elements by which the worst rank's ZeRO-1/2 gradient partition exceeds rank_params/D, for the
     candidates `where` is true (all by default; 0 elsewhere).
 
@@ -153,13 +166,13 @@ def deepspeed_grad_partition_excess(model: ModelSpec, lay: Layouts, stage, where
     if not rows.size:
         return excess
     n_layers = model.layers // lay.pp + (stage < model.layers % lay.pp)  # flat_local_sizes' split
-    columns = (lay.tp, n_layers, stage == 0, stage == lay.pp - 1, lay.zero_ranks, lay.ep)
+    columns = (lay.tp, n_layers, stage == 0, stage == lay.pp - 1, lay.zero_ranks, lay.ep, expert_tp(training, lay))
     key = np.stack([np.broadcast_to(a, lay.shape).ravel()[rows].astype(np.int64) for a in columns], axis=-1)
     uniq, inverse = np.unique(key, axis=0, return_inverse=True)
     values = np.zeros(len(uniq))
-    for j, (t, n, first, last, d, e) in enumerate(uniq):
+    for j, (t, n, first, last, d, e, etp) in enumerate(uniq):
         if d > 1:
-            sizes, ends = _flat(model, int(t), int(n), bool(first), bool(last), int(e))
+            sizes, ends = _flat(model, int(t), int(n), bool(first), bool(last), int(e), int(etp))
             if sizes.size > EXACT_TENSORS:
                 values[j] = 2 * sizes.max()  # the worst partition overhangs by less than a tensor at each edge
             else:

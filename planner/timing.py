@@ -191,7 +191,7 @@ def grad_bucket_elements(model: ModelSpec, training: Training, lay: Layouts) -> 
     if kind is GradBuckets.REDUCE_BUCKET:
         return training.zero_config.reduce_bucket_size + 0 * lay.tp
     if kind is GradBuckets.PER_BLOCK:
-        return block_params(model, lay)
+        return block_params(model, training, lay)
     return np.maximum(MEGATRON_DDP_BUCKET, 1_000_000 * lay.zero_ranks)
 
 

@@ -123,7 +123,7 @@ def _planner(twin, stage: int, zc: ZeroConfig = ZERO, gas: int = 1) -> dict:
     # ZeRO-1/2: bytes by which the worst rank's gradient partition exceeds 2*P/D (whole straddling
     # parameters); the planner books them under buffers where the gradient is that partition:
     # in backward for ZeRO-2 only (ZeRO-1 holds the full gradient there), at the step for both
-    out["straddle"] = float(sharding.deepspeed_grad_partition_excess(twin, lay, 0)[0] * 2) if stage in (1, 2) else 0.0
+    out["straddle"] = float(sharding.deepspeed_grad_partition_excess(twin, training, lay, 0)[0] * 2) if stage in (1, 2) else 0.0
     out["straddle_bwd"] = float(memory.deepspeed_straddle_bytes(twin, training, lay, 0, at_step=False)[0])
     out["straddle_step"] = float(memory.deepspeed_straddle_bytes(twin, training, lay, 0, at_step=True)[0])
     reduce_grads, reduce_buffers = memory.reduction_copy_bytes(twin, training, lay, 0)

@@ -140,3 +140,24 @@ def test_torchtitan_pipeline_keeps_receive_buffers_per_microbatch():
     # the first stage receives gradients only: 16 x 64 MiB
     first = activations.stage_activation_bytes(m, titan, lay, 0)[0] - activations.stage_activation_bytes(m, without, lay, 0)[0]
     assert first == 16 * 64 * 2**20
+
+
+def test_deepspeed_moe_keeps_experts_whole_on_every_tp_rank():
+    # DeepSpeed's MoE layer (what Megatron-DeepSpeed builds) defaults to no expert tensor parallelism:
+    # each TP rank holds its local experts whole and runs them on 1/t of the tokens; megatron-core's
+    # expert TP defaults to the TP size. Mixtral 8x7B, tp 2, ep 8: a layer's experts are 8 x 3 x 4096
+    # x 14336 = 1,409,286,144 elements, one expert each rank: 176,160,768 whole, 88,080,384 split
+    import inspect
+
+    from deepspeed.moe.layer import MoE
+
+    assert inspect.signature(MoE.__init__).parameters["enable_expert_tensor_parallelism"].default is False
+    m = lookup("mixtral-8x7b")
+    lay = layout.single(tp=2, dp=8, ep=8)
+    mds, mlm = layout.Training(engine="megatron-deepspeed"), layout.Training(engine="megatron")
+    per_layer_mds = sharding.rank_params(m, mds, lay, 0)[1][0] / 32  # 32 layers
+    per_layer_mlm = sharding.rank_params(m, mlm, lay, 0)[1][0] / 32
+    assert per_layer_mds == 3 * 4096 * 14336  # one whole expert
+    assert per_layer_mlm == 3 * 4096 * 14336 / 2  # its TP half
+    # the dense part is split alike
+    assert sharding.rank_params(m, mds, lay, 0)[0][0] == sharding.rank_params(m, mlm, lay, 0)[0][0]
