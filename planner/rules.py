@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from planner.engines import ENGINES, Buffers, Engine
+from planner.engines import ENGINES, Buffers, Engine, MoeCapacity
 from planner.errors import InputError
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
@@ -112,6 +112,11 @@ RULES: tuple[Rule, ...] = (
     Rule("recompute_method_layers", ENGINE_RULE,
          lambda m, cl, tr, l: (l.recompute_method == RecomputeMethod.UNIFORM) & (l.recompute_layers == 0),
          lambda m, cl, tr: "--recompute-method: uniform needs --recompute-layers N (the layers per checkpoint)"),
+    Rule("moe_tp_needs_sp", ENGINE_RULE,
+         lambda m, cl, tr, l: (m.experts > 1) & (tr.engine.moe_capacity is MoeCapacity.MEGATRON) & (l.tp > 1)
+                              & (l.sequence_parallel == 0),
+         lambda m, cl, tr: "--sequence-parallel: megatron-core trains MoE layers with --tp > 1 only with sequence "
+                           "parallelism (moe/moe_layer.py MoELayer.forward raises without it)"),
     Rule("batch", DIVISIBILITY, lambda m, cl, tr, l: (l.mbs < 1) | (l.gas < 1),
          lambda m, cl, tr: "--mbs/--gbs: must be positive, with --gbs divisible by --mbs*--dp"),
     # ---- generated from the engine record ----

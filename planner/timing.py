@@ -21,7 +21,7 @@ from planner.activations import checkpoint_partitions, checkpoints_on_host, reco
 from planner.collectives import (group_bus_bytes_per_s, group_latency_s, intra_node_bus_bytes_per_s,
                                  p2p_bytes_per_s, ring_time_s)
 from planner.compute import flops_per_step, peak_flops_per_s, tokens_per_microbatch
-from planner.engines import GradBuckets, SelectivePolicy
+from planner.engines import GradBuckets, Modules, SelectivePolicy
 from planner.grouping import Lazy, grouped
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
@@ -81,7 +81,11 @@ def ep_all_to_all_s(model: ModelSpec, cluster: Cluster, training: Training, lay:
     """One expert-parallel all-to-all (dispatch or combine) of the T*k routed tokens: each rank
     sends (ep-1)/ep of them (GShard section 3; Megatron-core MoE token dispatcher). Padded to an
     expert capacity it moves all E x capacity rows, padding included (DeepSpeed 0.19.8
-    moe/sharded_moe.py MOELayer.forward: _AllToAll of the [E, C, M] dispatched_input)."""
+    moe/sharded_moe.py MOELayer.forward: _AllToAll of the [E, C, M] dispatched_input). Under
+    Megatron's modules each TP rank sends only its 1/t of them: its sequence-parallel shard
+    (megatron-core 0.16.1 moe/token_dispatcher.py MoEAlltoAllTokenDispatcher.token_dispatch, the
+    all_to_all before the tp all-gather of dispatch_postprocess; moe_layer.py requires SP with TP
+    in training) or, under DeepSpeed-MoE, what drop_tokens leaves it of the duplicated tokens."""
     from planner.moe import routed_per_token
 
     if model.experts == 1:
@@ -89,7 +93,8 @@ def ep_all_to_all_s(model: ModelSpec, cluster: Cluster, training: Training, lay:
     ep, T = lay.ep.astype(np.float64), tokens_per_microbatch(training, lay)
     rows = routed_per_token(model, training, lay, T)  # per token: k dropless, E capacity / T padded (planner/moe.py)
     bw = p2p_bytes_per_s(cluster, lay.tp * lay.cp * lay.ep > cluster.gpus_per_node, c)
-    nbytes = T * rows * model.hidden * training.precision.element_bytes
+    per_rank = np.where(training.engine.modules is Modules.MEGATRON, lay.tp, 1).astype(np.float64)
+    nbytes = T / per_rank * rows * model.hidden * training.precision.element_bytes
     return np.where(ep > 1, (ep - 1) * c["p2p_latency_s"] + nbytes * (ep - 1) / ep / bw, 0.0)
 
 

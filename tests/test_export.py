@@ -397,7 +397,8 @@ def test_launch_sh_megatron_deepspeed(tmp_path):
 def test_megatron_args_carry_qwen3_moe_shape(tmp_path):
     from planner.model import lookup
 
-    row = single(tp=4, pp=2, dp=2, ep=2, zero=1, mbs=1, gas=8, recompute="full", recompute_layers=3).row(0)
+    row = single(tp=4, pp=2, dp=2, ep=2, zero=1, mbs=1, gas=8, recompute="full", recompute_layers=3,
+                 sequence_parallel=True).row(0)  # megatron-core: MoE with TP needs SP
     out = files(emit(tmp_path, lookup("qwen3-30b-a3b"), cluster(16), Training(engine="megatron"), row))
     margs = args_of(out["megatron_args.txt"].read_text())
     for a in ["--qk-layernorm", "--kv-channels 128", "--num-experts 128", "--moe-router-topk 8",

@@ -229,3 +229,22 @@ def test_cli_reaches_the_estimate_and_reports_the_default():
     assert code in (0, 2)
     engines = {e["engine"] for e in json.loads(text)["engines"]}
     assert engines == {"deepspeed", "megatron-deepspeed", "fsdp", "torchtitan"}
+
+
+def test_megatron_all_to_all_carries_a_ranks_sequence_shard():
+    # megatron-core 0.16.1 MoEAlltoAllTokenDispatcher: each TP rank all-to-alls the routed rows of its
+    # sequence-parallel shard, T/t of them (the tp all-gather comes after); Mixtral 8x7B, s 4096,
+    # mbs 1, ep 4: T k h e = 4096 x 2 x 4096 x 2 = 67,108,864 bytes at tp 1, half at tp 2 with SP
+    from planner.rules import check_single
+
+    m = lookup("mixtral-8x7b")
+    clus = Cluster(lookup_gpu("h100-sxm"), 16, 8)
+    c = coefficients("time")
+    train = layout.Training(seq_len=4096, engine="megatron")
+    latency = 3 * c["p2p_latency_s"]  # (ep - 1) sends
+    one = timing.ep_all_to_all_s(m, clus, train, layout.single(tp=1, dp=16, ep=4), c)[0] - latency
+    two = timing.ep_all_to_all_s(m, clus, train, layout.single(tp=2, dp=8, ep=4, sequence_parallel=True), c)[0] - latency
+    assert two == pytest.approx(one / 2)  # 33,554,432 bytes x 3/4 sent, against 67,108,864 x 3/4
+    # megatron-core refuses MoE with TP and without SP in training (moe_layer.py MoELayer.forward)
+    with pytest.raises(InputError, match="--sequence-parallel"):
+        check_single(m, clus, train, layout.single(tp=2, dp=8, ep=4))
