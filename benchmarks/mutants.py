@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 TERMS = [
     # memory
-    ("planner.sharding", "rank_params"), ("planner.sharding", "persistent_params_per_layer"),
+    ("planner.sharding", "rank_params"), ("planner.sharding", "persistent_params"),
     ("planner.sharding", "deepspeed_grad_partition_excess"),
     ("planner.memory", "weight_bytes"), ("planner.memory", "grad_bytes"), ("planner.memory", "optimizer_bytes"),
     ("planner.memory", "host_bytes"), ("planner.memory", "deepspeed_reduce_buckets"),
@@ -35,7 +35,8 @@ TERMS = [
     ("planner.memory", "loss_bytes_per_logit"), ("planner.pipeline", "p2p_buffers"),
     ("planner.moe", "routed_per_token"), ("planner.moe", "expert_capacity"),
     ("planner.pipeline", "microbatches_in_flight"), ("planner.pipeline", "bubble_slots"), ("planner.pipeline", "bubble_s"),
-    ("planner.pipeline", "p2p_transfers"),
+    ("planner.pipeline", "p2p_transfers"), ("planner.pipeline", "dense_layers_on_stage"),
+    ("planner.pipeline", "first_routed_stage"),
     # step time
     ("planner.compute", "flops_per_step"), ("planner.compute", "gemm_fwd_s"), ("planner.compute", "attention_core_s"),
     ("planner.compute", "elementwise_fwd_s"), ("planner.compute", "op_sac_recompute_s"), ("planner.compute", "elementwise_bwd_s"), ("planner.compute", "head_s"),
@@ -60,7 +61,7 @@ DELIBERATE = [
 
 FAST_TESTS = ["tests/test_memory.py", "tests/test_timing.py", "tests/test_validate.py", "tests/test_search.py",
               "tests/test_cli.py", "tests/test_terms.py", "tests/test_activations_real.py", "tests/test_engines.py",
-              "tests/test_moe_capacity.py"]
+              "tests/test_moe_capacity.py", "tests/test_dense_first.py"]
 
 
 def run(spec: str, pytest_args: list[str]) -> tuple[bool, str, float]:

@@ -231,7 +231,9 @@ def _engine_best(spec, clus, training: Training, engine: str, headroom: float, m
     train = training.for_engine(engine)
     result = search.search(spec, clus, train, headroom, max_mbs, pinned=pins)
     if not result["order"].size:
-        why = "the pinned axes break its rules" if pins and result["valid"].size == 0 else "nothing fits"
+        why = "nothing fits"
+        if result["valid"].size == 0:
+            why = "the pinned axes break its rules" if pins else "it cannot train this model (its rules reject every layout)"
         return {"engine": engine, "layout": None, "tokens_per_s": None, "relative_speed": None, "note": why}
     i = int(result["order"][0])
     speed = float(result["eval"]["time"]["throughput"]["tokens_per_s"][i])

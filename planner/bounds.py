@@ -69,6 +69,12 @@ BOUNDS: dict[str, Bound] = {
     "experts": Bound(1, 65536),
     "experts_per_token": Bound(1, 65536),
     "shared_expert_ffn": Bound(0, 2**22),
+    "dense_layers": Bound(0, 16384),
+    "dense_ffn": Bound(0, 2**22),
+    "kv_lora_rank": Bound(0, 2**20),
+    "q_lora_rank": Bound(0, 2**20),
+    "qk_rope_head_dim": Bound(0, 65536),
+    "v_head_dim": Bound(0, 65536),
     # training
     "seq_len": Bound(1, 2**26, why="64 Mi tokens per sequence"),
     "gbs": Bound(1, 2**30),

@@ -43,22 +43,30 @@ def flops_per_step(model: ModelSpec, training: Training, lay: Layouts) -> dict:
     of one step of the whole job, summed over the model's GEMM list; equals Narayanan 2021 eq. 3
     for GPT shapes. Model FLOPs count each token's k routed experts; hardware FLOPs count the rows
     the experts run, padding to an expert capacity included (planner/moe.py routed_per_token)."""
-    def gemm_per_token(routed):  # an expert GEMM runs `routed` rows per token (GShard: k dropless)
-        return sum(g.flops_per_token * (routed if g.expert else 1) for g in model.gemms(fused=True))
-
-    gemm = gemm_per_token(model.experts_per_token)
-    run = gemm_per_token(routed_per_token(model, training, lay, tokens_per_microbatch(training, lay)))
-    # QK^T and AV: 2*s*q each per token, full s^2 as in Narayanan eq. 3 and PaLM appendix B (12*L*h*s)
-    core = 4.0 * training.seq_len * model.q_width
-    logits = 2.0 * model.hidden * model.vocab
     tokens = (lay.gbs * training.seq_len).astype(np.float64)
-    model_flops = 3.0 * tokens * (model.layers * (gemm + core) + logits)  # backward = 2x forward
-    # Korthikanti 2022 section 6.3: full recompute reruns the block forward, selective the attention core
+    routed = routed_per_token(model, training, lay, tokens_per_microbatch(training, lay))
+    # QK^T (q.k widths) and AV (v widths): 2 s per token each, full s^2 as in Narayanan eq. 3 and
+    # PaLM appendix B (12 L h s); MLA's query/key and value head widths differ (DeepSeek-V2 2.1.2)
+    core = 2.0 * training.seq_len * (model.q_width + model.attention_out_width)
+    logits = 2.0 * model.hidden * model.vocab
+    if training.engine.selective_policy is SelectivePolicy.CORE_ATTENTION:  # Korthikanti 2022 section 6.3
+        selective = core
+    else:  # torchtitan: the matmuls op-level SAC does not keep
+        selective = sum(2.0 * n_in * n_out for _, n_in, n_out, _, kept in op_sac_matmuls(model) if not kept)
+    # per block kind (routed, dense-first) and its count: an expert GEMM runs `routed` rows per
+    # token (GShard: k dropless), its model FLOPs count k
+    gemm, run = 0.0, 0.0
+    for block, n in ((model, model.moe_layers), (model.dense_block, model.dense_layers)):
+        gemms = block.gemms(fused=True)
+        gemm = gemm + n * sum(g.flops_per_token * (block.experts_per_token if g.expert else 1) for g in gemms)
+        run = run + n * sum(g.flops_per_token * (routed if g.expert else 1) for g in gemms)
+    model_flops = 3.0 * tokens * (gemm + model.layers * core + logits)  # backward = 2x forward
+    # full recompute reruns the block forward (the recomputed share of the blocks), selective the
+    # attention core
     full_layers = recomputed_layers(lay, model.layers, lay.pp * lay.vpp)
-    selective = core if training.engine.selective_policy is SelectivePolicy.CORE_ATTENTION else \
-        sum(2.0 * n_in * n_out for _, n_in, n_out, _, kept in op_sac_matmuls(model) if not kept)  # torchtitan
-    extra = full_layers * (run + core) + np.where(lay.recompute == Recompute.SELECTIVE, model.layers * selective, 0.0)
-    padding = 3.0 * model.layers * (run - gemm)  # capacity padding, forward and backward (planner/moe.py)
+    extra = full_layers / model.layers * (run + model.layers * core) \
+        + np.where(lay.recompute == Recompute.SELECTIVE, model.layers * selective, 0.0)
+    padding = 3.0 * (run - gemm)  # capacity padding, forward and backward (planner/moe.py)
     return {"model_flops": model_flops, "hardware_flops": model_flops + tokens * (padding + extra)}
 
 
@@ -105,7 +113,8 @@ def op_sac_recompute_s(model: ModelSpec, cluster: Cluster, training: Training, l
 
 
 def attention_core_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> tuple:
-    """(forward, backward) of QK^T, softmax and AV of one block: 4 T s q/t FLOPs forward. Causal
+    """(forward, backward) of QK^T, softmax and AV of one block: 4 T s q/t FLOPs forward (MLA:
+    2 T s (a d_qk + a d_v)/t). Causal
     FlashAttention skips the masked half (Dao 2023, FlashAttention-2 section 3.1.1) and its
     backward runs 5 matmuls to the forward's 2 (section 3.1.2), at the GPU's measured
     utilization. Unfused attention also moves the a s^2 score tensors through HBM: forward writes
@@ -115,7 +124,7 @@ def attention_core_s(model: ModelSpec, cluster: Cluster, training: Training, lay
     gpu, e = cluster.gpu, training.precision.element_bytes
     s, flash = training.seq_len, training.flash_attention
     T, t = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64)
-    flops = 4.0 * T * s * model.q_width / t * (0.5 if flash else 1.0)
+    flops = 2.0 * T * s * (model.q_width + model.attention_out_width) / t * (0.5 if flash else 1.0)  # QK^T + AV
     fwd = flops / (peak_flops_per_s(cluster, training) * (gpu.attention_efficiency or c["attention_efficiency"]))
     bwd = fwd * (2.5 if flash else 2.0)
     if not flash:

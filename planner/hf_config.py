@@ -1,4 +1,5 @@
-"""Read a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen2, GPT-2, GPT-NeoX) offline.
+"""Read a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen2/3 and their MoE, DeepSeek-V2/V3,
+GLM-4.5, GPT-2, GPT-NeoX) offline.
 
 The file is bounded in size and depth (planner/data.py) and every field is type-checked; the
 shape it yields is validated like any other (planner/bounds.py).
@@ -52,6 +53,17 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
             raise ValueError(f"{key} must be true or false, got {value!r}")
         return value
 
+    def dense_prefix(ffn):
+        """(dense_layers, dense_ffn) for Qwen-MoE's mlp_only_layers when they are the first k blocks
+        (Qwen2MoeDecoderLayer builds Qwen2MoeMLP(intermediate_size) for them); the planner has no
+        other mixing of dense and MoE blocks (decoder_sparse_step > 1 interleaves them)."""
+        only = cfg.get("mlp_only_layers") or []
+        if integer("decoder_sparse_step", default=1) != 1 or not isinstance(only, list) \
+                or sorted(only) != list(range(len(only))):
+            raise InputError(f"--model: {where!r} interleaves dense and MoE layers (decoder_sparse_step, "
+                             "mlp_only_layers); the planner models dense blocks only as the first k")
+        return (len(only), ffn) if only else (0, 0)
+
     def rate(key, default):
         value = cfg.get(key)
         if value is None:
@@ -103,9 +115,7 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
         elif kind == "qwen2_moe":
             # transformers 5 Qwen2MoeConfig (defaults: Qwen1.5-MoE-A2.7B) and Qwen2MoeDecoderLayer:
             # every layer is MoE unless decoder_sparse_step > 1 or mlp_only_layers names it
-            if integer("decoder_sparse_step", default=1) != 1 or cfg.get("mlp_only_layers"):
-                raise InputError(f"--model: {where!r} mixes dense and MoE layers (decoder_sparse_step, "
-                                 "mlp_only_layers); the planner models every block alike")
+            dense_layers, dense_ffn = dense_prefix(integer("intermediate_size", default=5632))
             heads = integer("num_attention_heads", default=16)
             spec = dict(
                 layers=integer("num_hidden_layers", default=24),
@@ -125,6 +135,8 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
                 experts_per_token=integer("num_experts_per_tok", default=4),
                 shared_expert_ffn=integer("shared_expert_intermediate_size", default=5632),
                 norm_topk_prob=flag("norm_topk_prob", False),  # Qwen2MoeConfig default
+                dense_layers=dense_layers,
+                dense_ffn=dense_ffn,
                 architecture="llama",
             )
         elif kind in ("qwen3", "qwen3_moe"):
@@ -133,9 +145,7 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
             # q, k, v and o; every Qwen3-MoE layer is MoE unless decoder_sparse_step > 1 or
             # mlp_only_layers names it (Qwen3MoeDecoderLayer), and it has no shared expert
             moe = kind == "qwen3_moe"
-            if moe and (integer("decoder_sparse_step", default=1) != 1 or cfg.get("mlp_only_layers")):
-                raise InputError(f"--model: {where!r} mixes dense and MoE layers (decoder_sparse_step, "
-                                 "mlp_only_layers); the planner models every block alike")
+            dense_layers, dense_ffn = dense_prefix(integer("intermediate_size", default=6144)) if moe else (0, 0)
             heads = integer("num_attention_heads", default=32)
             hidden = integer("hidden_size", default=2048 if moe else 4096)
             kv_default = 4 if moe else 32
@@ -165,7 +175,48 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
                 experts_per_token=integer("num_experts_per_tok", default=8) if moe else 1,
                 router_first=False,
                 norm_topk_prob=flag("norm_topk_prob", False) if moe else True,  # Qwen3MoeConfig default False
+                dense_layers=dense_layers,
+                dense_ffn=dense_ffn,
                 architecture="llama",
+            )
+        elif kind in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
+            # transformers 5 DeepseekV2/V3 and Glm4Moe configs and decoder layers: blocks before
+            # first_k_dense_replace have a dense MLP of intermediate_size, the rest routed experts of
+            # moe_intermediate_size, gate after them, and shared_experts n_shared x as wide; DeepSeek's
+            # attention is MLA (q_lora_rank null: q_proj), GLM-4.5's Llama's (+ use_qk_norm)
+            glm = kind == "glm4_moe"
+            layers = integer("num_hidden_layers")
+            heads = integer("num_attention_heads")
+            moe_ffn = integer("moe_intermediate_size")
+            dense_layers = integer("first_k_dense_replace", default=0)
+            if flag("attention_bias", False) and not glm:
+                source += "; approximate: MLA's attention_bias (q_a/kv_a/o_proj biases) not modelled"
+            mla = {} if glm else dict(
+                head_dim=integer("qk_nope_head_dim"), kv_lora_rank=integer("kv_lora_rank"),
+                q_lora_rank=integer("q_lora_rank", default=0), qk_rope_head_dim=integer("qk_rope_head_dim"),
+                v_head_dim=integer("v_head_dim"))
+            attention = dict(head_dim=integer("head_dim", default=0), qkv_bias=flag("attention_bias", False),
+                             qk_norm=flag("use_qk_norm", False)) if glm else mla
+            spec = dict(
+                layers=layers,
+                hidden=integer("hidden_size"),
+                heads=heads,
+                kv_heads=integer("num_key_value_heads", default=heads) if glm else heads,
+                ffn=moe_ffn,
+                vocab=integer("vocab_size"),
+                ffn_kind="swiglu",
+                norm="rmsnorm",
+                positions="rotary",
+                tied_embeddings=flag("tie_word_embeddings", False),
+                experts=integer("n_routed_experts"),
+                experts_per_token=integer("num_experts_per_tok"),
+                shared_expert_ffn=moe_ffn * integer("n_shared_experts", default=0),
+                norm_topk_prob=flag("norm_topk_prob", kind != "deepseek_v2"),
+                router_first=False,
+                dense_layers=dense_layers,
+                dense_ffn=integer("intermediate_size") if dense_layers else 0,
+                architecture="deepseek_v3",
+                **attention,
             )
         elif kind == "gpt2":
             # GPT2Config.attribute_map: hidden_size, num_hidden_layers, num_attention_heads, max_position_embeddings
@@ -213,7 +264,8 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
         else:
             raise InputError(
                 f"--model: model_type {kind!r} in {where!r} is not supported; "
-                "supported: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gpt2, gpt_neox"
+                "supported: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3, "
+                "glm4_moe, gpt2, gpt_neox"
             )
     except KeyError as exc:
         raise InputError(f"--model: {where!r} lacks the field {exc.args[0]!r} for model_type {kind!r}") from None

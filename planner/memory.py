@@ -20,9 +20,10 @@ from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
 from planner.options import Offload, Precision
-from planner.pipeline import layers_on_stage
+
+from planner.pipeline import first_routed_stage
 from planner.sharding import (block_params, deepspeed_grad_partition_excess, optimizer_bytes_per_param,
-                              persistent_params_per_layer, rank_params, state_bytes)
+                              persistent_params, rank_params, state_bytes)
 
 BREAKDOWN_KEYS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
 PHASES = ("forward/backward", "optimizer step", "gradient reduction")
@@ -180,12 +181,11 @@ def zero3_live_param_bytes(model: ModelSpec, training: Training, lay: Layouts, s
     zc, w = training.zero_config, training.precision.element_bytes
     dense, expert = rank_params(model, training, lay, stage)
     rank = dense + expert
-    n_layers = layers_on_stage(model.layers, lay.pp, stage, training.engine.pipeline_edge_layers)
     block = block_params(model, training, lay)
     live = np.minimum(np.minimum(rank, zc.stage3_max_live_parameters),
                       np.maximum(zc.stage3_max_reuse_distance, block + zc.stage3_prefetch_bucket_size))
     working = np.maximum(live, np.minimum(rank, block + zc.stage3_prefetch_bucket_size))
-    persistent = persistent_params_per_layer(model, training, lay, zc.stage3_param_persistence_threshold) * n_layers
+    persistent = persistent_params(model, training, lay, zc.stage3_param_persistence_threshold, stage)
     return np.where(lay.zero == 3, (working + persistent) * w, 0.0)
 
 
@@ -264,13 +264,16 @@ ACTIVATION_FIELDS = ("tp", "pp", "dp", "cp", "ep", "gas", "mbs", "recompute", "r
                      "schedule")
 
 
-def _stage(where, lay: Layouts):
-    """'first' / 'last' pipeline stage of each candidate, or an explicit stage array."""
+def _stage(where, model: ModelSpec, training: Training, lay: Layouts):
+    """'first' / 'last' / 'routed' (pipeline.first_routed_stage) stage of each candidate, or an
+    explicit stage array."""
+    if isinstance(where, str) and where == "routed":
+        return first_routed_stage(model.dense_layers, model.layers, lay.pp, training.engine.pipeline_edge_layers)
     return {"first": 0 * lay.pp, "last": lay.pp - 1}.get(where, where) if isinstance(where, str) else where
 
 
 def _states_part(model, cluster, training, lay, where) -> dict:
-    stage = _stage(where, lay)
+    stage = _stage(where, model, training, lay)
     fwd, step = engine_buffers(model, training, lay, stage)
     parts = {"params": weight_bytes(model, training, lay, stage), "grads": grad_bytes(model, training, lay, stage),
              "step_grads": grad_bytes(model, training, lay, stage, at_step=True),
@@ -295,7 +298,7 @@ def loss_bytes_per_logit(training: Training, coef: dict) -> float:
 
 
 def _activation_part(model, training, lay, where, coef) -> dict:
-    stage = _stage(where, lay)
+    stage = _stage(where, model, training, lay)
     logits = np.ceil(A.logits_bytes(model, training, lay, stage, loss_bytes_per_logit(training, coef)))
     acts = np.ceil(A.stage_activation_bytes(model, training, lay, stage))
     return {"activations": acts, "logits": logits, "total": acts + logits,
@@ -345,7 +348,8 @@ class _Stage:
 
 def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, stage=None):
     """Peak GPU bytes of one rank of `stage` (default: the larger of the first and last stage,
-    which hold the most: embedding and most in-flight micro-batches, or output layer and logits).
+    which hold the most: embedding and most in-flight micro-batches, or output layer and logits;
+    with dense-first blocks also the first stage of routed blocks only).
 
     Returns a Lazy mapping for every candidate: 'total' (the device bytes the fit is decided on:
     the allocator's reserved peak plus the CUDA context and NCCL buffers outside it), 'allocated'
@@ -363,12 +367,16 @@ def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
         return Lazy({**{k: (lambda i, k=k: column(one, k, i)) for k in RANK_COLUMNS},
                      **{k: (lambda i, k=k: one.part(k, i)) for k in BREAKDOWN_KEYS}})
     codes = lay.codes()
-    first = _Stage(model, cluster, training, lay, "first", codes)
-    last = _Stage(model, cluster, training, lay, "last", codes)
-    pick = last.total > first.total
+    # with dense-first blocks the first all-routed stage may hold the most (first_routed_stage)
+    stages = [_Stage(model, cluster, training, lay, where, codes)
+              for where in ("first", "last") + (("routed",) if model.dense_layers else ())]
+    pick = np.argmax(np.stack([s.total for s in stages]), axis=0)  # the first largest wins
 
     def choose(f, i):
-        return np.where(pick, f(last), f(first)) if i is None else (f(last) if pick.flat[i] else f(first))
+        if i is not None:
+            return f(stages[pick.flat[i]])
+        values = [f(s) for s in stages]
+        return np.choose(pick, np.broadcast_arrays(*values)) if len(values) > 2 else np.where(pick == 1, *values[::-1])
 
     return Lazy({**{k: (lambda i, k=k: choose(lambda s: column(s, k, i), i)) for k in RANK_COLUMNS},
                  **{k: (lambda i, k=k: choose(lambda s: s.part(k, i), i)) for k in BREAKDOWN_KEYS}})

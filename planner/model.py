@@ -21,9 +21,11 @@ from planner.errors import InputError
 FFN_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rotary")
-ARCHITECTURES = ("llama", "gpt2", "gpt_neox")
+ARCHITECTURES = ("llama", "gpt2", "gpt_neox", "deepseek_v3")
 """Hugging Face module layouts (names and registration order): LlamaForCausalLM (also Mistral,
-Qwen2, and Mixtral's MoE block), GPT2LMHeadModel (Conv1D, fused c_attn), GPTNeoXForCausalLM."""
+Qwen2, and Mixtral's MoE block), GPT2LMHeadModel (Conv1D, fused c_attn), GPTNeoXForCausalLM,
+DeepseekV3ForCausalLM (multi-head latent attention, `shared_experts`; also Glm4MoeForCausalLM,
+whose attention is Llama's)."""
 
 FIRST, BLOCK, LAST = "first", "block", "last"
 
@@ -123,6 +125,21 @@ class ModelSpec:
     shared_expert_ffn: int = 0
     """Intermediate width of the shared expert every token also passes, beside its routed ones
     (Qwen2-MoE shared_expert_intermediate_size; 0: none). `ffn` is then the routed experts' width."""
+    dense_layers: int = 0
+    """The first k blocks have a dense MLP of width `dense_ffn` in place of the experts (DeepSeek-V3
+    and GLM-4.5 first_k_dense_replace; Qwen-MoE mlp_only_layers when they are 0..k-1)."""
+    dense_ffn: int = 0
+    """MLP width of those dense blocks (DeepSeek-V3 intermediate_size 18432)."""
+    kv_lora_rank: int = 0
+    """Multi-head latent attention (DeepSeek-V2 paper, Liu et al. 2024, section 2.1.2): rank d_c of
+    the joint key/value compression; 0: standard attention. `head_dim` is then the non-rotary
+    query/key width per head (qk_nope_head_dim) and kv_heads equals heads."""
+    q_lora_rank: int = 0
+    """MLA's query compression rank d_c' (0: queries projected directly, as DeepSeek-V2-Lite)."""
+    qk_rope_head_dim: int = 0
+    """MLA's decoupled rotary query/key width per head d_h^R (the rotary key is shared by all heads)."""
+    v_head_dim: int = 0
+    """MLA's value width per head (0: the query/key head width)."""
     architecture: str = "llama"
     """Hugging Face module layout the tensors are named and ordered by (ARCHITECTURES)."""
     name: str = "custom"
@@ -134,7 +151,8 @@ class ModelSpec:
         from planner.bounds import check
 
         for key in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "experts", "experts_per_token",
-                    "max_positions", "head_dim", "shared_expert_ffn"):
+                    "max_positions", "head_dim", "shared_expert_ffn", "dense_layers", "dense_ffn",
+                    "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim"):
             value = getattr(self, key)
             if not isinstance(value, int):  # a float that is whole is a user's typo, not an int
                 raise InputError(f"--{key.replace('_', '-')}: must be an integer, got {value!r}")
@@ -150,13 +168,52 @@ class ModelSpec:
             raise InputError(f"--heads: must divide --hidden ({self.hidden}), got {self.heads}")
         if self.experts_per_token > self.experts:
             raise InputError("--experts-per-token: must not exceed the number of experts")
-        if self.shared_expert_ffn and (self.experts == 1 or self.architecture != "llama"):
+        if self.shared_expert_ffn and (self.experts == 1 or self.architecture not in ("llama", "deepseek_v3")):
             raise InputError("--shared-expert-ffn: needs --experts > 1 (a Llama/Qwen-style MoE)")
+        if self.dense_layers and (self.experts == 1 or self.dense_ffn == 0 or self.dense_layers >= self.layers
+                                  or self.architecture not in ("llama", "deepseek_v3")):
+            raise InputError(f"--dense-layers: needs --experts > 1, --dense-ffn > 0 and fewer than --layers "
+                             f"({self.layers}) blocks, got {self.dense_layers}")
+        if self.dense_ffn and not self.dense_layers:
+            raise InputError("--dense-ffn: needs --dense-layers > 0")
+        mla = (self.q_lora_rank, self.qk_rope_head_dim, self.v_head_dim)
+        if self.kv_lora_rank and (self.architecture != "deepseek_v3" or self.kv_heads != self.heads
+                                  or not self.head_dim or self.qk_norm):
+            raise InputError("--kv-lora-rank: multi-head latent attention needs the deepseek_v3 architecture, "
+                             "--kv-heads equal to --heads, --head-dim (the non-rotary width) and no --qk-norm")
+        if any(mla) and not self.kv_lora_rank:
+            raise InputError("--q-lora-rank, --qk-rope-head-dim, --v-head-dim: need --kv-lora-rank > 0 "
+                             "(multi-head latent attention)")
 
     # ---- widths --------------------------------------------------------------------------
     @property
     def dim_per_head(self) -> int:
-        return self.head_dim or self.hidden // self.heads
+        """Query/key width per head (MLA: its non-rotary and rotary parts)."""
+        return (self.head_dim or self.hidden // self.heads) + self.qk_rope_head_dim
+
+    @property
+    def v_width(self) -> int:
+        """Width of the value projection output (the attention output's is heads x that per head)."""
+        return self.kv_heads * (self.v_head_dim or self.dim_per_head)
+
+    @property
+    def attention_out_width(self) -> int:
+        """Width of A V, the output projection's input: a d (MLA: a d_v)."""
+        return self.heads * (self.v_head_dim or self.dim_per_head)
+
+    @property
+    def moe_layers(self) -> int:
+        """Blocks with the routed experts (all but the dense-first ones)."""
+        return self.layers - self.dense_layers
+
+    @cached_property
+    def dense_block(self) -> "ModelSpec":
+        """The dense-first blocks as a model of their own (every per-block formula applies to it);
+        the model itself when there are none."""
+        if not self.dense_layers:
+            return self
+        return replace(self, layers=self.dense_layers, ffn=self.dense_ffn, experts=1, experts_per_token=1,
+                       shared_expert_ffn=0, dense_layers=0, dense_ffn=0)
 
     @property
     def q_width(self) -> int:
@@ -185,15 +242,18 @@ class ModelSpec:
         their layer index). The tied output layer is listed, marked `tied`."""
         out = [t for t in self._tensors if t.place == FIRST]
         for i in range(self.layers):
-            out += [replace(t, name=t.name.format(i=i)) for t in self._tensors if t.place == BLOCK]
+            block = self.dense_block.block_tensors() if i < self.dense_layers else self.block_tensors()
+            out += [replace(t, name=t.name.format(i=i)) for t in block]
         return out + [t for t in self._tensors if t.place == LAST]
 
     @cached_property
     def _tensors(self) -> tuple[Tensor, ...]:
         """First-stage tensors, one block (names with '{i}') and last-stage tensors, in order."""
-        return tuple({"llama": _llama, "gpt2": _gpt2, "gpt_neox": _gpt_neox}[self.architecture](self))
+        return tuple({"llama": _llama, "gpt2": _gpt2, "gpt_neox": _gpt_neox,
+                      "deepseek_v3": _llama}[self.architecture](self))
 
     def block_tensors(self) -> tuple[Tensor, ...]:
+        """One routed-expert block (a dense model's only kind; `dense_block` has the other)."""
         return tuple(t for t in self._tensors if t.place == BLOCK)
 
     # ---- counts derived from the list ----------------------------------------------------
@@ -216,24 +276,28 @@ class ModelSpec:
     def params(self) -> int:
         """Exact total parameter count (tied matrices counted once)."""
         s = self.sums
-        return self.layers * s.block_total + s.first_total + s.last_total
+        dense = self.dense_layers * self.dense_block.sums.block_total
+        return self.moe_layers * s.block_total + dense + s.first_total + s.last_total
 
     @property
     def active_params(self) -> int:
         """Parameters touched per token (MoE: only the top-k experts' tensors)."""
         expert = sum(t.numel for t in self.block_tensors() if t.expert)
-        return self.params - self.layers * expert * (self.experts - self.experts_per_token) // self.experts
+        return self.params - self.moe_layers * expert * (self.experts - self.experts_per_token) // self.experts
 
     @property
     def largest_layer_params(self) -> int:
         """Parameters of the largest module (its own tensors): DeepSpeed's `largest_layer_params`
         (stage3.py estimate_zero3_model_states_mem_needs_all_live: max over model.modules() of
         sum(p.numel() for p in m.parameters(recurse=False)))."""
-        per_module: dict[str, int] = {}
-        for t in self._tensors:
-            if not t.tied:
-                per_module[t.module] = per_module.get(t.module, 0) + t.numel
-        return max(per_module.values())
+        def largest(tensors):
+            per_module: dict[str, int] = {}
+            for t in tensors:
+                if not t.tied:
+                    per_module[t.module] = per_module.get(t.module, 0) + t.numel
+            return max(per_module.values())
+
+        return max(largest(self._tensors), largest(self.dense_block.block_tensors()))
 
     def gemms(self, fused: bool) -> list[Gemm]:
         """A block's forward GEMMs as the engine runs them: one per weight matrix (Hugging Face
@@ -255,22 +319,26 @@ class ModelSpec:
     def flat_local_sizes(self, tp: int, pp: int, stage: int, ep: int = 1) -> np.ndarray:
         """Elements of one rank's tensors in registration order: the flat buffer DeepSpeed ZeRO-1/2
         partitions (stage_1_and_2.py flattens each param group in model order)."""
+        from planner.pipeline import dense_layers_on_stage
+
         n = self.layers // pp + (stage < self.layers % pp)
-        return self.flat_sizes(tp, n, stage == 0, stage == pp - 1, ep)
+        dense = int(dense_layers_on_stage(self.dense_layers, self.layers, pp, 1, stage))
+        return self.flat_sizes(tp, n, stage == 0, stage == pp - 1, ep, n_dense=dense)
 
-    def flat_sizes(self, tp: int, n_layers: int, first: bool, last: bool, ep: int = 1, expert_tp: int | None = None) -> np.ndarray:
-        """flat_local_sizes of a stage given by its block count and whether it is the first and/or
-        the last (a tied output layer is a second copy on a last stage that is not also the first);
-        routed experts split over `expert_tp` TP ranks (default: tp)."""
-        def local(place):
-            return [local_numel(t, expert_tp if t.expert and expert_tp is not None else tp, self.experts, ep)
-                    for t in self._tensors
-                    if t.place == place and (not t.tied or not first)]
+    def flat_sizes(self, tp: int, n_layers: int, first: bool, last: bool, ep: int = 1, expert_tp: int | None = None,
+                   n_dense: int = 0) -> np.ndarray:
+        """flat_local_sizes of a stage given by its block count (`n_dense` of them dense-first, which
+        come first) and whether it is the first and/or the last (a tied output layer is a second
+        copy on a last stage that is not also the first); routed experts split over `expert_tp` TP
+        ranks (default: tp)."""
+        def local(tensors, place):
+            return np.array([local_numel(t, expert_tp if t.expert and expert_tp is not None else tp, self.experts, ep)
+                             for t in tensors if t.place == place and (not t.tied or not first)], dtype=np.float64)
 
-        block = np.array(local(BLOCK), dtype=np.float64)
-        edges = (np.array(local(FIRST) if first else [], dtype=np.float64),
-                 np.array(local(LAST) if last else [], dtype=np.float64))
-        return np.ceil(np.concatenate([edges[0], np.tile(block, n_layers), edges[1]]))
+        blocks = [np.tile(local(self.dense_block._tensors, BLOCK), n_dense),
+                  np.tile(local(self._tensors, BLOCK), n_layers - n_dense)]
+        edges = (local(self._tensors, FIRST) if first else np.zeros(0), local(self._tensors, LAST) if last else np.zeros(0))
+        return np.ceil(np.concatenate([edges[0], *blocks, edges[1]]))
 
     def shape_dict(self) -> dict:
         d = asdict(self)
@@ -363,7 +431,14 @@ def _mlp_llama(m: ModelSpec, p: str) -> list[Tensor]:
                     Tensor(f"{p}mlp.experts.down_proj_bias", (E, h), None, expert=True)]
         # transformers 5 Qwen3MoeSparseMoeBlock.__init__ builds experts, then gate
         out = router + out if m.router_first else out + router
-        if m.shared_expert_ffn:  # transformers 5 Qwen2MoeSparseMoeBlock: shared_expert, shared_expert_gate
+        if m.shared_expert_ffn and m.architecture == "deepseek_v3":
+            # transformers 5 DeepseekV3MoE / Glm4MoeMoE: shared_experts, an MLP of n_shared x the
+            # expert width, no gate
+            fs = m.shared_expert_ffn
+            out += (_linear(f"{p}mlp.shared_experts.gate_proj", fs, h, 0, False, "shared_fc1")
+                    + _linear(f"{p}mlp.shared_experts.up_proj", fs, h, 0, False, "shared_fc1")
+                    + _linear(f"{p}mlp.shared_experts.down_proj", h, fs, 1, False, "shared_fc2"))
+        elif m.shared_expert_ffn:  # transformers 5 Qwen2MoeSparseMoeBlock: shared_expert, shared_expert_gate
             fs = m.shared_expert_ffn
             out += (_linear(f"{p}mlp.shared_expert.gate_proj", fs, h, 0, False, "shared_fc1")
                     + _linear(f"{p}mlp.shared_expert.up_proj", fs, h, 0, False, "shared_fc1")
@@ -382,13 +457,33 @@ def _qk_norms(m: ModelSpec, p: str) -> list[Tensor]:
         if m.qk_norm else []
 
 
+def _mla(m: ModelSpec, p: str) -> list[Tensor]:
+    """transformers 5 DeepseekV3Attention: the down projections and their norms run whole on every
+    TP rank, the up projections are column-parallel, o_proj row-parallel (megatron-core 0.16.1
+    multi_latent_attention.py MLASelfAttention: linear_q/kv_down_proj parallel_mode='duplicated')."""
+    h, a, dr, c = m.hidden, m.heads, m.qk_rope_head_dim, m.kv_lora_rank
+    dv = m.v_head_dim or m.dim_per_head
+    if m.q_lora_rank:
+        q = (_linear(p + "self_attn.q_a_proj", m.q_lora_rank, h, None, False, "q_down")
+             + [Tensor(p + "self_attn.q_a_layernorm.weight", (m.q_lora_rank,), None)]
+             + _linear(p + "self_attn.q_b_proj", m.q_width, m.q_lora_rank, 0, False, "q_up"))
+    else:
+        q = _linear(p + "self_attn.q_proj", m.q_width, h, 0, False, "q_up")
+    return (q + _linear(p + "self_attn.kv_a_proj_with_mqa", c + dr, h, None, False, "kv_down")
+            + [Tensor(p + "self_attn.kv_a_layernorm.weight", (c,), None)]
+            + _linear(p + "self_attn.kv_b_proj", a * (m.dim_per_head - dr + dv), c, 0, False, "kv_up")
+            + _linear(p + "self_attn.o_proj", h, m.attention_out_width, 1, False, "o"))
+
+
 def _llama(m: ModelSpec) -> list[Tensor]:
     h, q, kv = m.hidden, m.q_width, m.kv_width
     p = "model.layers.{i}."
     qkv_bias = m.bias or m.qkv_bias
-    block = (_linear(p + "self_attn.q_proj", q, h, 0, qkv_bias, "qkv") + _linear(p + "self_attn.k_proj", kv, h, 0, qkv_bias, "qkv")
-             + _linear(p + "self_attn.v_proj", kv, h, 0, qkv_bias, "qkv") + _linear(p + "self_attn.o_proj", h, q, 1, m.bias, "o")
-             + _qk_norms(m, p) + _mlp_llama(m, p) + _norm(p + "input_layernorm", m) + _norm(p + "post_attention_layernorm", m))
+    attention = _mla(m, p) if m.kv_lora_rank else (
+        _linear(p + "self_attn.q_proj", q, h, 0, qkv_bias, "qkv") + _linear(p + "self_attn.k_proj", kv, h, 0, qkv_bias, "qkv")
+        + _linear(p + "self_attn.v_proj", kv, h, 0, qkv_bias, "qkv") + _linear(p + "self_attn.o_proj", h, q, 1, m.bias, "o")
+        + _qk_norms(m, p))
+    block = attention + _mlp_llama(m, p) + _norm(p + "input_layernorm", m) + _norm(p + "post_attention_layernorm", m)
     first = [Tensor("model.embed_tokens.weight", (m.vocab, h), 0, place=FIRST)]
     if m.positions == "learned":
         first.append(Tensor("model.embed_positions.weight", (m.max_positions, h), None, place=FIRST))

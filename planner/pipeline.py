@@ -32,6 +32,53 @@ def max_layers_on_stage(layers: int, pp, edge_layers: int = 0) -> np.ndarray:
     return np.maximum(np.maximum(first, second), layers_on_stage(layers, pp, pp - 1, edge_layers))
 
 
+def first_layer_on_stage(layers: int, pp, stage, edge_layers: int = 0) -> np.ndarray:
+    """Index of the first block of `stage` in its contiguous split (layers_on_stage of the stages
+    before it; the embedding's edge slots hold none)."""
+    effective = layers + 2 * edge_layers
+    start = stage * (effective // pp) + np.minimum(stage, effective % pp)
+    return np.maximum(start - edge_layers, 0)
+
+
+def dense_layers_on_stage(dense_layers: int, layers: int, pp, chunks, stage, edge_layers: int = 0) -> np.ndarray:
+    """Of a stage's blocks, the model's dense-first ones (ModelSpec.dense_layers: blocks 0..k-1,
+    DeepSeek-V3 first_k_dense_replace). Contiguous stages: the blocks of k that fall in the stage's
+    range. `chunks` > 1 interleaved model chunks of c = L/(p v) blocks, chunk i on stage i mod p
+    (Megatron-core get_transformer_layer_offset with a virtual pipeline): the k // c whole chunks
+    and the rest of the next one."""
+    if not dense_layers:
+        return 0 * np.asarray(stage)
+    n = layers_on_stage(layers, pp, stage, edge_layers)
+    contiguous = np.clip(dense_layers - first_layer_on_stage(layers, pp, stage, edge_layers), 0, n)
+    c = np.maximum(layers // np.maximum(pp * chunks, 1), 1)
+    whole, rest = dense_layers // c, dense_layers % c
+    interleaved = c * np.maximum(-(-(whole - stage) // pp), 0) + np.where(whole % pp == stage, rest, 0)
+    return np.where(chunks > 1, np.minimum(interleaved, n), contiguous)
+
+
+def blocks_on_stage(model, lay, stage, edge_layers: int = 0) -> list[tuple]:
+    """(block, count) pairs of one rank of `stage`: the model's own (routed-expert) blocks and, with
+    dense-first blocks, `model.dense_block` with its count (what per-block formulas sum over)."""
+    n = layers_on_stage(model.layers, lay.pp, stage, edge_layers)
+    if not model.dense_layers:
+        return [(model, n)]
+    dense = dense_layers_on_stage(model.dense_layers, model.layers, lay.pp, chunks_per_stage(lay.vpp, lay.schedule),
+                                  stage, edge_layers)
+    return [(model, n - dense), (model.dense_block, dense)]
+
+
+def first_routed_stage(dense_layers: int, layers: int, pp, edge_layers: int = 0) -> np.ndarray:
+    """The first stage whose blocks are all routed-expert blocks (the last stage if none is): with
+    dense-first blocks, the stage holding the most expert parameters, which may be neither the first
+    nor the last (DeepSeek-V3 on 16 stages: stage 0 has 3 dense blocks and 1 routed, stage 1 four
+    routed)."""
+    effective, k = layers + 2 * edge_layers, dense_layers + edge_layers
+    q, r = effective // pp, effective % pp
+    # smallest s with first_layer_on_stage(s) >= k: s (q + 1) >= k while s <= r, else s q + r >= k
+    s = np.where(-(-k // (q + 1)) <= r, -(-k // (q + 1)), -(-(k - r) // np.maximum(q, 1)))
+    return np.minimum(s, pp - 1)
+
+
 def microbatches_in_flight(pp, vpp, gas, schedule, stage) -> np.ndarray:
     """Micro-batches whose activations a stage holds at its peak, in units of that stage's layers.
 

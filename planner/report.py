@@ -24,7 +24,11 @@ def describe(model, cluster, training) -> str:
     if model.experts > 1:
         moe = f" MoE {model.experts} experts top-{model.experts_per_token}"
         moe += f" + shared {model.shared_expert_ffn}" if model.shared_expert_ffn else ""
+        moe += f", first {model.dense_layers} dense (ffn {model.dense_ffn})" if model.dense_layers else ""
         moe += f" ({model.active_params:,} active)"
+    if model.kv_lora_rank:
+        moe += (f"; MLA kv_lora {model.kv_lora_rank} q_lora {model.q_lora_rank or '-'} "
+                f"qk {model.dim_per_head - model.qk_rope_head_dim}+{model.qk_rope_head_dim} v {model.v_head_dim}")
     return (f"model {model.name}: {model.params:,} params, L={model.layers} h={model.hidden} a={model.heads} "
             f"kv={model.kv_heads} ffn={model.ffn} ({model.ffn_kind}) V={model.vocab}{moe}\n"
             f"cluster {cluster.num_gpus} x {cluster.gpu.name} ({cluster.gpus_per_node} per node, "

@@ -112,6 +112,12 @@ RULES: tuple[Rule, ...] = (
     Rule("recompute_method_layers", ENGINE_RULE,
          lambda m, cl, tr, l: (l.recompute_method == RecomputeMethod.UNIFORM) & (l.recompute_layers == 0),
          lambda m, cl, tr: "--recompute-method: uniform needs --recompute-layers N (the layers per checkpoint)"),
+    Rule("deepspeed_moe_blocks_alike", ENGINE_RULE,
+         lambda m, cl, tr, l: np.full(l.shape, (m.dense_layers > 0 or m.kv_lora_rank > 0)
+                                      and tr.engine.moe_capacity is MoeCapacity.DEEPSPEED_MOE),
+         lambda m, cl, tr: f"--engine: {tr.engine.name} has no dense-first blocks (its DeepSpeed-MoE layers repeat "
+                           "every --expert-interval blocks) and no multi-head latent attention; use megatron, "
+                           "deepspeed, fsdp or torchtitan"),
     Rule("moe_tp_needs_sp", ENGINE_RULE,
          lambda m, cl, tr, l: (m.experts > 1) & (tr.engine.moe_capacity is MoeCapacity.MEGATRON) & (l.tp > 1)
                               & (l.sequence_parallel == 0),

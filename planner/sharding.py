@@ -11,7 +11,7 @@ import numpy as np
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
 from planner.options import Optimizer, Precision
-from planner.pipeline import layers_on_stage
+from planner.pipeline import blocks_on_stage, dense_layers_on_stage
 
 
 def rank_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple[np.ndarray, np.ndarray]:
@@ -25,15 +25,15 @@ def rank_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> tu
     over TP where the engine splits them (expert_tp)."""
     s = model.sums
     t, p = lay.tp, lay.pp
-    local_experts = np.maximum(model.experts // lay.ep, 1) / model.experts
-    dense_per_layer = s.block_split / t + s.block_replicated
-    expert_per_layer = local_experts * (s.expert_split / expert_tp(training, lay) + s.expert_replicated)
-    n = layers_on_stage(model.layers, p, stage, training.engine.pipeline_edge_layers)
+    dense, expert = 0.0, 0.0
+    for block, n in blocks_on_stage(model, lay, stage, training.engine.pipeline_edge_layers):
+        block_dense, block_expert = _block_params(block, training, lay)
+        dense, expert = dense + n * block_dense, expert + n * block_expert
     first, last = stage == 0, stage == p - 1
     embedding = s.first_split / t + s.first_replicated
     output = np.where(s.tied & (p == 1), 0, s.output / t)
-    dense = n * dense_per_layer + first * embedding + last * (s.last_replicated + output)
-    return np.ceil(dense), np.ceil(n * expert_per_layer)
+    dense = dense + first * embedding + last * (s.last_replicated + output)
+    return np.ceil(dense), np.ceil(expert)
 
 
 def expert_tp(training: Training, lay: Layouts) -> np.ndarray:
@@ -46,25 +46,32 @@ def expert_tp(training: Training, lay: Layouts) -> np.ndarray:
     return lay.tp if training.engine.experts_split_over_tp else np.ones_like(lay.tp)
 
 
+def _block_params(block: ModelSpec, training: Training, lay: Layouts) -> tuple:
+    """(dense, expert) parameter elements of one block of this kind on one rank."""
+    s = block.sums
+    local_experts = np.maximum(block.experts // lay.ep, 1) / block.experts
+    return (s.block_split / lay.tp + s.block_replicated,
+            local_experts * (s.expert_split / expert_tp(training, lay) + s.expert_replicated))
+
+
 def block_params(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
-    """Parameter elements of one transformer block on one rank (its TP shard, its local experts)."""
-    s = model.sums
-    local_experts = np.maximum(model.experts // lay.ep, 1) / model.experts
-    return s.block_split / lay.tp + s.block_replicated \
-        + local_experts * (s.expert_split / expert_tp(training, lay) + s.expert_replicated)
+    """Parameter elements of the largest transformer block on one rank (its TP shard, its local
+    experts): a routed one, or a dense-first one where EP leaves few experts per rank."""
+    return np.maximum(*[sum(_block_params(block, training, lay)) for block in (model, model.dense_block)])
 
 
-def persistent_params_per_layer(model: ModelSpec, training: Training, lay: Layouts, threshold: int) -> np.ndarray:
-    """Elements of a block's tensors smaller than stage3_param_persistence_threshold on this rank:
-    ZeRO-3 keeps them whole on every rank (deepspeed/runtime/zero/parameter_offload.py
+def persistent_params(model: ModelSpec, training: Training, lay: Layouts, threshold: int, stage) -> np.ndarray:
+    """Elements of the stage's block tensors smaller than stage3_param_persistence_threshold on this
+    rank: ZeRO-3 keeps them whole on every rank (deepspeed/runtime/zero/parameter_offload.py
     mark_persistent_parameters: ds_numel <= param_persistence_threshold)."""
     total = 0.0 * lay.tp
-    for t in model.block_tensors():
-        split = expert_tp(training, lay) if t.expert else lay.tp
-        local = t.numel / split if t.tp_dim is not None else t.numel + 0 * lay.tp
-        if t.expert:
-            local = local * np.maximum(model.experts // lay.ep, 1) / model.experts
-        total = total + np.where(local < threshold, local, 0)
+    for block, n in blocks_on_stage(model, lay, stage, training.engine.pipeline_edge_layers):
+        for t in block.block_tensors():
+            split = expert_tp(training, lay) if t.expert else lay.tp
+            local = t.numel / split if t.tp_dim is not None else t.numel + 0 * lay.tp
+            if t.expert:
+                local = local * np.maximum(block.experts // lay.ep, 1) / block.experts
+            total = total + n * np.where(local < threshold, local, 0)
     return total
 
 
@@ -138,10 +145,10 @@ def _worst_partition_overlap(sizes: np.ndarray, ends: np.ndarray, ranks: int) ->
 
 
 @lru_cache(maxsize=1024)
-def _flat(model: ModelSpec, tp: int, n_layers: int, first: bool, last: bool, ep: int, etp: int) -> tuple:
+def _flat(model: ModelSpec, tp: int, n_layers: int, first: bool, last: bool, ep: int, etp: int, n_dense: int) -> tuple:
     """(sizes, running ends) of a rank's flat parameter buffer, cached across evaluations (middle
     stages with as many blocks share one)."""
-    sizes = model.flat_sizes(tp, n_layers, first, last, ep, etp)
+    sizes = model.flat_sizes(tp, n_layers, first, last, ep, etp, n_dense)
     return sizes, np.cumsum(sizes)
 
 
@@ -166,13 +173,14 @@ def deepspeed_grad_partition_excess(model: ModelSpec, training: Training, lay: L
     if not rows.size:
         return excess
     n_layers = model.layers // lay.pp + (stage < model.layers % lay.pp)  # flat_local_sizes' split
-    columns = (lay.tp, n_layers, stage == 0, stage == lay.pp - 1, lay.zero_ranks, lay.ep, expert_tp(training, lay))
+    n_dense = dense_layers_on_stage(model.dense_layers, model.layers, lay.pp, 1, stage)
+    columns = (lay.tp, n_layers, stage == 0, stage == lay.pp - 1, lay.zero_ranks, lay.ep, expert_tp(training, lay), n_dense)
     key = np.stack([np.broadcast_to(a, lay.shape).ravel()[rows].astype(np.int64) for a in columns], axis=-1)
     uniq, inverse = np.unique(key, axis=0, return_inverse=True)
     values = np.zeros(len(uniq))
-    for j, (t, n, first, last, d, e, etp) in enumerate(uniq):
+    for j, (t, n, first, last, d, e, etp, nd) in enumerate(uniq):
         if d > 1:
-            sizes, ends = _flat(model, int(t), int(n), bool(first), bool(last), int(e), int(etp))
+            sizes, ends = _flat(model, int(t), int(n), bool(first), bool(last), int(e), int(etp), int(nd))
             if sizes.size > EXACT_TENSORS:
                 values[j] = 2 * sizes.max()  # the worst partition overhangs by less than a tensor at each edge
             else:

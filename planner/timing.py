@@ -28,7 +28,7 @@ from planner.layout import Layouts, Training
 from planner.memory import ACTIVATION_FIELDS, STATE_FIELDS, coefficients, deferred_reduction
 from planner.model import ModelSpec
 from planner.options import Offload, Recompute
-from planner.pipeline import bubble_s, max_layers_on_stage, p2p_transfers
+from planner.pipeline import blocks_on_stage, bubble_s, first_routed_stage, max_layers_on_stage, p2p_transfers
 from planner.sharding import block_params, rank_params, state_bytes
 
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble", "offload", "optimizer", "other")
@@ -105,43 +105,80 @@ def cp_ring_exposed_s(model: ModelSpec, cluster: Cluster, training: Training, la
     only the excess shows (forward again under recompute)."""
     T, t, e = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64), training.precision.element_bytes
     bw = p2p_bytes_per_s(cluster, lay.tp * lay.cp > cluster.gpus_per_node, c)
-    kv_pass = (lay.cp - 1) * (c["p2p_latency_s"] + 2.0 * T * model.kv_width / t * e / bw)
+    kv_pass = (lay.cp - 1) * (c["p2p_latency_s"] + T * (model.kv_width + model.v_width) / t * e / bw)
     recomputed = lay.recompute != Recompute.NONE
     return np.maximum(kv_pass - core_fwd, 0.0) * (1.0 + recomputed) + np.maximum(2.0 * kv_pass - core_bwd, 0.0)
 
 
+def block_s(block: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> dict:
+    """Seconds of one block of this kind in one micro-batch on one rank: its forward and backward
+    kernels, weight-gradient GEMMs, exposed TP/EP/CP communication, selective recompute and the
+    checkpoint restore of a fully recomputed block (Korthikanti Table 4 times them so)."""
+    gemm = C.gemm_fwd_s(block, cluster, training, lay, c)
+    core_fwd, core_bwd = C.attention_core_s(block, cluster, training, lay, c)
+    tp_ar = tp_all_reduce_s(block, cluster, training, lay, c)
+    out = {"fwd": gemm + core_fwd + C.elementwise_fwd_s(block, cluster, training, lay, c),
+           "bwd": 2.0 * gemm + core_bwd + C.elementwise_bwd_s(block, cluster, training, lay, c),  # dgrad + wgrad
+           "gemm": gemm, "tp_fwd": tp_pass_exposed_s(training, lay, c, tp_ar, gemm),
+           "tp_bwd": tp_pass_exposed_s(training, lay, c, tp_ar, 2.0 * gemm),  # dgrad + wgrad GEMMs
+           "a2a": ep_all_to_all_s(block, cluster, training, lay, c),  # 2 in the forward, 2 in the backward
+           "restore": checkpoint_restore_s(block, cluster, training, lay, c)}
+    out["comm"] = out["tp_fwd"] + out["tp_bwd"] + 4.0 * out["a2a"] + \
+        cp_ring_exposed_s(block, cluster, training, lay, c, core_fwd, core_bwd)
+    if training.engine.selective_policy is SelectivePolicy.OP_SAC:  # every op but attention and kept matmuls
+        out["sel"], out["sel_comm"] = C.op_sac_recompute_s(block, cluster, training, lay, c), out["tp_fwd"] / 2.0
+    else:  # Megatron: the attention core alone, no communication
+        out["sel"], out["sel_comm"] = core_fwd, 0.0
+    return out
+
+
+def _slowest_stage_blocks(model: ModelSpec, training: Training, lay: Layouts) -> list[list[tuple]]:
+    """(block kind, count) lists of the stages that can be slowest: the most loaded one; with
+    dense-first blocks also the first, second and last, the one where they end and its neighbours
+    (stages after it hold only routed blocks, as many as it or fewer; planner/pipeline.py)."""
+    edge = training.engine.pipeline_edge_layers
+    if not model.dense_layers:
+        return [[(model, max_layers_on_stage(model.layers, lay.pp, edge))]]
+    end = first_routed_stage(model.dense_layers, model.layers, lay.pp, edge)
+    return [blocks_on_stage(model, lay, np.clip(stage, 0, lay.pp - 1), edge)
+            for stage in (0 * lay.pp, 1 + 0 * lay.pp, lay.pp - 1, end - 1, end, end + 1)]
+
+
 def microbatch_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> dict:
     """Seconds of one micro-batch on one rank of the slowest stage: compute, recompute and the
-    exposed TP/EP/CP communication of its blocks, plus the per-block times (Korthikanti Table 4)."""
+    exposed TP/EP/CP communication of its blocks (each block kind with its own times), plus the
+    per-block times of a routed block (Korthikanti Table 4)."""
     full, selective = lay.recompute == Recompute.FULL, lay.recompute == Recompute.SELECTIVE
-    gemm = C.gemm_fwd_s(model, cluster, training, lay, c)
-    core_fwd, core_bwd = C.attention_core_s(model, cluster, training, lay, c)
-    layer_fwd = gemm + core_fwd + C.elementwise_fwd_s(model, cluster, training, lay, c)
-    layer_bwd = 2.0 * gemm + core_bwd + C.elementwise_bwd_s(model, cluster, training, lay, c)  # dgrad + wgrad
-    tp_ar = tp_all_reduce_s(model, cluster, training, lay, c)
-    tp_fwd = tp_pass_exposed_s(training, lay, c, tp_ar, gemm)
-    tp_bwd = tp_pass_exposed_s(training, lay, c, tp_ar, 2.0 * gemm)  # dgrad + wgrad GEMMs
-    a2a = ep_all_to_all_s(model, cluster, training, lay, c)  # 2 in the forward, 2 in the backward
-    layer_comm = tp_fwd + tp_bwd + 4.0 * a2a + cp_ring_exposed_s(model, cluster, training, lay, c, core_fwd, core_bwd)
-    n = max_layers_on_stage(model.layers, lay.pp, training.engine.pipeline_edge_layers)
-    rerun = recomputed_layers(lay, n, lay.vpp)  # blocks whose whole forward runs again
-    if training.engine.selective_policy is SelectivePolicy.OP_SAC:  # every op but attention and kept matmuls
-        sel_s, sel_comm = C.op_sac_recompute_s(model, cluster, training, lay, c), tp_fwd / 2.0  # the all-gathers
-    else:  # Megatron: the attention core alone, no communication
-        sel_s, sel_comm = core_fwd, 0.0
+    per = {id(model): block_s(model, cluster, training, lay, c)}
+    if model.dense_layers:
+        per[id(model.dense_block)] = block_s(model.dense_block, cluster, training, lay, c)
     head = C.head_s(model, cluster, training, lay, c)
-    out = {"compute": n * (layer_fwd + layer_bwd) + head,
-           # the head's backward is twice its forward (dgrad + wgrad: Narayanan 2021 eq. 3's 3x)
-           "fwd_mb": n * layer_fwd + head / 3.0,
-           # weight gradients: each GEMM's wgrad has its forward's FLOPs (what ZB-H1 defers)
-           "weight_grad_s": n * gemm + head / 3.0,
-           "recompute": rerun * (layer_fwd + checkpoint_restore_s(model, cluster, training, lay, c))
-                        + np.where(selective, n * sel_s, 0.0),
-           "tp_comm": n * layer_comm + rerun * (tp_fwd + 2.0 * a2a) + np.where(selective, n * sel_comm, 0.0)}
-    out["slot"] = out["compute"] + out["recompute"] + out["tp_comm"]
+    candidates = []
+    for blocks in _slowest_stage_blocks(model, training, lay):
+        rerun_left = recomputed_layers(lay, sum(n for _, n in blocks), lay.vpp)  # blocks whose whole forward runs again
+        out = {"compute": head, "fwd_mb": head / 3.0, "weight_grad_s": head / 3.0, "recompute": 0.0, "tp_comm": 0.0}
+        # the head's backward is twice its forward (dgrad + wgrad: Narayanan 2021 eq. 3's 3x); each
+        # GEMM's wgrad has its forward's FLOPs (what ZB-H1 defers); a stage's first blocks (the
+        # dense-first ones) are the first recomputed
+        for block, n in reversed(blocks):
+            b, rerun = per[id(block)], np.minimum(rerun_left, n)
+            rerun_left = rerun_left - rerun
+            out["compute"] = out["compute"] + n * (b["fwd"] + b["bwd"])
+            out["fwd_mb"] = out["fwd_mb"] + n * b["fwd"]
+            out["weight_grad_s"] = out["weight_grad_s"] + n * b["gemm"]
+            out["recompute"] = out["recompute"] + rerun * (b["fwd"] + b["restore"]) + np.where(selective, n * b["sel"], 0.0)
+            out["tp_comm"] = out["tp_comm"] + n * b["comm"] + rerun * (b["tp_fwd"] + 2.0 * b["a2a"]) \
+                + np.where(selective, n * b["sel_comm"], 0.0)
+        out["slot"] = out["compute"] + out["recompute"] + out["tp_comm"]
+        candidates.append(out)
+    out = candidates[0]
+    if len(candidates) > 1:
+        slowest = np.argmax(np.stack(np.broadcast_arrays(*[o["slot"] for o in candidates])), axis=0)
+        out = {k: np.choose(slowest, np.broadcast_arrays(*[o[k] for o in candidates])) for k in out}
     # one block with its exposed TP all-reduces, as Korthikanti 2022 Table 4 times them
-    out.update(fwd_s=layer_fwd + tp_fwd, bwd_s=layer_bwd + tp_bwd,
-               recompute_s=np.select([full, selective], [layer_fwd + tp_fwd, sel_s + sel_comm], 0.0))
+    b = per[id(model)]
+    out.update(fwd_s=b["fwd"] + b["tp_fwd"], bwd_s=b["bwd"] + b["tp_bwd"],
+               recompute_s=np.select([full, selective], [b["fwd"] + b["tp_fwd"], b["sel"] + b["sel_comm"]], 0.0))
     return out
 
 
@@ -176,8 +213,12 @@ def pipeline_p2p_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
 
 
 def _held_params(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
-    """(dense, expert) elements of a rank of the heavier end stage (first or last)."""
+    """(dense, expert) elements of a rank of the heavier end stage (first or last); experts of the
+    first stage of routed blocks only where dense-first blocks leave the first with fewer."""
     d0, expert = rank_params(model, training, lay, 0 * lay.pp)
+    if model.dense_layers:
+        edge = training.engine.pipeline_edge_layers
+        expert = rank_params(model, training, lay, first_routed_stage(model.dense_layers, model.layers, lay.pp, edge))[1]
     return np.maximum(d0, rank_params(model, training, lay, lay.pp - 1)[0]), expert
 
 

@@ -223,12 +223,12 @@ def test_zero3_persistent_parameters_are_the_small_tensors():
     # parameter_offload.py: tensors with ds_numel below stage3_param_persistence_threshold (default 1e5)
     # stay whole: Llama-2-7B's two 4096-element RMSNorm weights per block; its matrices are far larger
     m = lookup("llama-2-7b")
-    assert sharding.persistent_params_per_layer(m, layout.Training(), layout.single(dp=8, zero=3), 100_000)[0] == 2 * 4096
+    assert sharding.persistent_params(m, layout.Training(), layout.single(dp=8, zero=3), 100_000, 0)[0] == 32 * 2 * 4096
     # GPT-3 175B, tp 8: q/k/v (fused c_attn) bias 3*12288/8 = 4608 and c_fc bias 49152/8 = 6144 are split,
     # LayerNorm weight+bias (4 x 12288) and the row-parallel biases (2 x 12288) are whole
     g = lookup("gpt3-175b")
-    assert sharding.persistent_params_per_layer(g, layout.Training(engine="megatron"), layout.single(tp=8),
-                                                100_000)[0] == 4608 + 6144 + 6 * 12288
+    assert sharding.persistent_params(g, layout.Training(engine="megatron"), layout.single(tp=8),
+                                      100_000, 0)[0] == 96 * (4608 + 6144 + 6 * 12288)  # 96 blocks
 
 
 def test_fsdp_holds_the_current_and_the_prefetched_block():

@@ -120,6 +120,19 @@ HF_CONFIGS = {
                             num_experts=128, num_experts_per_tok=8, tie_word_embeddings=False),
     "qwen3-235b-a22b": _dense("qwen3_moe", 4096, 12288, 94, 64, 4, 151936, head_dim=128, moe_intermediate_size=1536,
                               num_experts=128, num_experts_per_tok=8, tie_word_embeddings=False),
+    # config.json of deepseek-ai/DeepSeek-V3 and zai-org/GLM-4.5(-Air), multi-token-prediction layer
+    # left out as transformers does
+    "deepseek-v3": dict(model_type="deepseek_v3", hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+                        num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, n_routed_experts=256,
+                        n_shared_experts=1, num_experts_per_tok=8, first_k_dense_replace=3, q_lora_rank=1536,
+                        kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, vocab_size=129280,
+                        tie_word_embeddings=False),
+    "glm-4.5": _dense("glm4_moe", 5120, 12288, 92, 96, 8, 151552, head_dim=128, moe_intermediate_size=1536,
+                      n_routed_experts=160, n_shared_experts=1, num_experts_per_tok=8, first_k_dense_replace=3,
+                      attention_bias=True, use_qk_norm=True, tie_word_embeddings=False),
+    "glm-4.5-air": _dense("glm4_moe", 4096, 10944, 46, 96, 8, 151552, head_dim=128, moe_intermediate_size=1408,
+                          n_routed_experts=128, n_shared_experts=1, num_experts_per_tok=8, first_k_dense_replace=1,
+                          attention_bias=True, use_qk_norm=False, tie_word_embeddings=False),
     "gpt3-175b": _gpt(12288, 96, 96, vocab=50257),
     "megatron-gpt-1.7b": _gpt(2304, 24, 24),
     "megatron-gpt-3.6b": _gpt(3072, 30, 32),
@@ -322,7 +335,7 @@ def test_from_hf_config_unreadable_paths(tmp_path):
 def test_from_hf_config_unsupported_message_lists_families(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(InputError, match="'bert'.*supported: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gpt2, gpt_neox"):
+    with pytest.raises(InputError, match="'bert'.*supported: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3, glm4_moe, gpt2, gpt_neox"):
         from_hf_config(path)
 
 
@@ -593,12 +606,55 @@ def test_qwen2_moe_shared_expert_counts_like_transformers(hf):
 
 
 @pytest.mark.parametrize("model_type", ["qwen2_moe", "qwen3_moe"])
-@pytest.mark.parametrize("mixed", [{"decoder_sparse_step": 2}, {"mlp_only_layers": [0]}])
-def test_moe_with_dense_layers_is_refused(model_type, mixed, tmp_path):
+@pytest.mark.parametrize("mixed", [{"decoder_sparse_step": 2}, {"mlp_only_layers": [1]}, {"mlp_only_layers": [0, 2]}])
+def test_moe_with_interleaved_dense_layers_is_refused(model_type, mixed, tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": model_type, **mixed}))
-    with pytest.raises(InputError, match="mixes dense and MoE layers"):
+    with pytest.raises(InputError, match="interleaves dense and MoE layers"):
         from_hf_config(path)
+
+
+@pytest.mark.parametrize("config", [
+    # Qwen-MoE mlp_only_layers as a prefix: Qwen2MoeMLP(intermediate_size) on those blocks
+    _dense("qwen2_moe", 256, 384, 4, 4, 2, 1000, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+           shared_expert_intermediate_size=128, mlp_only_layers=[0, 1]),
+    _dense("qwen3_moe", 256, 384, 4, 4, 2, 1000, head_dim=64, moe_intermediate_size=64, num_experts=8,
+           num_experts_per_tok=2, mlp_only_layers=[0]),
+    # DeepSeek-V2-Lite's shape class: no query compression (q_proj), dense first block, 2 shared experts
+    dict(model_type="deepseek_v2", hidden_size=256, intermediate_size=640, moe_intermediate_size=64, num_hidden_layers=3,
+         num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=2,
+         first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16,
+         v_head_dim=24, vocab_size=1000),
+])
+def test_dense_first_blocks_match_transformers(config, hf):
+    model = hf.model(config)
+    spec = from_hf_config(config)
+    assert spec.dense_layers == len(config.get("mlp_only_layers", [0] * config.get("first_k_dense_replace", 0)))
+    assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == \
+        [(t.name, tuple(t.shape)) for t in spec.tensors() if not t.tied]
+    assert spec.params == sum(p.numel() for p in model.parameters())
+
+
+def test_deepseek_v3_matches_its_report():
+    # DeepSeek-V3 Technical Report (arXiv 2412.19437) abstract: 671B total, 37B activated per token
+    spec = lookup("deepseek-v3")
+    assert spec.params == pytest.approx(671e9, rel=0.001)
+    assert spec.active_params == pytest.approx(37e9, rel=0.02)
+    # its 3 dense-first blocks are each ~20x smaller than a routed one (11.5e9 vs 0.58e9): counting all 61 as routed
+    # (or all as dense) misses by tens of billions
+    moe_block, dense_block = spec.sums.block_total, spec.dense_block.sums.block_total
+    assert moe_block > 15 * dense_block
+    assert 3 * (moe_block - dense_block) > 30e9
+    # MLA: kv_a_proj 7168 x (512 + 64), kv_b_proj 512 x 128 (128 + 128), q_a 7168 x 1536, q_b 1536 x 128 x 192,
+    # o 128 x 128 x 7168, and the two latent norms (DeepSeek-V2 paper section 2.1.2 shapes)
+    attention = sum(t.numel for t in spec.block_tensors() if ".self_attn." in t.name)
+    assert attention == 7168 * 576 + 512 + 512 * 128 * 256 + 7168 * 1536 + 1536 + 1536 * 128 * 192 + 128 * 128 * 7168
+
+
+def test_glm_4_5_air_matches_its_card():
+    spec = lookup("glm-4.5-air")  # model card: 106B total, 12B active (the MTP layer included)
+    assert spec.params == pytest.approx(106e9, rel=0.01)
+    assert spec.active_params == pytest.approx(12e9, rel=0.15)
 
 
 @pytest.mark.parametrize("name, total, active", [
