@@ -65,16 +65,40 @@ def checkpoint_restore_s(model: ModelSpec, cluster: Cluster, training: Training,
     return gather + copies
 
 
-def tp_pass_exposed_s(training: Training, lay: Layouts, c: dict, tp_ar, gemm_s) -> np.ndarray:
-    """Exposed TP communication of one pass (forward or backward) through a block: two all-reduce
-    equivalents. With --tp-comm-overlap and SP, each of the pass's four all-gathers/reduce-scatters
-    (half an all-reduce each) is split into t chunks pipelined with its GEMM, a quarter of the
-    pass's `gemm_s` (Wang et al. 2023, "Overlap Communication with Dependent Computation via
-    Decomposition", section 3; TransformerEngine userbuffers): one chunk each shows, and whatever
-    exceeds its GEMM's share."""
+def tp_pass_exposed_s(training: Training, lay: Layouts, c: dict, tp_ar, gemm_s, units=(2.0, 0.0)) -> np.ndarray:
+    """Exposed TP communication of one pass (forward or backward) through a block, in all-reduce
+    equivalents of its T h activations (tp_pass_units): the linear layers' (2 for a dense block)
+    and the MoE token dispatcher's of routed rows. With --tp-comm-overlap and SP, each of the
+    linear layers' all-gathers/reduce-scatters (half an all-reduce each) is split into t chunks
+    pipelined with its GEMM, an equal share of the pass's `gemm_s` (Wang et al. 2023, "Overlap
+    Communication with Dependent Computation via Decomposition", section 3; TransformerEngine
+    userbuffers): one chunk each shows, and whatever exceeds its GEMM's share. The dispatcher's
+    collectives are not among them."""
+    linear, routed = units
     overlap = training.tp_comm_overlap & (lay.sequence_parallel > 0) & (lay.tp > 1)
-    hidden = 4.0 * overlapped_exposed_s(tp_ar / 2.0, lay.tp, c["dp_overlap_fraction_with_overlap"] * gemm_s / 4.0)
-    return np.where(overlap, hidden, 2.0 * tp_ar)
+    collectives = 2.0 * linear
+    hidden = collectives * overlapped_exposed_s(tp_ar / 2.0, lay.tp, c["dp_overlap_fraction_with_overlap"] * gemm_s / collectives)
+    return np.where(overlap, hidden, linear * tp_ar) + routed * tp_ar
+
+
+def tp_pass_units(block: ModelSpec, training: Training, lay: Layouts) -> tuple:
+    """(linear layers, routed rows) TP all-reduce equivalents of T h per pass through a block.
+    Dense: attention and MLP, one each (Shoeybi et al. 2019 section 3). MoE with experts split
+    over TP (megatron-core 0.16.1 moe/token_dispatcher.py MoEAlltoAllTokenDispatcher:
+    dispatch_postprocess all-gathers the routed rows over the expert-TP group after the
+    all-to-all, combine_preprocess reduce-scatters them, one all-reduce of R T h for R routed rows
+    per token, planner/moe.py), plus a shared expert's own (SharedExpertMLP is a TP MLP). Experts
+    whole on every TP rank (DeepSpeed 0.19 moe/sharded_moe.py MOELayer.forward): gather_tokens
+    all-gathers the expert outputs after the second all-to-all, and in backward drop_tokens'
+    gradient gathers again: one all-gather, half an all-reduce, of R T h per pass."""
+    if block.experts == 1:
+        return 2.0, 0.0
+    from planner.moe import routed_per_token
+
+    rows = routed_per_token(block, training, lay, tokens_per_microbatch(training, lay))
+    if training.engine.experts_split_over_tp:
+        return 1.0 + (block.shared_expert_ffn > 0), rows
+    return 1.0, rows / 2.0
 
 
 def ep_all_to_all_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
@@ -116,11 +140,11 @@ def block_s(block: ModelSpec, cluster: Cluster, training: Training, lay: Layouts
     checkpoint restore of a fully recomputed block (Korthikanti Table 4 times them so)."""
     gemm = C.gemm_fwd_s(block, cluster, training, lay, c)
     core_fwd, core_bwd = C.attention_core_s(block, cluster, training, lay, c)
-    tp_ar = tp_all_reduce_s(block, cluster, training, lay, c)
+    tp_ar, units = tp_all_reduce_s(block, cluster, training, lay, c), tp_pass_units(block, training, lay)
     out = {"fwd": gemm + core_fwd + C.elementwise_fwd_s(block, cluster, training, lay, c),
            "bwd": 2.0 * gemm + core_bwd + C.elementwise_bwd_s(block, cluster, training, lay, c),  # dgrad + wgrad
-           "gemm": gemm, "tp_fwd": tp_pass_exposed_s(training, lay, c, tp_ar, gemm),
-           "tp_bwd": tp_pass_exposed_s(training, lay, c, tp_ar, 2.0 * gemm),  # dgrad + wgrad GEMMs
+           "gemm": gemm, "tp_fwd": tp_pass_exposed_s(training, lay, c, tp_ar, gemm, units),
+           "tp_bwd": tp_pass_exposed_s(training, lay, c, tp_ar, 2.0 * gemm, units),  # dgrad + wgrad GEMMs
            "a2a": ep_all_to_all_s(block, cluster, training, lay, c),  # 2 in the forward, 2 in the backward
            "restore": checkpoint_restore_s(block, cluster, training, lay, c)}
     out["comm"] = out["tp_fwd"] + out["tp_bwd"] + 4.0 * out["a2a"] + \

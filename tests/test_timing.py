@@ -183,6 +183,25 @@ def test_expert_all_to_all_sends_the_routed_tokens():
     assert timing.ep_all_to_all_s(LLAMA7, node(H100), DS, layout.single(), C)[0] == 0  # dense: none
 
 
+@pytest.mark.parametrize("engine, model, expected", [
+    # megatron-core: the dispatcher all-gathers the k = 2 routed rows per token over TP after the all-to-all
+    # and reduce-scatters them back (one all-reduce of 2 T h), beside the attention's one: 1 + 2
+    ("megatron", "mixtral-8x7b", 1 + 2),
+    # DeepSeek-V3, top-8 and a shared expert (its own TP MLP): 1 + 1 + 8
+    ("megatron", "deepseek-v3", 1 + 1 + 8),
+    # DeepSpeed-MoE keeps experts whole: one all-gather (half an all-reduce) of the capacity rows, top-2
+    # padded to capacity 1.0 x 2 x T / E per expert, 8 experts: 2 rows per token -> 1 + 2 / 2
+    ("megatron-deepspeed", "mixtral-8x7b", 1 + 2 / 2),
+    ("megatron", "llama-2-7b", 2),  # dense: attention and MLP
+])
+def test_tp_traffic_of_a_moe_block_counts_the_routed_rows(engine, model, expected):
+    m, training = lookup(model), layout.Training(seq_len=4096, engine=engine)
+    lay = layout.single(tp=2, ep=4, dp=4, sequence_parallel=engine == "megatron") if m.experts > 1 else layout.single(tp=2)
+    tp_ar = timing.tp_all_reduce_s(m, node(H100), training, lay, C)
+    got = timing.tp_pass_exposed_s(training, lay, C, tp_ar, 1.0, timing.tp_pass_units(m, training, lay))
+    assert got[0] == pytest.approx(expected * tp_ar[0], rel=1e-12)
+
+
 def test_context_parallel_ring_shows_only_what_attention_cannot_hide():
     # Llama-3-8B, s 8192 over cp 16 (two H100 nodes, 512 tokens a rank): 15 K/V passes of
     # 2 x 512 x 1024 bf16 values over the 50 GB/s NIC (x 0.85), 10 us each, against a causal flash
