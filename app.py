@@ -164,6 +164,9 @@ def manual_layout_from_sidebar() -> dict:
     dp = int(sb.number_input("dp (0: gpus / (tp pp cp))", 0, 1_000_000, 0, key="man_dp"))
     if dp:
         lay["dp"] = dp
+    etp = int(sb.number_input("etp: TP ranks per expert (0: the engine's default)", 0, 4096, 0, key="man_etp"))
+    if etp:
+        lay["etp"] = etp
     lay["zero"] = sb.selectbox("ZeRO stage", (0, 1, 2, 3), key="man_zero")
     lay["offload_optimizer"] = sb.selectbox("Offload optimizer", ("none", "cpu", "nvme"), key="man_offload_optimizer")
     lay["offload_params"] = sb.selectbox("Offload parameters", ("none", "cpu", "nvme"), key="man_offload_params")

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TERMS = [
     # memory
     ("planner.sharding", "rank_params"), ("planner.sharding", "persistent_params"),
-    ("planner.sharding", "deepspeed_grad_partition_excess"),
+    ("planner.sharding", "deepspeed_grad_partition_excess"), ("planner.sharding", "expert_dp"),
+    ("planner.sharding", "expert_tp"),
     ("planner.memory", "weight_bytes"), ("planner.memory", "grad_bytes"), ("planner.memory", "optimizer_bytes"),
     ("planner.memory", "host_bytes"), ("planner.memory", "deepspeed_reduce_buckets"),
     ("planner.memory", "deepspeed_straddle_bytes"), ("planner.memory", "deepspeed_step_grad_copies"),
@@ -61,7 +62,8 @@ DELIBERATE = [
 
 FAST_TESTS = ["tests/test_memory.py", "tests/test_timing.py", "tests/test_validate.py", "tests/test_search.py",
               "tests/test_cli.py", "tests/test_terms.py", "tests/test_activations_real.py", "tests/test_engines.py",
-              "tests/test_moe_capacity.py", "tests/test_dense_first.py"]
+              "tests/test_moe_capacity.py", "tests/test_dense_first.py",
+              "tests/test_expert_tp.py", "tests/test_activations_deepseek.py"]
 
 
 def run(spec: str, pytest_args: list[str]) -> tuple[bool, str, float]:

@@ -7,6 +7,7 @@ of each storage's live extent, the way the caching allocator would hold them.
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -39,19 +40,65 @@ class SavedCounter:
         return sorted(self.saved.values(), key=lambda v: -v[0])
 
 
+class _Packed:
+    """What LiveSavedCounter hands autograd for a saved tensor: alive as long as the node that saved it."""
+
+    __slots__ = ("t", "__weakref__")
+
+    def __init__(self, t):
+        self.t = t
+
+
+class LiveSavedCounter(SavedCounter):
+    """A SavedCounter of the tensors the graph still holds once the forward has returned: call
+    .settle() while its output is alive. A node on a branch nothing downstream uses (e.g. torch.topk
+    whose values are dropped and only the indices used) saves its tensors and frees them with
+    itself during the forward; SavedCounter counts those, and may then skip a later tensor that
+    reuses the freed address as a duplicate."""
+
+    def __init__(self, exclude=()):
+        super().__init__(exclude)
+        self.packed = []
+
+    def pack(self, t: torch.Tensor):
+        held = _Packed(t)
+        storage = t.untyped_storage()
+        self.packed.append((weakref.ref(held), storage.data_ptr(), (storage.nbytes(), tuple(t.shape),
+                            str(t.dtype).replace("torch.", ""), type(t.grad_fn).__name__ if t.grad_fn else "leaf")))
+        return held
+
+    @staticmethod
+    def unpack(held):
+        return held.t
+
+    def settle(self) -> "LiveSavedCounter":
+        """Keep in .saved what the graph holds now; list in .freed (pointer, info) what was saved by a
+        node gone since (its storage may still be held by another node, or its address reused)."""
+        self.saved, self.freed = {}, []
+        for ref, ptr, info in self.packed:
+            if ptr and ptr not in self.exclude:
+                if ref() is not None:
+                    self.saved.setdefault(ptr, info)
+                else:
+                    self.freed.append((ptr, info))
+        return self
+
+
 @contextmanager
-def counting(exclude=()):
-    """`with counting(model.parameters()) as c: loss = model(x)` -> c.total_bytes saved for backward."""
-    c = SavedCounter(exclude)
+def counting(exclude=(), live: bool = False):
+    """`with counting(model.parameters()) as c: loss = model(x)` -> c.total_bytes saved for backward
+    (live: a LiveSavedCounter, to .settle() while `loss` is alive)."""
+    c = LiveSavedCounter(exclude) if live else SavedCounter(exclude)
     with torch.autograd.graph.saved_tensors_hooks(c.pack, c.unpack):
         yield c
 
 
 def hf_saved_counter(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat16",
-                     checkpointing: bool = False) -> SavedCounter:
+                     checkpointing: bool = False, live: bool = False) -> SavedCounter:
     """The SavedCounter of one forward of the transformers base model (AutoModel) of `hf_config`:
     its model_type (default llama; gpt2, gpt_neox, ... alike) and fields go to AutoConfig.for_model;
     num_hidden_layers works for every model_type (GPT2Config.attribute_map maps it to n_layer).
+    live: count only what the graph still holds after the forward (LiveSavedCounter).
     Call .table() on it to see each saved tensor."""
     import transformers
 
@@ -62,21 +109,26 @@ def hf_saved_counter(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat
     if checkpointing:
         model.gradient_checkpointing_enable()  # transformers: torch.utils.checkpoint around each decoder layer
     ids = torch.randint(0, hf_config["vocab_size"], (batch, seq))
-    with counting(model.parameters()) as c:
-        model(input_ids=ids, use_cache=False)
+    with counting(model.parameters(), live) as c:
+        out = model(input_ids=ids, use_cache=False)
+    if live:
+        c.settle()
+    del out
     return c
 
 
-def hf_saved_bytes(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat16", checkpointing: bool = False) -> int:
+def hf_saved_bytes(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat16", checkpointing: bool = False,
+                   live: bool = False) -> int:
     """Bytes the transformers base model of `hf_config` (its model_type, default llama) saves for
     backward in one forward."""
-    return hf_saved_counter(hf_config, seq, batch, dtype, checkpointing).total_bytes
+    return hf_saved_counter(hf_config, seq, batch, dtype, checkpointing, live).total_bytes
 
 
-def hf_layer_bytes(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat16", checkpointing: bool = False) -> int:
+def hf_layer_bytes(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat16", checkpointing: bool = False,
+                   live: bool = False) -> int:
     """What one decoder layer saves: half the difference between 4 and 2 layers (every storage once)."""
-    two = hf_saved_bytes({**hf_config, "num_hidden_layers": 2}, seq, batch, dtype, checkpointing)
-    four = hf_saved_bytes({**hf_config, "num_hidden_layers": 4}, seq, batch, dtype, checkpointing)
+    two = hf_saved_bytes({**hf_config, "num_hidden_layers": 2}, seq, batch, dtype, checkpointing, live)
+    four = hf_saved_bytes({**hf_config, "num_hidden_layers": 4}, seq, batch, dtype, checkpointing, live)
     assert (four - two) % 2 == 0
     return (four - two) // 2
 

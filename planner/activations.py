@@ -18,7 +18,7 @@ from planner.layout import Layouts, Training
 from planner.model import ModelSpec
 from planner.moe import routed_per_token
 from planner.options import Recompute, RecomputeMethod
-from planner.pipeline import layers_on_stage, microbatches_in_flight, p2p_buffers
+from planner.pipeline import blocks_on_stage, microbatches_in_flight, p2p_buffers
 
 # how a saved tensor divides over the TP ranks
 TP, SP, WHOLE = "tp", "sp", "whole"
@@ -46,6 +46,8 @@ def saved_tensors(model: ModelSpec, training: Training, seq: float, routed) -> l
     routed_per_token: k dropless; Hugging Face and torchtitan blocks are dropless)."""
     if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "llama":
         return hf_llama_saved(model, training, seq)
+    if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "deepseek_v3":
+        return hf_deepseek_v3_saved(model, training, seq)
     if training.engine.modules is Modules.TORCHTITAN and training.flash_attention:
         return torchtitan_llama_saved(model, training)
     if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "gpt2":
@@ -55,13 +57,71 @@ def saved_tensors(model: ModelSpec, training: Training, seq: float, routed) -> l
     return megatron_saved(model, training, seq, routed)
 
 
-def hf_rms_norm_saved(e: float, h: int, where: str) -> list[Saved]:
-    """transformers LlamaRMSNorm.forward (eager Python, the same on CPU and CUDA): the fp32 upcast of
-    its input (kept by pow and mul), the fp32 rstd per token, and the normalized input cast back to
-    the 16-bit dtype (kept by the weight's mul). In fp32 both casts are no-ops and the two saved
-    tensors are the input and the normalized input."""
-    return [Saved(f"{where} norm input, fp32", 4.0 * h, SP), Saved(f"{where} norm rstd, fp32", 4.0, SP),
-            Saved(f"{where} norm normalized input", e * h, SP)]
+def hf_rms_norm_saved(e: float, h: int, where: str, split: str = SP) -> list[Saved]:
+    """transformers LlamaRMSNorm.forward (eager Python, the same on CPU and CUDA; DeepseekV3RMSNorm and
+    Glm4MoeRMSNorm are copies of it): the fp32 upcast of its input (kept by pow and mul), the fp32
+    rstd per token, and the normalized input cast back to the 16-bit dtype (kept by the weight's
+    mul). In fp32 both casts are no-ops and the two saved tensors are the input and the normalized
+    input."""
+    return [Saved(f"{where} norm input, fp32", 4.0 * h, split), Saved(f"{where} norm rstd, fp32", 4.0, split),
+            Saved(f"{where} norm normalized input", e * h, split)]
+
+
+def hf_swiglu_mlp_saved(e: float, f: int, where: str) -> list[Saved]:
+    """LlamaMLP.forward down_proj(act_fn(gate_proj(x)) * up_proj(x)) beyond its input (Qwen2MoeMLP,
+    DeepseekV3MLP and Glm4MoeMLP are copies): gate and up outputs, act(gate) and down's input."""
+    return [Saved(f"{where}{name}", e * f, TP) for name in ("gate output", "up output", "act(gate)", "down input")]
+
+
+def hf_attention_core_saved(model: ModelSpec, training: Training, seq: float, v: Saved, q_from_cat: bool) -> list[Saved]:
+    """transformers 5.25 attention from q and k after rotary (heads x dim_per_head each, [b, a, s, d])
+    to o_proj's input (heads x v head width), with the model's attention_implementation.
+    'sdpa' (integrations/sdpa_attention.py sdpa_attention_forward): the kernel keeps q, k, v (`v`:
+    what v's storage is) and its output, and an fp32 log-sum-exp per head; it writes that output in
+    q's memory layout, so where q comes out of torch.cat ([b, a, s, d] contiguous, `q_from_cat`)
+    rather than out of an elementwise rotary on a transposed view ([b, s, a, d] in memory),
+    sdpa_attention_forward's .transpose(1, 2).contiguous() makes o_proj's input a copy.
+    'eager' (modeling_llama.py eager_attention_forward): q, k and v repeated to every head (torch.matmul
+    folds q and k as views, v repeated or not a copy), the fp32 softmax and its 16-bit cast (a no-op in
+    fp32), and o_proj's contiguous input."""
+    e = training.precision.element_bytes
+    q, kv, a, o = model.q_width, model.kv_width, model.heads, model.attention_out_width
+    if training.flash_attention:
+        out = [Saved("q after rotary", e * q, TP), Saved("k after rotary", e * kv, TP), v,
+               Saved("attention output" + ("" if q_from_cat else " (o_proj input)"), e * o, TP),
+               Saved("flash log-sum-exp (fp32)", 4.0 * a, TP, core=True)]
+        if q_from_cat:
+            out.append(Saved("o_proj input (contiguous copy)", e * o, TP))
+        return out
+    out = [Saved("q after rotary", e * q, TP), Saved("k repeated to every head", e * q, TP),
+           Saved("v repeated to every head", e * o, TP), Saved("softmax output (fp32)", 4.0 * a * seq, TP, core=True)]
+    if e != 4.0:  # .to(query.dtype) of the fp32 softmax
+        out.append(Saved("softmax output, 16-bit", e * a * seq, TP, core=True))
+    return out + [Saved("o_proj input (contiguous)", e * o, TP)]
+
+
+def hf_llama_attention_saved(model: ModelSpec, training: Training, seq: float, q_from_cat: bool = False) -> list[Saved]:
+    """LlamaDecoderLayer's input_layernorm and LlamaAttention (q_proj, k_proj, v_proj, rotary,
+    attention, o_proj's input; Qwen3's per-head q_norm/k_norm): hf_llama_saved's first half."""
+    e = training.precision.element_bytes
+    h, q, kv, a = model.hidden, model.q_width, model.kv_width, model.heads
+    out = hf_rms_norm_saved(e, h, "attention") + [Saved("q/k/v input (norm output)", e * h, SP)]
+    if model.qk_norm:  # Qwen3RMSNorm on q and k per head, eager like LlamaRMSNorm: one rstd per head
+        g = model.kv_heads
+        out += [Saved("q norm input, fp32", 4.0 * q, TP), Saved("q norm rstd, fp32", 4.0 * a, TP),
+                Saved("q norm normalized input", e * q, TP), Saved("k norm input, fp32", 4.0 * kv, TP),
+                Saved("k norm rstd, fp32", 4.0 * g, TP), Saved("k norm normalized input", e * kv, TP)]
+    return out + hf_attention_core_saved(model, training, seq, Saved("v", e * kv, TP), q_from_cat)
+
+
+def hf_llama_mlp_saved(model: ModelSpec, training: Training) -> list[Saved]:
+    """LlamaDecoderLayer's post_attention_layernorm and its MLP (LlamaMLP, or the sparse MoE block of
+    hf_moe_mlp_saved where experts > 1): hf_llama_saved's second half."""
+    e = training.precision.element_bytes
+    out = hf_rms_norm_saved(e, model.hidden, "mlp") + [Saved("gate/up input (norm output)", e * model.hidden, SP)]
+    if model.experts > 1:  # the sparse MoE block in place of LlamaMLP
+        return out + hf_moe_mlp_saved(model, training)
+    return out + hf_swiglu_mlp_saved(e, model.ffn, "")
 
 
 def hf_llama_saved(model: ModelSpec, training: Training, seq: float) -> list[Saved]:
@@ -71,57 +131,105 @@ def hf_llama_saved(model: ModelSpec, training: Training, seq: float) -> list[Sav
     k after rotary, v, its output (already [b, s, a, d] in memory, so o_proj's input is a view of it)
     and an fp32 log-sum-exp per head (aten _scaled_dot_product_flash_attention, CUDA and CPU alike);
     eager attention (eager_attention_forward) keeps q, k and v repeated to all heads, the fp32
-    softmax and its 16-bit cast, and o_proj's contiguous input. LlamaMLP keeps gate, up, act(gate)
-    and down's input (8f); a sparse MoE block (experts > 1) keeps what hf_moe_mlp_saved lists."""
+    softmax and its 16-bit cast, and o_proj's contiguous input (hf_attention_core_saved). LlamaMLP
+    keeps gate, up, act(gate) and down's input (8f); a sparse MoE block (experts > 1) keeps what
+    hf_moe_mlp_saved lists."""
+    return hf_llama_attention_saved(model, training, seq) + hf_llama_mlp_saved(model, training)
+
+
+def hf_mla_attention_saved(model: ModelSpec, training: Training, seq: float) -> list[Saved]:
+    """transformers 5.25.0 DeepseekV3Attention.forward (models/deepseek_v3/modeling_deepseek_v3.py,
+    multi-head latent attention; DeepseekV2's is the same list): input_layernorm; q_proj, or q_a_proj ->
+    q_a_layernorm (DeepseekV3RMSNorm over q_lora_rank) -> q_b_proj; kv_a_proj_with_mqa -> split ->
+    kv_a_layernorm over kv_lora_rank (its fp32 upcast copies the strided split; in fp32 the upcast is a
+    no-op and the norm keeps the whole kv_a_proj_with_mqa output, rotary part included) -> kv_b_proj;
+    rotary (apply_rotary_pos_emb[_interleave]: multiplies by cos/sin, keeps nothing per layer);
+    query_states = torch.cat((q_pass, q_rot)) and expand_kv's key_states (new_empty + copy_), both
+    heads x (qk_nope + qk_rope) wide; value_states is a split view of kv_b_proj's output, so the SDPA
+    kernel keeps all of it, heads x (qk_nope + v_head_dim). Counted per token, bf16, SDPA:
+    8h + 8r + 8c + 4a(dn + dr) + 2a(dn + dv) + 2a dv (+ 2a dv where dn + dr = dv) + 4a + 12 before
+    the MLP (hf_llama_mlp_saved), r = q_lora_rank (0: q_proj, no 8r + 4), c = kv_lora_rank.
+    CUDA kernel: flash attention needs one head width for q, k and v (torch 2.13 sdp_utils.cpp
+    check_head_dim_size_flash), so MLA with dn + dr != dv (DeepSeek-V2/V3: 192 and 128) runs the
+    memory-efficient kernel (priority flash, efficient, math, cudnn), which keeps the same q, k, v,
+    output and fp32 logsumexp and writes its output [b, s, a, dv] in memory whatever q's layout
+    (attention.cu _efficient_attention_forward): o_proj's input is then a view. Where the widths are
+    equal the flash kernel writes its output in q's layout (empty_like), as the CPU's does, and o_proj
+    reads a contiguous copy. Splits: the latent down projections and their norms run whole on every
+    TP rank (planner/model.py _mla), the up projections' outputs split by heads."""
     e = training.precision.element_bytes
-    h, q, kv, a = model.hidden, model.q_width, model.kv_width, model.heads
-    out = hf_rms_norm_saved(e, h, "attention") + [Saved("q/k/v input (norm output)", e * h, SP)]
-    if model.qk_norm:  # Qwen3RMSNorm on q and k per head, eager like LlamaRMSNorm: one rstd per head
-        g = model.kv_heads
-        out += [Saved("q norm input, fp32", 4.0 * q, TP), Saved("q norm rstd, fp32", 4.0 * a, TP),
-                Saved("q norm normalized input", e * q, TP), Saved("k norm input, fp32", 4.0 * kv, TP),
-                Saved("k norm rstd, fp32", 4.0 * g, TP), Saved("k norm normalized input", e * kv, TP)]
-    if training.flash_attention:
-        out += [Saved("q after rotary", e * q, TP), Saved("k after rotary", e * kv, TP), Saved("v", e * kv, TP),
-                Saved("attention output (o_proj input)", e * q, TP),
-                Saved("flash log-sum-exp (fp32)", 4.0 * a, TP, core=True)]
-    else:
-        out += [Saved("q after rotary", e * q, TP), Saved("k repeated to every head", e * q, TP),
-                Saved("v repeated to every head", e * q, TP),
-                Saved("softmax output (fp32)", 4.0 * a * seq, TP, core=True),
-                Saved("softmax output, 16-bit", e * a * seq, TP, core=True),
-                Saved("o_proj input (contiguous)", e * q, TP)]
-    out += hf_rms_norm_saved(e, h, "mlp") + [Saved("gate/up input (norm output)", e * h, SP)]
-    if model.experts > 1:  # the sparse MoE block in place of LlamaMLP
-        return out + hf_moe_mlp_saved(model, training)
-    out += [Saved(name, e * model.ffn, TP) for name in ("gate output", "up output", "act(gate)", "down input")]
-    return out
+    h, a, r, c, dr = model.hidden, model.heads, model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
+    dn, dv = model.dim_per_head - dr, model.v_head_dim or model.dim_per_head
+    out = hf_rms_norm_saved(e, h, "attention") + [Saved("q_a_proj/q_proj/kv_a_proj_with_mqa input (norm output)", e * h, SP)]
+    if r:
+        out += hf_rms_norm_saved(e, r, "q_a_layernorm", WHOLE)
+        out.append(Saved("q_b_proj input (q_a_layernorm output)", e * r, WHOLE))
+    out += hf_rms_norm_saved(e, c, "kv_a_layernorm", WHOLE)
+    if e == 4.0:  # the no-op upcast leaves the norm holding the split view of kv_a_proj_with_mqa's output
+        out.append(Saved("kv_a_proj_with_mqa output's rotary part (kept with the norm input)", 4.0 * dr, WHOLE))
+    out.append(Saved("kv_b_proj input (kv_a_layernorm output)", e * c, WHOLE))
+    v = Saved("kv_b_proj output (v is a view of it)", e * a * (dn + dv), TP)
+    return out + hf_attention_core_saved(model, training, seq, v, q_from_cat=dn + dr == dv)
+
+
+def hf_deepseek_v3_saved(model: ModelSpec, training: Training, seq: float) -> list[Saved]:
+    """transformers 5.25.0 DeepseekV3DecoderLayer (models/deepseek_v3/modeling_deepseek_v3.py) and
+    Glm4MoeDecoderLayer (models/glm4_moe/modeling_glm4_moe.py), counted with saved_tensors_hooks
+    (tests/test_activations_deepseek.py): the attention is MLA (hf_mla_attention_saved) where
+    kv_lora_rank is set, else GLM-4.5's Glm4MoeAttention, Llama's with Qwen3's optional per-head
+    q_norm/k_norm and partial rotary, whose torch.cat of the rotary and pass-through parts makes q
+    and k full copies [b, a, s, d] contiguous (so o_proj reads a copy of the SDPA output:
+    hf_attention_core_saved); then post_attention_layernorm and DeepseekV3MLP (the dense-first
+    blocks, `model.dense_block`, experts == 1) or DeepseekV3MoE (hf_moe_mlp_saved: the sigmoid
+    TopkRouter in fp32, grouped_mm experts, an ungated shared MLP). DeepseekV2DecoderLayer
+    (models/deepseek_v2/modeling_deepseek_v2.py) keeps the same list: its complex rotary keeps only
+    the shared freqs_cis, its TopkRouter softmaxes (4E like the sigmoid) and never renormalizes
+    (from_hf_config reads norm_topk_prob False for it). Left out: DeepseekV2's topk_method
+    'group_limited_greedy' keeps a (T, E) bool mask (E bytes a token; ModelSpec has no topk_method),
+    and per layer (no tokens in it) grouped_mm's offsets and, where the engine casts the router
+    weight to the 16-bit dtype (from_pretrained keeps it fp32: _keep_in_fp32_modules_strict), the
+    fp32 copy F.linear keeps of it, 4Eh bytes."""
+    attention = hf_mla_attention_saved(model, training, seq) if model.kv_lora_rank else \
+        hf_llama_attention_saved(model, training, seq, q_from_cat=True)
+    return attention + hf_llama_mlp_saved(model, training)
 
 
 def hf_moe_mlp_saved(model: ModelSpec, training: Training) -> list[Saved]:
     """transformers 5.25 sparse MoE blocks beyond their input (the post-attention norm output, which
     the router, the shared expert and its gate read): MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock
-    and Qwen3MoeSparseMoeBlock (models/*/modeling_*.py) with their TopKRouter and the stacked Experts
-    run by the default experts_implementation 'grouped_mm' (modeling_utils.py
-    get_correct_experts_implementation; integrations/moe.py grouped_mm_experts_forward: the k T
-    (token, expert) pairs sorted by expert, one grouped_mm for gate_up_proj and one for down_proj),
-    counted with saved_tensors_hooks (tests/test_activations_real.py), per token, bf16:
-    4E + 32k + 4kh + 8kf (+ 4k + 4 where the top-k weights are renormalized) + 4k (Mixtral: fp32
-    routing weights) or 2k (Qwen: cast to bf16) + with a shared expert fs wide 8fs + 2h + 2 bytes.
+    and Qwen3MoeSparseMoeBlock (models/*/modeling_*.py) with their TopKRouter, and DeepseekV3MoE /
+    Glm4MoeMoE with DeepseekV3TopkRouter, and the stacked Experts run by the default
+    experts_implementation 'grouped_mm' (modeling_utils.py get_correct_experts_implementation;
+    integrations/moe.py grouped_mm_experts_forward: the k T (token, expert) pairs sorted by expert,
+    one grouped_mm for gate_up_proj and one for down_proj), counted with saved_tensors_hooks
+    (tests/test_activations_real.py, tests/test_activations_deepseek.py), per token, bf16:
+    4E + 32k + 4kh + 8kf (+ 4k + 4 where the top-k weights are renormalized) + 4k (Mixtral, DeepSeek:
+    fp32 routing weights) or 2k (Qwen: cast to bf16) + with a shared expert fs wide 8fs (+ 2h + 2
+    for Qwen's sigmoid gate) (+ 4h for DeepSeek's fp32 router input).
     Every row count is k T whatever the routing (grouped_mm's offsets, 4E bytes per layer, are
     left out). The config's output_router_logits is off by default, and the router logits are
     then saved by nothing. Which router: Mixtral (router_first, no shared expert) always
     renormalizes and keeps fp32 routing weights; Qwen routers cast them to the 16-bit dtype and
-    renormalize under norm_topk_prob (ModelSpec.norm_topk_prob, from config.json).
+    renormalize under norm_topk_prob (ModelSpec.norm_topk_prob, from config.json); DeepSeek's
+    (architecture deepseek_v3) runs in fp32 on an fp32 copy of its input, sigmoid scores, top-k
+    indices kept by scores.gather, renormalized under norm_topk_prob, times routed_scaling_factor
+    (a scalar: nothing kept); its group-limited choice (n_group, topk_group, e_score_correction_bias)
+    only feeds topk indices, so what it saves (topk indices, the masked_fill mask) is freed with its
+    graph branch when the forward returns.
     Splits: the engines running these modules have no TP; expert intermediates are marked TP like
     the dense MLP's, the h-, E- and k-wide tensors SP like the norm region's."""
     e = training.precision.element_bytes
     h, n, k, f, fs = model.hidden, model.experts, model.experts_per_token, model.ffn, model.shared_expert_ffn
-    mixtral = model.router_first and not fs
+    deepseek = model.architecture == "deepseek_v3"
+    fp32_weights = deepseek or (model.router_first and not fs)  # DeepSeek's router and Mixtral's
     renormalized = model.norm_topk_prob
-    # MixtralTopKRouter.forward softmax(router_logits.float()); Qwen2Moe/Qwen3MoeTopKRouter softmax(dtype=float)
-    out = [Saved("router softmax output, fp32", 4.0 * n, SP),
-           Saved("router top-k indices, int64 (torch.topk)", 8.0 * k, SP)]  # same TopKRouter.forward
+    out = []
+    if deepseek and e != 4.0:  # DeepseekV3TopkRouter.forward F.linear(hidden_states.type(torch.float32), ...)
+        out.append(Saved("router input, fp32 copy", 4.0 * h, SP))
+    # MixtralTopKRouter.forward softmax(router_logits.float()); Qwen2Moe/Qwen3MoeTopKRouter softmax(dtype=float);
+    # DeepseekV3TopkRouter.forward router_logits.sigmoid()
+    out += [Saved("router scores (softmax or sigmoid output), fp32", 4.0 * n, SP),
+            Saved("router top-k indices, int64 (torch.topk)", 8.0 * k, SP)]  # same TopKRouter.forward
     if renormalized:  # TopKRouter.forward router_top_value /= sum: div_ keeps a clone of its input and the sum
         out += [Saved("top-k weights before the in-place div, fp32", 4.0 * k, SP),
                 Saved("top-k weights' sum, fp32", 4.0, SP)]
@@ -134,14 +242,14 @@ def hf_moe_mlp_saved(model: ModelSpec, training: Training) -> list[Saved]:
     # gate, the product keeps up, both views of it), act(gate), act(gate) * up (down_proj's input)
     out += [Saved("experts' gate_up output", e * 2 * k * f, TP), Saved("experts' act(gate)", e * k * f, TP),
             Saved("experts' down input", e * k * f, TP)]
-    # grouped_mm_experts_forward: proj_out * sample_weights_g keeps both (Mixtral's stay fp32)
+    # grouped_mm_experts_forward: proj_out * sample_weights_g keeps both (Mixtral's and DeepSeek's stay fp32)
     out += [Saved("experts' down output", e * k * h, SP),
-            Saved("routing weights of the sorted pairs", (4.0 if mixtral else e) * k, SP)]
-    if fs:  # Qwen2MoeSparseMoeBlock.forward: Qwen2MoeMLP shared_expert, sigmoid(shared_expert_gate(x)) * it
-        out += [Saved(name, e * fs, TP) for name in ("shared gate output", "shared up output",
-                                                     "shared act(gate)", "shared down input")]
+            Saved("routing weights of the sorted pairs", (4.0 if fp32_weights else e) * k, SP)]
+    if fs:  # the shared expert: an MLP on the same input
+        out += hf_swiglu_mlp_saved(e, fs, "shared ")
+    if fs and not deepseek:  # Qwen2MoeSparseMoeBlock.forward: sigmoid(shared_expert_gate(x)) * shared_expert(x)
         out += [Saved("shared expert output", e * h, SP), Saved("shared_expert_gate sigmoid output", e, SP)]
-    return out
+    return out  # DeepseekV3MoE.forward: experts(...) + shared_experts(residuals), an add that keeps nothing
 
 
 LAYER_NORM_STATS_BYTES_PER_TOKEN = 8.0
@@ -478,19 +586,21 @@ def logits_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, byte
 
 def stage_host_activation_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
     """Host bytes of one rank of `stage`: its checkpointed inputs in flight under cpu_checkpointing."""
-    n_layers = layers_on_stage(model.layers, lay.pp, stage, training.engine.pipeline_edge_layers)
     in_flight = microbatches_in_flight(lay.pp, lay.vpp, lay.gas, lay.schedule, stage)
-    return host_checkpoint_bytes(model, training, lay, n_layers) * in_flight
+    blocks = blocks_on_stage(model, lay, stage, training.engine.pipeline_edge_layers)
+    return sum(host_checkpoint_bytes(block, training, lay, n) for block, n in blocks) * in_flight
 
 
 def stage_activation_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
     """Activation bytes on one rank of `stage` at its backward peak: what each block keeps, times
     its blocks and the micro-batches in flight, the engine's pipeline receive buffers, plus the
-    recompute working set and the first/last-stage extras."""
-    n_layers = layers_on_stage(model.layers, lay.pp, stage, training.engine.pipeline_edge_layers)
+    recompute working set of its largest block and the first/last-stage extras. Dense-first and
+    routed blocks are each counted as what they are (--recompute-layers then applies to each kind
+    apart, an approximation where a stage holds both)."""
     in_flight = microbatches_in_flight(lay.pp, lay.vpp, lay.gas, lay.schedule, stage)
-    kept = kept_bytes(model, training, lay, n_layers) * in_flight
+    blocks = blocks_on_stage(model, lay, stage, training.engine.pipeline_edge_layers)
+    kept = sum(kept_bytes(block, training, lay, n) for block, n in blocks) * in_flight
     if training.engine.pipeline_p2p_buffers:
         kept = kept + p2p_buffers(lay.pp, lay.vpp, lay.gas, lay.schedule, stage) * boundary_bytes(model, training, lay)
-    return (kept + recompute_working_bytes(model, training, lay)
-            + embedding_dropout_bytes(model, training, lay, stage) + head_input_bytes(model, training, lay, stage))
+    working = np.max([np.where(n > 0, recompute_working_bytes(block, training, lay), 0.0) for block, n in blocks], axis=0)
+    return (kept + working + embedding_dropout_bytes(model, training, lay, stage) + head_input_bytes(model, training, lay, stage))

@@ -144,7 +144,7 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
     train = tin.resolve(gbs, engine)
     defaults.update(_training_defaults(tin, cin, train, spec))
     clus = cin.resolve(train.precision, world)
-    lay = single(tp=tp, pp=pp, dp=dp, cp=cp, ep=lin.ep, vpp=lin.vpp, zero=lin.zero,
+    lay = single(tp=tp, pp=pp, dp=dp, cp=cp, ep=lin.ep, etp=lin.etp, vpp=lin.vpp, zero=lin.zero,
                  offload_optimizer=lin.offload_optimizer, offload_params=lin.offload_params, mbs=mbs,
                  gas=gbs // (mbs * dp), recompute=lin.recompute, recompute_layers=lin.recompute_layers,
                  recompute_method=lin.recompute_method or "block", sequence_parallel=lin.sequence_parallel,

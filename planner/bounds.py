@@ -85,7 +85,7 @@ BOUNDS: dict[str, Bound] = {
     "moe_capacity_factor": Bound(0, 65536, integer=False, open_low=True, why="the largest expert count"),
     # layout
     "tp": Bound(1, _GPUS), "pp": Bound(1, _GPUS), "dp": Bound(1, _GPUS), "cp": Bound(1, _GPUS),
-    "ep": Bound(1, _GPUS), "vpp": Bound(1, 16384),
+    "ep": Bound(1, _GPUS), "etp": Bound(1, _GPUS), "vpp": Bound(1, 16384),
     "mbs": Bound(1, 2**20),
     "recompute_layers": Bound(1, 16384),
     "gas": Bound(1, 2**30),

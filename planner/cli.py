@@ -155,7 +155,7 @@ def add_training_flags(p):
     g.add_argument("--price-per-gpu-hour", type=positive_float, help=help_text("price_per_gpu_hour"))
 
 
-LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "dp": None, "cp": 1, "ep": 1, "vpp": 1, "zero": 0, "offload_optimizer": "none",
+LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "dp": None, "cp": 1, "ep": 1, "etp": None, "vpp": 1, "zero": 0, "offload_optimizer": "none",
                    "offload_params": "none", "mbs": 1, "recompute": "none", "recompute_layers": None,
                    "recompute_method": "block",
                    "sequence_parallel": False}
@@ -170,6 +170,9 @@ def add_layout_flags(g, pinning: bool):
     for key in ("tp", "pp", "dp", "cp", "ep", "vpp"):
         text = "default gpus/(tp*pp*cp)" if key == "dp" and not pinning else ""
         g.add_argument("--" + key, type=positive_int, default=default(key), help=_h(text + pin, key))
+    g.add_argument("--etp", type=positive_int, default=default("etp"),
+                   help=_h("TP ranks each routed expert splits over (megatron: 1 or --tp, --expert-tensor-parallel-size; "
+                           "default the engine's)" + pin, "etp"))
     g.add_argument("--zero", type=int, default=default("zero"), choices=(0, 1, 2, 3), help=pin or None)
     g.add_argument("--offload-optimizer", default=default("offload_optimizer"), help="none, cpu, nvme" + pin)
     g.add_argument("--offload-params", default=default("offload_params"), help="none, cpu, nvme" + pin)
@@ -272,7 +275,8 @@ def cmd_estimate(args, out) -> int:
     from planner import api, report
     from planner.inputs import LayoutInput
 
-    layout = LayoutInput(tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, ep=args.ep, vpp=args.vpp, schedule=args.schedule,
+    layout = LayoutInput(tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, ep=args.ep, etp=args.etp, vpp=args.vpp,
+                         schedule=args.schedule,
                          zero=args.zero, offload_optimizer=args.offload_optimizer, offload_params=args.offload_params,
                          mbs=args.mbs, recompute=args.recompute, recompute_layers=args.recompute_layers,
                          recompute_method=args.recompute_method,

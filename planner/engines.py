@@ -58,6 +58,26 @@ class Modules(Word):
     """torchtitan's own models/llama3 block."""
 
 
+class ExpertTP(Word):
+    """Over how many TP ranks the engine splits a routed expert's matrices (the layout's `etp`, 0:
+    the engine's default) and whether expert parallelism folds over the TP ranks that leaves."""
+
+    SPLIT = "split"
+    """Experts split over all TP ranks like the dense layers; EP from the data-parallel ranks."""
+    CHOICE = "choice"
+    """megatron-core 0.16.1: --expert-tensor-parallel-size 1..t (model_parallel_config.py
+    expert_tensor_parallel_size, default the TP size); the expert ranks etp x ep x edp cover the
+    dense tp x cp x dp ones (parallel_state.py initialize_model_parallel, "MoE parallel folding",
+    Liu et al. 2025 arXiv 2504.14960), so EP spans the TP ranks etp leaves."""
+    BY_EP = "by_ep"
+    """torchtitan 0.3.0: TP splits the experts when EP is off; with EP the experts shard over EP
+    alone, which borrows ranks from FSDP and TP (config/configs.py expert_parallel_degree:
+    efsdp = dp_shard x cp x tp / ep; models/common/moe_sharding.py)."""
+    WHOLE = "whole"
+    """DeepSpeed-MoE (0.19 moe/layer.py enable_expert_tensor_parallelism=False): experts whole on
+    every TP rank, which runs them on its 1/t of the tokens; EP from the data-parallel ranks."""
+
+
 class MoeCapacity(Word):
     """How the engine's MoE layer sizes each expert's input (planner/moe.py routed_per_token)."""
 
@@ -170,9 +190,8 @@ class Engine:
     --overlap-param-gather) instead of before it (DeepSpeed all_gather_dp_groups)."""
     zero3_fetch_per_block: bool
     """ZeRO-3 gathers one unit per block (FSDP) rather than one per submodule (DeepSpeed)."""
-    experts_split_over_tp: bool
-    """Routed experts' matrices split over the TP ranks like the dense ones (else every TP rank
-    holds its local experts whole and runs them on its 1/t of the tokens)."""
+    expert_tp: ExpertTP
+    """How routed experts split over TP and whether EP folds over TP ranks (ExpertTP)."""
     reshards_after_backward: bool
     """--zero 2 parameters are resharded after every backward and all-gathered again, unit by unit,
     in the next micro-batch's forward (torch 2.13 _fully_shard.py: reshard_after_backward True
@@ -266,7 +285,7 @@ _DS_COMMON = dict(
 DEEPSPEED = Engine(
     name="deepspeed", summary="DeepSpeed ZeRO 0-3 + offload on Hugging Face modules; 1F1B PipelineModule (ZeRO 0/1)",
     tensor_parallel=False, fused_gemms=False, eager_elementwise=True, p2p_split_over_tp=False,
-    modules=Modules.HUGGING_FACE, launcher=Launcher.DEEPSPEED, experts_split_over_tp=True, **_DS_COMMON)
+    modules=Modules.HUGGING_FACE, launcher=Launcher.DEEPSPEED, expert_tp=ExpertTP.SPLIT, **_DS_COMMON)
 
 MEGATRON_DEEPSPEED = Engine(
     name="megatron-deepspeed", summary="Megatron TP/SP/CP and fused kernels + DeepSpeed ZeRO, offload and pipeline",
@@ -277,7 +296,7 @@ MEGATRON_DEEPSPEED = Engine(
     deepspeed_checkpointing=True, moe_capacity=MoeCapacity.DEEPSPEED_MOE,
     # DeepSpeed 0.19 moe/layer.py MoE(enable_expert_tensor_parallelism=False): experts stay whole on
     # every TP rank, which runs them on its 1/t of the tokens (sharded_moe.py MOELayer.forward drop_tokens)
-    experts_split_over_tp=False, **_DS_COMMON)
+    expert_tp=ExpertTP.WHOLE, **_DS_COMMON)
 
 MEGATRON = Engine(
     name="megatron", summary="Megatron-LM: TP/SP/CP/PP with interleaving; --zero 1 = distributed optimizer",
@@ -291,7 +310,7 @@ MEGATRON = Engine(
     pipeline_defers_grad_reduction=False,  # Megatron's grad buffer is full-size anyway
     pipeline_p2p_buffers=False,  # p2p_communication.py allocates each received tensor when it arrives
     # megatron-core 0.16.1 model_parallel_config.py: expert_tensor_parallel_size defaults to the TP size
-    experts_split_over_tp=True,
+    expert_tp=ExpertTP.CHOICE,
     offload_devices=(),
     offload_together=False,
     buffers=Buffers.NONE,
@@ -375,7 +394,7 @@ FSDP = Engine(
     param_gather_per_bucket=True,
     zero3_fetch_per_block=True,
     reshards_after_backward=True,  # measured: tests/test_fsdp_real.py test_fsdp2_gathers_every_micro_batch
-    experts_split_over_tp=True,  # a DTensor plan shards what it is told to; the planner splits experts with TP
+    expert_tp=ExpertTP.SPLIT,  # FSDP2 on Hugging Face modules has no TP
     tp_comm_overlap=False,
     p2p_split_over_tp=False,
     selective_policy=SelectivePolicy.CORE_ATTENTION,
@@ -401,6 +420,7 @@ TORCHTITAN = replace(
     # models/llama3: separate wq, wk, wv and w1, w3, w2 (fused_gemms False as Hugging Face's); no
     # torch.compile by default (CompileConfig.enable = False), so elementwise kernels run eagerly
     modules=Modules.TORCHTITAN,
+    expert_tp=ExpertTP.BY_EP,
     selective_policy=SelectivePolicy.OP_SAC,  # Trainer.Config.activation_checkpoint = SelectiveAC.Config
     loss_chunks=8,  # components/loss.py ChunkedLossWrapper.Config.num_chunks, set by every llama3 config
     launcher=Launcher.TORCHTITAN,

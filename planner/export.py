@@ -45,7 +45,7 @@ ACCELERATE_CONFIG = "accelerate_config.yaml"
 LAUNCH = "launch.sh"
 MEGATRON_ARGS = "megatron_args.txt"
 
-_ROW_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "offload_optimizer", "offload_params",
+_ROW_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "zero", "offload_optimizer", "offload_params",
              "mbs", "gas", "recompute", "recompute_layers", "recompute_method", "sequence_parallel")
 
 # keys of `extra` that change the files; any other key is copied into launch.sh as a comment line
@@ -428,6 +428,8 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
                 a.append("--moe-pad-expert-input-to-capacity")
     if e > 1:
         a.append(f"--moe-expert-parallel-size {e}" if mds else f"--expert-model-parallel-size {e}")
+    if row.get("etp") and row["etp"] != t and not mds:  # megatron-core model_parallel_config.py
+        a.append(f"--expert-tensor-parallel-size {row['etp']}")
     if row["sequence_parallel"]:
         a.append("--sequence-parallel")
     a += [f"--micro-batch-size {row['mbs']}",
@@ -612,7 +614,7 @@ def _normalise_row(layout_row: dict) -> dict:
     missing = [k for k in ("tp", "pp", "dp", "zero", "mbs", "gas") if k not in layout_row]
     if missing:
         raise InputError(f"--emit: layout is missing {', '.join(missing)}")
-    row = {"cp": 1, "ep": 1, "vpp": 1, "offload_optimizer": "none", "offload_params": "none",
+    row = {"cp": 1, "ep": 1, "etp": None, "vpp": 1, "offload_optimizer": "none", "offload_params": "none",
            "recompute": "none", "recompute_layers": None, "recompute_method": None, "sequence_parallel": False,
            "schedule": None, **layout_row}
     for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "mbs", "gas"):
@@ -626,7 +628,7 @@ def _normalise_row(layout_row: dict) -> dict:
 def _check(model, cluster, training, row) -> None:
     """The planner's own validity rules (InputError naming the flag), so no file describes an
     impossible job."""
-    lay = single(tp=row["tp"], pp=row["pp"], dp=row["dp"], cp=row["cp"], ep=row["ep"], vpp=row["vpp"],
+    lay = single(tp=row["tp"], pp=row["pp"], dp=row["dp"], cp=row["cp"], ep=row["ep"], etp=row["etp"], vpp=row["vpp"],
                  zero=row["zero"], offload_optimizer=row["offload_optimizer"],
                  offload_params=row["offload_params"], mbs=row["mbs"], gas=row["gas"],
                  recompute=row["recompute"], recompute_layers=row["recompute_layers"],

@@ -211,7 +211,8 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
                 experts=integer("n_routed_experts"),
                 experts_per_token=integer("num_experts_per_tok"),
                 shared_expert_ffn=moe_ffn * integer("n_shared_experts", default=0),
-                norm_topk_prob=flag("norm_topk_prob", kind != "deepseek_v2"),
+                # DeepseekV2TopkRouter never renormalizes its top-k weights, whatever the config says
+                norm_topk_prob=kind != "deepseek_v2" and flag("norm_topk_prob", True),
                 router_first=False,
                 dense_layers=dense_layers,
                 dense_ffn=integer("intermediate_size") if dense_layers else 0,

@@ -248,6 +248,8 @@ class LayoutInput:
     """Data-parallel degree (default gpus / (tp pp cp))."""
     cp: int = 1
     ep: int = 1
+    etp: int | None = None
+    """Expert tensor parallelism (megatron-core --expert-tensor-parallel-size); None: the engine's default."""
     vpp: int = 1
     schedule: str | None = None
     """'1f1b', 'interleaved', 'gpipe' (default: interleaved when vpp > 1)."""
@@ -266,7 +268,7 @@ class LayoutInput:
     sequence_parallel: bool = False
 
     def __post_init__(self):
-        _checked(self, ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "recompute_layers"))
+        _checked(self, ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "recompute_layers"))
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise InputError(f"--zero: must be one of 0, 1, 2, 3, got {self.zero!r}")
         _boolean(self.sequence_parallel, "--sequence-parallel")

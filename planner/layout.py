@@ -149,7 +149,7 @@ class Training:
 
 # field name -> order is the JSON order
 FIELDS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "offload_optimizer", "offload_params",
-          "mbs", "gas", "recompute", "recompute_layers", "recompute_method", "sequence_parallel", "schedule")
+          "mbs", "gas", "recompute", "recompute_layers", "recompute_method", "sequence_parallel", "schedule", "etp")
 
 
 @dataclass
@@ -193,6 +193,9 @@ class Layouts:
     """RecomputeMethod code for recompute_layers N > 0: block (the first N layers, as above) or
     uniform (every layer, checkpointed in groups of N: one kept input per group, N layers
     rematerialized at once in backward)."""
+    etp: np.ndarray = 0
+    """Expert tensor parallelism: TP ranks a routed expert's matrices split over (megatron-core
+    --expert-tensor-parallel-size); 0: the engine's default (planner/sharding.py expert_tp)."""
 
     def __post_init__(self):
         arrays = np.broadcast_arrays(*(np.asarray(getattr(self, k), dtype=np.int64) for k in FIELDS))
@@ -249,12 +252,13 @@ class Layouts:
         out["schedule"] = Schedule(out["schedule"]).word
         out["sequence_parallel"] = bool(out["sequence_parallel"])
         out["gbs"] = out["mbs"] * out["gas"] * out["dp"]
+        out["etp"] = out["etp"] or None  # None: the engine's default
         return out
 
 
 def single(tp=1, pp=1, dp=1, cp=1, ep=1, vpp=1, zero=0, offload_optimizer="none", offload_params="none",
            mbs=1, gas=1, recompute="none", recompute_layers=None, recompute_method="block", sequence_parallel=False,
-           schedule=None) -> Layouts:
+           schedule=None, etp=None) -> Layouts:
     """One layout, from words, as a Layouts of size 1 (every number checked against its bound)."""
     numbers = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, mbs=mbs, gas=gas)
     numbers = {k: check(k, v) for k, v in numbers.items()}
@@ -270,4 +274,5 @@ def single(tp=1, pp=1, dp=1, cp=1, ep=1, vpp=1, zero=0, offload_optimizer="none"
         recompute_layers=[0 if recompute_layers is None else check("recompute_layers", recompute_layers)],
         recompute_method=[RecomputeMethod.parse(recompute_method, "--recompute-method")],
         sequence_parallel=[int(bool(sequence_parallel))], schedule=[Schedule.parse(schedule, "--schedule")],
+        etp=[0 if etp is None else check("etp", etp)],
     )

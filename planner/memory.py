@@ -22,7 +22,7 @@ from planner.model import ModelSpec
 from planner.options import Offload, Precision
 
 from planner.pipeline import first_routed_stage
-from planner.sharding import (block_params, deepspeed_grad_partition_excess, optimizer_bytes_per_param,
+from planner.sharding import (block_params, expert_dp, deepspeed_grad_partition_excess, optimizer_bytes_per_param,
                               persistent_params, rank_params, state_bytes)
 
 BREAKDOWN_KEYS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
@@ -43,10 +43,10 @@ def coefficients(section: str, calibration=None) -> dict:
 # model states
 
 
-def _sharded(bytes_per_param, on, dense, expert, lay: Layouts):
+def _sharded(bytes_per_param, on, dense, expert, training: Training, lay: Layouts):
     """Bytes of a state held whole, or sharded over the ZeRO ranks where `on` (expert states over
-    the expert-data-parallel ranks dp*cp/ep)."""
-    shard_expert = np.maximum(lay.zero_ranks // lay.ep, 1)
+    the expert-data-parallel ranks, planner/sharding.py expert_dp)."""
+    shard_expert = expert_dp(training, lay)
     return bytes_per_param * (np.where(on, dense / lay.zero_ranks, dense) + np.where(on, expert / shard_expert, expert))
 
 
@@ -82,7 +82,7 @@ def weight_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> n
     none when ZeRO-3 offloads them."""
     dense, expert = rank_params(model, training, lay, stage)
     sharded = (lay.zero >= 3) & ~deferred_reduction(training, lay)
-    held = _sharded(state_bytes(training).weights, sharded, dense, expert, lay)
+    held = _sharded(state_bytes(training).weights, sharded, dense, expert, training, lay)
     # FSDP2 (_fsdp_param.py FSDPParam): the fp32 shard is the master, counted with the optimizer
     master_only = sharded & training.engine.sharded_param_is_master & training.precision.has_master_copy
     return np.where((lay.offload_params > Offload.NONE) | master_only, 0.0, held)
@@ -99,7 +99,7 @@ def grad_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, at_ste
     sharded = np.isin(lay.zero, engine.grads_sharded_step if at_step else engine.grads_sharded_backward)
     if not at_step:
         sharded = sharded & ~deferred_reduction(training, lay)
-    held = _sharded(state_bytes(training).grads, sharded, dense, expert, lay)
+    held = _sharded(state_bytes(training).grads, sharded, dense, expert, training, lay)
     if not at_step:
         held = held * (1 + (np.isin(lay.zero, engine.accumulation_copy) & (lay.gas > 1)))
     held = np.where((lay.offload_optimizer > Offload.NONE) & sharded, 0.0, held)
@@ -112,7 +112,7 @@ def _optimizer_partition_bytes(model, training, lay, stage):
     if training.precision is Precision.FP32 and training.engine.fp32_full_weights:
         per_param = per_param + np.where(lay.zero >= 1, 4.0, 0.0)  # ZeRO-1/2 keep a separate fp32 master partition
     # BF16_Optimizer partitions its fp32 master and states over the data-parallel ranks, ZeRO or not
-    return _sharded(per_param, (lay.zero >= 1) | deepspeed_bf16_optimizer(training, lay), dense, expert, lay)
+    return _sharded(per_param, (lay.zero >= 1) | deepspeed_bf16_optimizer(training, lay), dense, expert, training, lay)
 
 
 def optimizer_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
@@ -125,8 +125,8 @@ def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.
     and fp32 gradients on the CPU, ZeRO-3 parameter offload the 16-bit partition; NVMe
     (ZeRO-Infinity) keeps only staging buffers in host memory."""
     dense, expert = rank_params(model, training, lay, stage)
-    optimizer = _optimizer_partition_bytes(model, training, lay, stage) + _sharded(4.0, True, dense, expert, lay)
-    params = _sharded(state_bytes(training).weights, lay.zero >= 3, dense, expert, lay)
+    optimizer = _optimizer_partition_bytes(model, training, lay, stage) + _sharded(4.0, True, dense, expert, training, lay)
+    params = _sharded(state_bytes(training).weights, lay.zero >= 3, dense, expert, training, lay)
     return (np.where(lay.offload_optimizer == Offload.CPU, optimizer, 0.0)
             + np.where(lay.offload_params == Offload.CPU, params, 0.0))
 
@@ -259,8 +259,8 @@ def overhead_bytes(tensor_bytes, fixed_bytes, coef: dict) -> np.ndarray:
 
 # the fields each group of terms reads; step time groups by the same two sets (timing.py), so the
 # grouping of the candidates is computed once for both
-STATE_FIELDS = ("tp", "pp", "dp", "cp", "ep", "gas", "zero", "offload_optimizer", "offload_params")
-ACTIVATION_FIELDS = ("tp", "pp", "dp", "cp", "ep", "gas", "mbs", "recompute", "recompute_layers", "sequence_parallel", "vpp",
+STATE_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "gas", "zero", "offload_optimizer", "offload_params")
+ACTIVATION_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "gas", "mbs", "recompute", "recompute_layers", "sequence_parallel", "vpp",
                      "schedule")
 
 

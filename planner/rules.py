@@ -9,11 +9,12 @@ from typing import Callable
 
 import numpy as np
 
-from planner.engines import ENGINES, Buffers, Engine, MoeCapacity
+from planner.engines import ENGINES, Buffers, Engine, ExpertTP, MoeCapacity
 from planner.errors import InputError
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
+from planner.sharding import expert_folds, expert_tp
 from planner.options import Offload, Precision, Recompute, RecomputeMethod, Schedule
 
 DIVISIBILITY, TOPOLOGY, ENGINE_RULE = "divisibility", "topology", "engine rule"
@@ -51,6 +52,22 @@ def _schedules_broken(engine: Engine, lay: Layouts) -> np.ndarray:
     return (lay.pp > 1) & (~np.isin(lay.schedule, allowed) | ((lay.vpp > 1) & (not interleaves)) | zb_broken)
 
 
+def _ep_ranks_broken(training: Training, lay: Layouts) -> np.ndarray:
+    """EP ranks: from the data-parallel ranks (dp % ep), or where EP folds over TP the ranks
+    tp x cp x dp / etp (megatron-core parallel_state.py: expert ranks etp x ep x edp)."""
+    if expert_folds(training):
+        return (lay.tp * lay.cp * lay.dp) % (expert_tp(training, lay) * lay.ep) != 0
+    return lay.dp % lay.ep != 0
+
+
+def _etp_broken(training: Training, lay: Layouts) -> np.ndarray:
+    """An explicit etp the engine cannot run (planner/engines.py ExpertTP)."""
+    kind, etp = training.engine.expert_tp, lay.etp
+    allowed = {ExpertTP.CHOICE: (etp == 1) | (etp == lay.tp), ExpertTP.SPLIT: etp == lay.tp,
+               ExpertTP.BY_EP: etp == np.where(lay.ep > 1, 1, lay.tp), ExpertTP.WHOLE: etp == 1}[kind]
+    return (etp > 0) & ~allowed
+
+
 def _offload_broken(engine: Engine, lay: Layouts) -> np.ndarray:
     allowed = [Offload.NONE, *engine.offload_devices]
     broken = ~np.isin(lay.offload_optimizer, allowed) | ~np.isin(lay.offload_params, allowed)
@@ -82,8 +99,16 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr: f"--vpp: interleaving needs --pp > 1 and --pp*--vpp dividing the layer count {m.layers}"),
     Rule("cp_seq", DIVISIBILITY, lambda m, cl, tr, l: (tr.seq_len % (2 * l.cp) != 0) & (l.cp > 1),
          lambda m, cl, tr: f"--cp: 2*cp must divide --seq-len {tr.seq_len}"),
-    Rule("ep_experts", DIVISIBILITY, lambda m, cl, tr, l: (m.experts % l.ep != 0) | (l.dp % l.ep != 0),
-         lambda m, cl, tr: f"--ep: must divide the expert count {m.experts} and --dp"),
+    Rule("ep_experts", DIVISIBILITY, lambda m, cl, tr, l: (m.experts % l.ep != 0) | _ep_ranks_broken(tr, l),
+         lambda m, cl, tr: f"--ep: must divide the expert count {m.experts} and "
+                           + ("--tp x --cp x --dp / --etp (EP folds over TP)" if expert_folds(tr) else "--dp")),
+    Rule("etp_values", DIVISIBILITY, lambda m, cl, tr, l: _etp_broken(tr, l),
+         lambda m, cl, tr: {ExpertTP.CHOICE: "--etp: must be 1 or --tp (megatron-core --expert-tensor-parallel-size)",
+                            ExpertTP.BY_EP: "--etp: torchtitan splits experts over --tp without --ep and not at all "
+                                            "with it (--etp 1 needs --ep > 1)",
+                            ExpertTP.SPLIT: f"--etp: {tr.engine.name} splits experts over all of --tp",
+                            ExpertTP.WHOLE: f"--etp: {tr.engine.name} keeps experts whole on every TP rank (--etp 1)",
+                            }[tr.engine.expert_tp]),
     Rule("zero_range", ENGINE_RULE, lambda m, cl, tr, l: (l.zero < 0) | (l.zero > 3),
          lambda m, cl, tr: "--zero: must be one of 0, 1, 2, 3"),
     Rule("offload_params_zero3", ENGINE_RULE, lambda m, cl, tr, l: (l.offload_params > Offload.NONE) & (l.zero != 3),

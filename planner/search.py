@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner import memory, timing
-from planner.engines import ENGINES
+from planner.engines import ENGINES, ExpertTP
 from planner.errors import InputError
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
@@ -66,6 +66,9 @@ class Space:
     """How many micro-batch sizes count as considered (1..max_mbs, or the coarsened ones)."""
     ep: tuple
     offload: tuple
+    etp: tuple = (0,)
+    """Expert TP codes: 0 the engine's default (t), 1 experts whole with EP folded over TP
+    (searched where the engine lets the user choose, ExpertTP.CHOICE)."""
     """Offload codes searched for the optimizer states (and the parameters, unless pinned)."""
     zero: tuple = (0, 1, 2, 3)
     recompute: tuple = tuple(Recompute)
@@ -138,7 +141,7 @@ def _base_rows(vpp_ok: np.ndarray, mbs_ok: np.ndarray, dp_index: np.ndarray, spa
 def _rest(space: Space) -> tuple:
     """Choices multiplied onto every base row: zero, offloads, recompute, sp, ep."""
     return (np.array(space.zero), np.array(space.offload), np.array(_offload_params(space)),
-            np.array(space.recompute), np.array(space.sequence_parallel), np.array(space.ep))
+            np.array(space.recompute), np.array(space.sequence_parallel), np.array(space.ep), np.array(space.etp))
 
 
 def _offload_params(space: Space) -> tuple:
@@ -146,7 +149,7 @@ def _offload_params(space: Space) -> tuple:
     return space.offload if pin is None else (pin,)
 
 
-PINNABLE = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "offload_optimizer", "offload_params", "mbs", "recompute",
+PINNABLE = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "zero", "offload_optimizer", "offload_params", "mbs", "recompute",
             "recompute_layers", "recompute_method", "sequence_parallel")
 """Layout fields a search can be told to keep fixed (recommend --tp 8 --zero 1 ...)."""
 
@@ -156,7 +159,7 @@ def pin(space: Space, pinned: dict) -> Space:
     where the free search would not try it (tp across nodes, an mbs above max_mbs): the rules judge it."""
     assert set(pinned) <= set(PINNABLE), pinned
     narrowed = {k: (int(v),) for k, v in pinned.items()
-                if k in ("tp", "cp", "vpp", "mbs", "ep", "zero", "recompute", "sequence_parallel")}
+                if k in ("tp", "cp", "vpp", "mbs", "ep", "etp", "zero", "recompute", "sequence_parallel")}
     if "offload_optimizer" in pinned:
         narrowed["offload"] = (int(pinned["offload_optimizer"]),)
     if "mbs" in pinned:
@@ -180,7 +183,8 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, training: Training, ma
     g = cluster.num_gpus
     space = Space(tp=tuple(divisors(min(cluster.gpus_per_node, g))), pp_powers_of_two=False, cp=CP_CHOICES,
                   vpp=VPP_CHOICES, mbs=tuple(m for m in divisors(training.gbs) if m <= max_mbs) or (1,),
-                  mbs_considered=max_mbs, ep=tuple(divisors(model.experts)), offload=tuple(Offload))
+                  mbs_considered=max_mbs, ep=tuple(divisors(model.experts)), offload=tuple(Offload),
+                  etp=(0, 1) if model.experts > 1 and training.engine.expert_tp is ExpertTP.CHOICE else (0,))
     space = pin(space, pinned or {})
     steps = iter(COARSENINGS)
     while True:
@@ -201,14 +205,20 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, training: Training, ma
     dropped = (considered - len(b)) * int(np.prod([len(c) for c in rest]))
     tp, pp, cp, dp = (struct[b, j] for j in range(4))
     grids = np.meshgrid(np.arange(len(b)), *(np.arange(len(c)) for c in rest), indexing="ij")
-    k, zero, oo, op, rc, sp, e = (x.ravel() for x in grids)
-    zero, oo, op, rc, sp, e = (c[i] for c, i in zip(rest, (zero, oo, op, rc, sp, e)))
+    k, zero, oo, op, rc, sp, e, etp = (x.ravel() for x in grids)
+    zero, oo, op, rc, sp, e, etp = (c[i] for c, i in zip(rest, (zero, oo, op, rc, sp, e, etp)))
     tp, pp, cp, dp, mbs, vpp = (a[k] for a in (tp, pp, cp, dp, mbs, vpp))
+    if len(space.etp) > 1:  # etp 1 with tp 1 is the default layout again
+        keep = (etp == 0) | (tp > 1)
+        dropped += int((~keep).sum())
+        tp, pp, cp, dp, mbs, vpp, zero, oo, op, rc, sp, e, etp = (
+            a[keep] for a in (tp, pp, cp, dp, mbs, vpp, zero, oo, op, rc, sp, e, etp))
     lay = Layouts(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vpp=vpp, zero=zero, offload_optimizer=oo,
                   offload_params=op, mbs=mbs, gas=training.gbs // (mbs * dp), recompute=rc,
                   recompute_layers=space.pinned_value("recompute_layers") or 0,
                   recompute_method=space.pinned_value("recompute_method") or 0,
-                  sequence_parallel=sp, schedule=np.where(vpp > 1, Schedule.INTERLEAVED, flat_schedule(training)))
+                  sequence_parallel=sp, schedule=np.where(vpp > 1, Schedule.INTERLEAVED, flat_schedule(training)),
+                  etp=etp)
     return lay, dropped, space.coarsened
 
 
@@ -297,6 +307,7 @@ def short(row: dict) -> str:
     parts += [f"vpp{row['vpp']}"] if row["vpp"] > 1 else []
     parts += [f"cp{row['cp']}"] if row["cp"] > 1 else []
     parts += [f"ep{row['ep']}"] if row["ep"] > 1 else []
+    parts += [f"etp{row['etp']}"] if row.get("etp") and row["etp"] != row["tp"] else []
     parts += [f"dp{row['dp']}", f"z{row['zero']}", f"mbs{row['mbs']}x{row['gas']}"]
     parts += [] if row["recompute"] == "none" else [row["recompute"][:3] + "-rc"]
     if row.get("recompute_layers"):
@@ -308,7 +319,7 @@ def short(row: dict) -> str:
     return " ".join(parts)
 
 
-CORE_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "dp", "zero", "sequence_parallel")
+CORE_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "zero", "sequence_parallel")
 
 
 def binding_constraint(result: dict, i: int, step_breakdown: dict, step_s: float) -> str:

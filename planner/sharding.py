@@ -8,6 +8,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from planner.engines import ExpertTP
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
 from planner.options import Optimizer, Precision
@@ -37,13 +38,32 @@ def rank_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> tu
 
 
 def expert_tp(training: Training, lay: Layouts) -> np.ndarray:
-    """TP ranks a routed expert's split matrices divide over: t where the engine splits experts
-    like the dense layers (Engine.experts_split_over_tp: megatron-core 0.16.1
-    model_parallel_config.py expert_tensor_parallel_size defaults to the TP size), else 1
-    (DeepSpeed 0.19 moe/layer.py MoE enable_expert_tensor_parallelism=False). The FLOPs and
-    activations per rank are the same either way: whole experts on 1/t of the tokens
-    (sharded_moe.py MOELayer.forward drop_tokens) or 1/t of each expert on all of them."""
-    return lay.tp if training.engine.experts_split_over_tp else np.ones_like(lay.tp)
+    """TP ranks a routed expert's split matrices divide over: the layout's etp, else the engine's
+    default (planner/engines.py ExpertTP): t where experts split like the dense layers
+    (megatron-core 0.16.1 model_parallel_config.py expert_tensor_parallel_size defaults to the TP
+    size), 1 where they stay whole (DeepSpeed 0.19 moe/layer.py enable_expert_tensor_parallelism
+    False) or EP takes their place (torchtitan 0.3.0 with expert_parallel_degree > 1). The FLOPs
+    and activations per rank are the same either way: whole experts on 1/t of the tokens or 1/t of
+    each expert on all of them."""
+    kind = training.engine.expert_tp
+    default = {ExpertTP.SPLIT: lay.tp, ExpertTP.CHOICE: lay.tp, ExpertTP.BY_EP: np.where(lay.ep > 1, 1, lay.tp),
+               ExpertTP.WHOLE: np.ones_like(lay.tp)}[kind]
+    return np.where(lay.etp > 0, lay.etp, default)
+
+
+def expert_folds(training: Training) -> bool:
+    """Whether expert parallelism folds over the TP ranks experts are not split over (ExpertTP
+    CHOICE, BY_EP), so the expert ranks etp x ep x edp cover the dense tp x cp x dp."""
+    return training.engine.expert_tp in (ExpertTP.CHOICE, ExpertTP.BY_EP)
+
+
+def expert_dp(training: Training, lay: Layouts) -> np.ndarray:
+    """Expert-data-parallel ranks, which hold the same experts and reduce (and ZeRO-shard) their
+    gradients: tp cp dp / (etp ep) where EP folds over TP (megatron-core parallel_state.py
+    expert_data_parallel group; torchtitan efsdp), else dp cp / ep."""
+    if expert_folds(training):
+        return np.maximum(lay.tp * lay.zero_ranks // (expert_tp(training, lay) * lay.ep), 1)
+    return np.maximum(lay.zero_ranks // lay.ep, 1)
 
 
 def _block_params(block: ModelSpec, training: Training, lay: Layouts) -> tuple:

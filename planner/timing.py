@@ -21,7 +21,7 @@ from planner.activations import checkpoint_partitions, checkpoints_on_host, reco
 from planner.collectives import (group_bus_bytes_per_s, group_latency_s, intra_node_bus_bytes_per_s,
                                  p2p_bytes_per_s, ring_time_s)
 from planner.compute import flops_per_step, peak_flops_per_s, tokens_per_microbatch
-from planner.engines import GradBuckets, Modules, SelectivePolicy
+from planner.engines import ExpertTP, GradBuckets, Modules, SelectivePolicy
 from planner.grouping import Lazy, grouped
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
@@ -29,7 +29,7 @@ from planner.memory import ACTIVATION_FIELDS, STATE_FIELDS, coefficients, deferr
 from planner.model import ModelSpec
 from planner.options import Offload, Recompute
 from planner.pipeline import blocks_on_stage, bubble_s, first_routed_stage, max_layers_on_stage, p2p_transfers
-from planner.sharding import block_params, rank_params, state_bytes
+from planner.sharding import block_params, expert_dp, expert_folds, expert_tp, rank_params, state_bytes
 
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble", "offload", "optimizer", "other")
 MEGATRON_DDP_BUCKET = 40_000_000  # megatron.core DistributedDataParallelConfig: bucket_size = max(40M, 1M * dp)
@@ -96,9 +96,10 @@ def tp_pass_units(block: ModelSpec, training: Training, lay: Layouts) -> tuple:
     from planner.moe import routed_per_token
 
     rows = routed_per_token(block, training, lay, tokens_per_microbatch(training, lay))
-    if training.engine.experts_split_over_tp:
-        return 1.0 + (block.shared_expert_ffn > 0), rows
-    return 1.0, rows / 2.0
+    if training.engine.expert_tp is ExpertTP.WHOLE:
+        return 1.0, rows / 2.0
+    # experts not split over TP (etp 1, EP folded over the TP ranks): no gather of routed rows
+    return 1.0 + (block.shared_expert_ffn > 0), np.where(expert_tp(training, lay) > 1, rows, 0.0)
 
 
 def ep_all_to_all_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
@@ -116,7 +117,10 @@ def ep_all_to_all_s(model: ModelSpec, cluster: Cluster, training: Training, lay:
         return 0.0 * lay.tp
     ep, T = lay.ep.astype(np.float64), tokens_per_microbatch(training, lay)
     rows = routed_per_token(model, training, lay, T)  # per token: k dropless, E capacity / T padded (planner/moe.py)
-    bw = p2p_bytes_per_s(cluster, lay.tp * lay.cp * lay.ep > cluster.gpus_per_node, c)
+    # the EP group's ranks: etp apart where EP folds over TP (megatron-core, torchtitan), else the
+    # data-parallel ranks, tp x cp apart
+    span = np.where(expert_folds(training), expert_tp(training, lay), lay.tp * lay.cp) * lay.ep
+    bw = p2p_bytes_per_s(cluster, span > cluster.gpus_per_node, c)
     per_rank = np.where(training.engine.modules is Modules.MEGATRON, lay.tp, 1).astype(np.float64)
     nbytes = T / per_rank * rows * model.hidden * training.precision.element_bytes
     return np.where(ep > 1, (ep - 1) * c["p2p_latency_s"] + nbytes * (ep - 1) / ep / bw, 0.0)
@@ -246,12 +250,14 @@ def _held_params(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
     return np.maximum(d0, rank_params(model, training, lay, lay.pp - 1)[0]), expert
 
 
-def _dp_groups(cluster: Cluster, lay: Layouts, c: dict) -> tuple:
-    """(ranks, bus bandwidth) of the dense and the expert data-parallel groups, and the latency."""
-    n_dp = lay.zero_ranks
-    n_edp = np.maximum(n_dp // lay.ep, 1)
+def _dp_groups(cluster: Cluster, training: Training, lay: Layouts, c: dict) -> tuple:
+    """(ranks, bus bandwidth) of the dense and the expert data-parallel groups, and the latency;
+    expert-data-parallel ranks are spaced etp x ep apart where EP folds over TP (megatron-core's
+    expert rank order etp, ep, edp), tp x ep otherwise."""
+    n_dp, n_edp = lay.zero_ranks, expert_dp(training, lay)
+    stride = np.where(expert_folds(training), expert_tp(training, lay), lay.tp) * lay.ep
     return (n_dp, group_bus_bytes_per_s(cluster, lay.tp, n_dp, c), n_edp,
-            group_bus_bytes_per_s(cluster, lay.tp * lay.ep, n_edp, c), group_latency_s(cluster, lay.tp, n_dp, c))
+            group_bus_bytes_per_s(cluster, stride, n_edp, c), group_latency_s(cluster, lay.tp, n_dp, c))
 
 
 def grad_bucket_elements(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
@@ -287,7 +293,7 @@ def grad_reduce_s(model: ModelSpec, cluster: Cluster, training: Training, lay: L
     dp*cp, experts over dp*cp/ep; an all-reduce where the engine all-reduces (no ZeRO; DeepSpeed
     ZeRO-1/2 too), else a reduce-scatter."""
     dense, expert = _held_params(model, training, lay)
-    n_dp, bw_dp, n_edp, bw_edp, lat = _dp_groups(cluster, lay, c)
+    n_dp, bw_dp, n_edp, bw_edp, lat = _dp_groups(cluster, training, lay, c)
     g = state_bytes(training).grads
     bucket = grad_bucket_elements(model, training, lay)
     all_reduce = np.isin(lay.zero, training.engine.all_reduce_stages)
@@ -306,7 +312,7 @@ def param_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     updated 16-bit parameters after the step; DeepSpeed 0.19 runtime/utils.py all_gather_dp_groups
     makes one call per parameter group, Megatron one per DDP bucket."""
     dense, expert = _held_params(model, training, lay)
-    n_dp, bw_dp, n_edp, bw_edp, lat = _dp_groups(cluster, lay, c)
+    n_dp, bw_dp, n_edp, bw_edp, lat = _dp_groups(cluster, training, lay, c)
     w = state_bytes(training).weights
     calls = np.ceil((dense + expert) / grad_bucket_elements(model, training, lay)) \
         if training.engine.param_gather_per_bucket else 1.0
@@ -345,7 +351,7 @@ def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     coalesced call per submodule (DeepSpeed fetch_sub_module) or per block (FSDP); prefetch hides a
     calibrated fraction."""
     dense, expert = _held_params(model, training, lay)
-    n_dp, bw_dp, n_edp, bw_edp, lat = _dp_groups(cluster, lay, c)
+    n_dp, bw_dp, n_edp, bw_edp, lat = _dp_groups(cluster, training, lay, c)
     w = state_bytes(training).weights
     n_layers = max_layers_on_stage(model.layers, lay.pp, training.engine.pipeline_edge_layers)
     per_block = 1 if training.engine.zero3_fetch_per_block else len(model.gemms(training.engine.fused_gemms))
@@ -363,8 +369,7 @@ def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
 def _partition_params(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
     """Parameters of the optimizer partition a rank updates (all it holds without ZeRO)."""
     dense, expert = _held_params(model, training, lay)
-    n_edp = np.maximum(lay.zero_ranks // lay.ep, 1)
-    return np.where(lay.zero >= 1, dense / lay.zero_ranks + expert / n_edp, dense + expert)
+    return np.where(lay.zero >= 1, dense / lay.zero_ranks + expert / expert_dp(training, lay), dense + expert)
 
 
 def gpu_optimizer_step_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:

@@ -184,6 +184,9 @@ FROZEN = {
 # MoE shape flags (issue 10), on every command that takes a model
 for command in ("estimate", "recommend", "check"):
     FROZEN[command] = FROZEN[command] + ["--experts", "--experts-per-token", "--shared-expert-ffn"]
+# expert tensor parallelism as its own axis (issue 10), on the commands that take a layout
+for command in ("estimate", "recommend"):
+    FROZEN[command] = FROZEN[command] + ["--etp"]
 # dense-first blocks (DeepSeek-V3, GLM-4.5; issue 10)
 for command in ("estimate", "recommend", "check"):
     FROZEN[command] = FROZEN[command] + ["--dense-layers", "--dense-ffn"]
