@@ -33,6 +33,7 @@ TERMS = [
     ("planner.activations", "logits_bytes"), ("planner.activations", "recomputed_layers"),
     ("planner.activations", "kept_bytes"), ("planner.activations", "op_sac_bytes"),
     ("planner.activations", "checkpoints"), ("planner.activations", "boundary_bytes"),
+    ("planner.activations", "cp_gathered_kv_bytes"),
     ("planner.memory", "loss_bytes_per_logit"), ("planner.pipeline", "p2p_buffers"),
     ("planner.moe", "routed_per_token"), ("planner.moe", "expert_capacity"),
     ("planner.pipeline", "microbatches_in_flight"), ("planner.pipeline", "bubble_slots"), ("planner.pipeline", "bubble_s"),

@@ -425,7 +425,20 @@ def layer_bytes(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
         part = tokens * x.bytes_per_token / {TP: t, SP: sp, WHOLE: 1.0}[x.split]
         whole = whole + part
         stored = stored + (0.0 if x.core else part)
+    whole = whole + cp_gathered_kv_bytes(model, training, lay)
     return whole, stored, boundary_bytes(model, training, lay) / checkpoint_partitions(training, lay)
+
+
+def cp_gathered_kv_bytes(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
+    """Where the engine all-gathers K and V over the CP ranks (Engine.cp_gathers_kv), the attention
+    keeps them whole for backward: cp - 1 more sequence chunks of K and V than its own, one
+    micro-batch on one rank (FlexAttention saves its key and value inputs; counted on 2 gloo ranks
+    in tests/test_torch_cp_real.py). 0 elsewhere, and under selective or full recompute, where the
+    gather reruns in backward instead (kept_per_layer keeps no attention input)."""
+    if not training.engine.cp_gathers_kv:
+        return 0.0 * lay.tp
+    tokens = training.seq_len / lay.cp * lay.mbs
+    return tokens * (lay.cp - 1) * training.precision.element_bytes * (model.kv_width + model.v_width) / lay.tp
 
 
 def boundary_bytes(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:

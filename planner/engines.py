@@ -215,6 +215,12 @@ class Engine:
     partition_activations and cpu_checkpointing decide where the layer inputs wait."""
     moe_capacity: MoeCapacity = MoeCapacity.DROPLESS
     """Whether its MoE layer has an expert capacity, and whether it pads to it."""
+    cp_gathers_kv: bool = False
+    """Context parallelism all-gathers K and V over the CP ranks before attention, blocking, and the
+    attention keeps them whole for backward, which reduce-scatters their gradients (torchtitan 0.3.0
+    distributed/context_parallel/api.py apply_cp_to_forward for FlexAttention: torch 2.13
+    _context_parallel/_cp_custom_ops.py flex_cp_allgather, flex_cp_allgather_backward); else
+    Megatron's ring passes K/V chunks under the attention core (planner/timing.py cp_ring_exposed_s)."""
 
     @property
     def pipeline(self) -> bool:
@@ -424,6 +430,7 @@ TORCHTITAN = replace(
     selective_policy=SelectivePolicy.OP_SAC,  # Trainer.Config.activation_checkpoint = SelectiveAC.Config
     loss_chunks=8,  # components/loss.py ChunkedLossWrapper.Config.num_chunks, set by every llama3 config
     launcher=Launcher.TORCHTITAN,
+    cp_gathers_kv=True,  # its models' FlexAttention under CP (models/*/parallelize.py apply_cp_to_forward)
 )
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (DEEPSPEED, MEGATRON_DEEPSPEED, MEGATRON, FSDP, TORCHTITAN)}

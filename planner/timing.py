@@ -130,8 +130,16 @@ def cp_ring_exposed_s(model: ModelSpec, cluster: Cluster, training: Training, la
                       core_fwd, core_bwd) -> np.ndarray:
     """Ring attention (Liu et al. 2023; Megatron-core context parallel, cp_comm_type p2p): cp-1
     K/V chunk passes per forward, K/V and dK/dV in backward, overlapped with the attention core;
-    only the excess shows (forward again under recompute)."""
+    only the excess shows (forward again under recompute). Where the engine all-gathers K and V
+    instead (Engine.cp_gathers_kv), both all-gathers and, in backward, the two reduce-scatters of
+    their gradients block: all of them show (the all-gathers again wherever the forward reruns:
+    torchtitan's op-level save list keeps no all-gather output)."""
     T, t, e = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64), training.precision.element_bytes
+    if training.engine.cp_gathers_kv:
+        whole = lay.cp * T * (model.kv_width + model.v_width) / t * e  # K and V of the whole sequence
+        bw, lat = group_bus_bytes_per_s(cluster, lay.tp, lay.cp, c), group_latency_s(cluster, lay.tp, lay.cp, c)
+        gather = ring_time_s(whole, lay.cp, bw, "all_gather", lat, count=2)
+        return gather * (1.0 + (lay.recompute != Recompute.NONE)) + ring_time_s(whole, lay.cp, bw, "reduce_scatter", lat, count=2)
     bw = p2p_bytes_per_s(cluster, lay.tp * lay.cp > cluster.gpus_per_node, c)
     kv_pass = (lay.cp - 1) * (c["p2p_latency_s"] + T * (model.kv_width + model.v_width) / t * e / bw)
     recomputed = lay.recompute != Recompute.NONE

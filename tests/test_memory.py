@@ -433,3 +433,14 @@ def test_memory_never_falls_with_batch_or_sequence(model, kw):
     assert total(model, layout.single(**{**kw, "mbs": kw["mbs"] + 1})) >= ref
     longer = layout.Training(engine="megatron-deepspeed", seq_len=2048, zero_config=FREEING)
     assert total(model, layout.single(**kw), longer) >= ref
+
+
+def test_torchtitan_context_parallel_keeps_the_gathered_kv():
+    # FlexAttention under torchtitan's CP keeps the all-gathered K and V (measured on 2 gloo ranks:
+    # tests/test_torch_cp_real.py): Llama-3-8B, s 8192 over cp 4, 2048 local tokens: 3 more shards of
+    # K and V (1024 wide each, bf16) per layer, 2048 x 3 x 2 x 2048 bytes; none under Megatron's ring
+    m = lookup("llama-3-8b")
+    lay = layout.single(cp=4)
+    tt = layout.Training(seq_len=8192, engine="torchtitan")
+    assert activations.cp_gathered_kv_bytes(m, tt, lay)[0] == 2048 * 3 * 2 * 2048
+    assert activations.cp_gathered_kv_bytes(m, layout.Training(seq_len=8192, engine="megatron"), lay)[0] == 0

@@ -216,6 +216,23 @@ def test_context_parallel_ring_shows_only_what_attention_cannot_hide():
     assert got == pytest.approx(max(kv_pass - core, 0) + max(2 * kv_pass - 2.5 * core, 0), rel=1e-9)
 
 
+@pytest.mark.parametrize("recompute, gathers", [("none", 1), ("selective", 2)])
+def test_torchtitan_context_parallel_gathers_kv_and_blocks(recompute, gathers):
+    # torchtitan's FlexAttention under CP (torch 2.13 _cp_custom_ops.py flex_cp_allgather): K and V
+    # all-gathered (.wait() at once: nothing overlaps them), gradients reduce-scattered in backward; the
+    # forward's gathers rerun under op-level SAC (no all-gather in its save list). Llama-3-8B, s 8192 over
+    # cp 16 on two H100 nodes: the whole K and V are 16 x 512 x (1024 + 1024) x 2 bytes; the CP group
+    # has 8 members a node, 8 NICs' worth (8 x 50 GB/s x 0.85 = 340 GB/s, under NVLink's 0.78 x 450),
+    # 15 steps of the 20 us network latency per call, 2 calls (K, V) per collective
+    m = lookup("llama-3-8b")
+    training = layout.Training(seq_len=8192, engine="torchtitan")
+    lay = layout.single(cp=16, recompute=recompute)
+    got = timing.cp_ring_exposed_s(m, node(H100, 16), training, lay, C, 1.0, 1.0)[0]  # a long core hides nothing
+    whole = 16 * 512 * 2048 * 2
+    collective = 2 * 15 * 2e-5 + whole * 15 / 16 / 340e9  # 0.69 ms
+    assert got == pytest.approx((gathers + 1) * collective, rel=1e-9)
+
+
 # ---------------------------------------------------------------------------------------------
 # the pipeline: a schedule simulated op by op (independent of the closed forms)
 
