@@ -94,3 +94,11 @@ def main(cfg: dict) -> None:
 if __name__ == "__main__":
     # DeepSpeed's launcher passes --local_rank=N before the script's own arguments
     main(json.loads(next(a for a in sys.argv[1:] if not a.startswith("--local_rank"))))
+    # A rank that leaves while the other is still in a collective, or an interpreter teardown with the
+    # process group's threads alive, ended a run as a crash now and then on a loaded host (CI: exit 250
+    # after the results were written): wait for every rank, then leave without static destructors
+    # (as calibrate/torch_tp_worker.py does)
+    torch.distributed.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
