@@ -57,7 +57,6 @@ def _eager_flex_attention() -> None:
 
 
 def build(layers: int, dim: int, heads: int, kv_heads: int, ffn: int, policy: str):
-    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
     from torchtitan.models.common import ComplexRoPE
     from torchtitan.models.llama3 import _build_llama3_layers, llama3_configs
 
@@ -70,7 +69,13 @@ def build(layers: int, dim: int, heads: int, kv_heads: int, ffn: int, policy: st
         norm=dataclasses.replace(base.norm, normalized_shape=dim),
         lm_head=dataclasses.replace(base.lm_head, in_features=dim))
     torch.manual_seed(0)
-    model = config.build().to(torch.bfloat16).train()
+    return apply_policy(config.build().to(torch.bfloat16).train(), policy)
+
+
+def apply_policy(model, policy: str):
+    """torchtitan's own SelectiveAC (op-level) or FullAC on `model`, or none."""
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
     if policy == "selective":
         SelectiveAC(SelectiveAC.Config()).apply(model)
     elif policy == "full":
@@ -78,7 +83,9 @@ def build(layers: int, dim: int, heads: int, kv_heads: int, ffn: int, policy: st
     return model
 
 
-def forward_retained_bytes(model, seq: int, batch: int) -> int:
+def forward_retained_bytes(model, seq: int, batch: int, pass_positions: bool = True) -> int:
+    """Bytes one forward leaves allocated (torch.profiler allocation events), the output excluded;
+    `pass_positions` False calls the model without positions, as torchtitan's trainer does."""
     from torch.profiler import ProfilerActivity, profile
 
     import gc
@@ -88,9 +95,22 @@ def forward_retained_bytes(model, seq: int, batch: int) -> int:
     positions = torch.arange(seq).repeat(batch, 1)
     masks = model.get_attention_masks(positions=positions)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = model(ids, positions=positions, attention_masks=masks)
+        out = model(ids, positions=positions, attention_masks=masks) if pass_positions else \
+            model(ids, attention_masks=masks)
     allocated = sum(e.self_cpu_memory_usage for e in prof.events() if e.self_cpu_memory_usage)
     return allocated - out.numel() * out.element_size()
+
+
+def write_recording(out: Path, source: str, rows: list) -> None:
+    """The recording with the installed torch and torchtitan versions, written atomically."""
+    import torchtitan  # noqa: F401  (the measurement is of the installed torchtitan)
+    from importlib.metadata import version
+
+    doc = {"_source": source, "environment": {"torch": torch.__version__, "torchtitan": version("torchtitan"),
+                                              "device": "cpu"}, "rows": rows}
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(out)
 
 
 def measure() -> list[dict]:
@@ -106,22 +126,18 @@ def measure() -> list[dict]:
     return rows
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=OUT)
-    args = p.parse_args(argv)
-    import torchtitan
-    from importlib.metadata import version
-
-    doc = {"_source": "python -m calibrate.torchtitan_sac: torchtitan's Llama3Model on the CPU in bf16, bytes one "
-                      "forward leaves allocated per block (torch.profiler allocation events, 4 layers minus 2, halved)",
-           "environment": {"torch": torch.__version__, "torchtitan": version("torchtitan"), "device": "cpu"},
-           "rows": measure()}
-    assert torchtitan  # imported: the measurement is of the installed torchtitan
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(args.out)
+def run_cli(argv, doc: str, default_out: Path, source: str, measure_rows) -> int:
+    """`python -m calibrate.<script> [--out PATH]`: measure and write the recording."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--out", type=Path, default=default_out)
+    write_recording(p.parse_args(argv).out, source, measure_rows())
     return 0
+
+
+def main(argv=None) -> int:
+    return run_cli(argv, __doc__, OUT, "python -m calibrate.torchtitan_sac: torchtitan's Llama3Model on the CPU in "
+                   "bf16, bytes one forward leaves allocated per block (torch.profiler allocation events, 4 layers "
+                   "minus 2, halved)", measure)
 
 
 if __name__ == "__main__":

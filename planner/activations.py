@@ -49,7 +49,7 @@ def saved_tensors(model: ModelSpec, training: Training, seq: float, routed) -> l
     if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "deepseek_v3":
         return hf_deepseek_v3_saved(model, training, seq)
     if training.engine.modules is Modules.TORCHTITAN and training.flash_attention:
-        return torchtitan_llama_saved(model, training)
+        return torchtitan_moe_saved(model, training) if model.experts > 1 else torchtitan_llama_saved(model, training)
     if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "gpt2":
         return hf_gpt2_saved(model, training, seq)
     if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "gpt_neox":
@@ -359,8 +359,20 @@ def megatron_saved(model: ModelSpec, training: Training, seq: float, routed) -> 
     out = [
         Saved("attention norm input", e * h, SP),
         Saved("qkv input", e * h, SP),
-        Saved("q", e * q, TP), Saved("k", e * kv, TP), Saved("v", e * kv, TP),
+        Saved("q", e * q, TP), Saved("k", e * kv, TP), Saved("v", e * model.v_width, TP),
     ]
+    if model.kv_lora_rank:
+        # multi-head latent attention (megatron-core 0.16.1 multi_latent_attention.py MLASelfAttention
+        # get_query_key_value_tensors): the duplicated down projections run on the SP shard, then
+        # q_layernorm and kv_layernorm keep their input and an fp32 rstd, the column-parallel up
+        # projections their input; q and k are heads x (qk_head_dim + qk_pos_emb_head_dim) wide, v
+        # heads x v_head_dim (the widths above)
+        r, c = model.q_lora_rank, model.kv_lora_rank
+        if r:
+            out += [Saved("q_layernorm input", e * r, SP), Saved("q_layernorm rstd (fp32)", 4.0, SP),
+                    Saved("q up-projection input", e * r, SP)]
+        out += [Saved("kv_layernorm input", e * c, SP), Saved("kv_layernorm rstd (fp32)", 4.0, SP),
+                Saved("kv up-projection input", e * c, SP)]
     if model.qk_norm:  # megatron-core qk_layernorm (TENorm): each norm keeps its input and an fp32 rstd per row
         out += [Saved("q norm input", e * q, TP), Saved("q norm rstd (fp32)", 4.0 * a, TP),
                 Saved("k norm input", e * kv, TP), Saved("k norm rstd (fp32)", 4.0 * model.kv_heads, TP)]
@@ -371,7 +383,7 @@ def megatron_saved(model: ModelSpec, training: Training, seq: float, routed) -> 
         if dropout:
             out += [Saved("attention dropout mask", 1.0 * a * seq, TP, core=True),
                     Saved("attention dropout output", e * a * seq, TP, core=True)]
-    out.append(Saved("output-projection input", e * q, TP))
+    out.append(Saved("output-projection input", e * model.attention_out_width, TP))
     if dropout:
         out.append(Saved("attention-output dropout mask", 1.0 * h, SP))
     out += [Saved("mlp norm input", e * h, SP), Saved("mlp input", e * h, SP)]
@@ -385,20 +397,19 @@ def megatron_saved(model: ModelSpec, training: Training, seq: float, routed) -> 
     return out
 
 
-def torchtitan_llama_saved(model: ModelSpec, training: Training) -> list[Saved]:
-    """torchtitan 0.3.0 Llama3TransformerBlock (models/llama3/model.py) as it runs on CUDA without
-    activation checkpointing, per token: 8h + 4q + 4kv + 8a + 8f + 8 bytes in bf16 (TP 1).
+def torchtitan_attention_saved(model: ModelSpec, training: Training) -> list[Saved]:
+    """torchtitan 0.3.0 attention_norm and GQAttention (models/common/attention.py; Llama 3's block
+    and Qwen3's, dense or MoE), torchtitan_llama_saved's first half, per token on CUDA.
     nn.RMSNorm is torch's fused rms_norm on CUDA, which keeps its input and an fp32 rstd per row
     (torch 2.13 derivatives.yaml _fused_rms_norm -> _fused_rms_norm_backward(grad, input, rstd));
-    the fused wqkv (common/attention.py FusedQKVLinear) and w1/w3 keep the norm output, all-gathered
-    whole on every TP rank under SP (models/llama3/sharding.py: Replicate before the linears);
-    ComplexRoPE multiplies by its cache buffer and keeps nothing of its own; FlexAttention keeps
-    q, k, v, its output (wo's input: .contiguous() of it is a view) and the fp32 logsumexp and
-    max_scores per head; FeedForward w2(silu(w1 x) * w3 x) is eager: w1's output, silu's output,
-    w3's output and their product (common/feed_forward.py). Counted on torchtitan's own block
-    (tests/test_activations_real.py, with the CPU-only RMSNorm decomposition translated)."""
+    the fused wqkv (common/attention.py FusedQKVLinear) keeps the norm output, all-gathered whole on
+    every TP rank under SP (models/llama3/sharding.py: Replicate before the linears); ComplexRoPE
+    multiplies by its cache buffer and CosSinRoPE (common/rope.py, Qwen3) by views of its cos/sin
+    cache, keeping nothing per token; FlexAttention keeps q, k, v, its output (wo's input:
+    .contiguous() of it is a view) and the fp32 logsumexp and max_scores per head. Qwen3's
+    q_norm / k_norm (nn.RMSNorm over the head width) keep their input and an rstd per head."""
     e = training.precision.element_bytes
-    h, q, kv, a, w = model.hidden, model.q_width, model.kv_width, model.heads, model.mlp_width_per_token
+    h, q, kv, a = model.hidden, model.q_width, model.kv_width, model.heads
     norm = [Saved("attention norm input", e * h, SP), Saved("attention norm rstd (fp32)", 4.0, SP),
             Saved("wqkv input (norm output)", e * h, WHOLE)]
     if model.qk_norm:  # torchtitan qwen3: q_norm / k_norm (nn.RMSNorm over the head width): input and rstd per head
@@ -407,10 +418,79 @@ def torchtitan_llama_saved(model: ModelSpec, training: Training) -> list[Saved]:
     attention = [Saved("q after rotary", e * q, TP), Saved("k after rotary", e * kv, TP), Saved("v", e * kv, TP),
                  Saved("flex output (wo input)", e * q, TP), Saved("flex logsumexp (fp32)", 4.0 * a, TP, core=True),
                  Saved("flex max_scores (fp32)", 4.0 * a, TP, core=True)]
-    mlp = [Saved("ffn norm input", e * h, SP), Saved("ffn norm rstd (fp32)", 4.0, SP),
-           Saved("w1/w3 input (norm output)", e * h, WHOLE)]
-    mlp += [Saved(name, e * w, TP) for name in ("w1 output", "silu output", "w3 output", "w2 input")]
-    return norm + attention + mlp
+    return norm + attention
+
+
+def torchtitan_ffn_norm_saved(e: float, h: int) -> list[Saved]:
+    """torchtitan 0.3.0 ffn_norm (nn.RMSNorm, fused on CUDA): its input and an fp32 rstd per token
+    (torchtitan_attention_saved)."""
+    return [Saved("ffn norm input", e * h, SP), Saved("ffn norm rstd (fp32)", 4.0, SP)]
+
+
+def torchtitan_swiglu_saved(e: float, h: int, w: int, where: str = "") -> list[Saved]:
+    """torchtitan 0.3.0 FeedForward.forward w2(silu(w1 x) * w3 x) (models/common/feed_forward.py),
+    eager: w1/w3's input x (the ffn norm output, whole on every TP rank under SP), w1's output,
+    silu's output, w3's output and their product (w2's input)."""
+    return [Saved(f"{where}w1/w3 input (norm output)", e * h, WHOLE)] + \
+        [Saved(f"{where}{name}", e * w, TP) for name in ("w1 output", "silu output", "w3 output", "w2 input")]
+
+
+def torchtitan_llama_saved(model: ModelSpec, training: Training) -> list[Saved]:
+    """torchtitan 0.3.0 Llama3TransformerBlock (models/llama3/model.py) as it runs on CUDA without
+    activation checkpointing, per token: 8h + 4q + 4kv + 8a + 8f + 8 bytes in bf16 (TP 1): the
+    attention of torchtitan_attention_saved, ffn_norm, and FeedForward (torchtitan_swiglu_saved).
+    Counted on torchtitan's own block (tests/test_activations_real.py, with the CPU-only RMSNorm
+    decomposition translated)."""
+    e = training.precision.element_bytes
+    return torchtitan_attention_saved(model, training) + torchtitan_ffn_norm_saved(e, model.hidden) + \
+        torchtitan_swiglu_saved(e, model.hidden, model.mlp_width_per_token)
+
+
+def torchtitan_topk_saved(model: ModelSpec) -> tuple:
+    """(values, indices) of torch.topk in torchtitan 0.3.0 TokenChoiceTopKRouter.forward
+    (models/common/moe.py) over the fp32 router scores (CUDA's autocast(dtype=torch.float32) runs
+    the gate in fp32): 4k and 8k (int64) bytes a token. EP off, every TP rank routes all tokens
+    (models/common/moe_sharding.py: router input Replicate): whole."""
+    k = model.experts_per_token
+    return Saved("router top-k values (fp32)", 4.0 * k, WHOLE), Saved("router top-k indices (int64)", 8.0 * k, WHOLE)
+
+
+def torchtitan_moe_saved(model: ModelSpec, training: Training) -> list[Saved]:
+    """torchtitan 0.3.0 MoE block as it runs on CUDA without activation checkpointing or expert
+    parallelism: Qwen3TransformerBlock (models/qwen3/model.py) with moe, and DeepSeek-V3's
+    MoE blocks' MLP half (models/deepseek_v3; its MLA attention is not this attention list): the
+    attention of torchtitan_attention_saved, ffn_norm, then models/common/moe.py MoE.forward,
+    per token, bf16, TP 1 (E experts, top-k k, expert width f, shared width fs):
+    4h + 4 + 4h + 4E + 8k (+ 4k + 4 with route_norm) + 16k + 2kh + 8kf + 4kh + 4k
+    (+ 2h + 8fs with shared experts). Counted on torchtitan's own Qwen3 MoE model
+    (calibrate/torchtitan_moe.py, tests/test_activations_torchtitan_moe.py). Per layer, not per
+    token, so left out: the gate's fp32 weight copy (4Eh) and grouped_mm's int32 offsets (4E)."""
+    e = training.precision.element_bytes
+    h, n, k, f, fs = model.hidden, model.experts, model.experts_per_token, model.ffn, model.shared_expert_ffn
+    out = torchtitan_attention_saved(model, training) + torchtitan_ffn_norm_saved(e, h)
+    if e != 4.0 or not fs:
+        # TokenChoiceTopKRouter.forward: torch.autocast(dtype=torch.float32) around self.gate(x): the mm
+        # keeps the fp32 copy of the norm output (in fp32 the norm output itself, shared with the shared experts')
+        out.append(Saved("router gate input (fp32 autocast copy)", 4.0 * h, WHOLE))
+    # TokenChoiceTopKRouter.forward: softmax or sigmoid keeps its fp32 output; scores.gather(-1, topk ids)
+    # keeps the topk indices
+    out += [Saved("router scores (softmax or sigmoid output, fp32)", 4.0 * n, WHOLE), torchtitan_topk_saved(model)[1]]
+    if model.norm_topk_prob:  # route_norm: topk_scores / (sum + 1e-20) keeps both
+        out += [Saved("top-k scores before route_norm (fp32)", 4.0 * k, WHOLE),
+                Saved("route_norm denominator (fp32)", 4.0, WHOLE)]
+    # common/token_dispatcher.py LocalTokenDispatcher._local_reorder: topk_scores[argsort] keeps the argsort
+    # output, x[argsort // k] keeps that quotient (combine's deterministic_scatter_add keeps it again)
+    out += [Saved("argsort of the expert ids (int64)", 8.0 * k, WHOLE),
+            Saved("token of each sorted pair (int64)", 8.0 * k, WHOLE),
+            Saved("tokens gathered to their experts (w1/w3 grouped_mm input)", e * k * h, WHOLE)]
+    # common/moe.py GroupedExperts.forward: silu(grouped_mm w1) * grouped_mm w3, then grouped_mm w2, eager
+    out += [Saved(f"experts' {name}", e * k * f, TP) for name in ("w1 output", "silu output", "w3 output", "w2 input")]
+    # LocalTokenDispatcher.combine: routed_output.to(float32) * sorted scores keeps both
+    out += [Saved("experts' output (fp32 copy)", 4.0 * k * h, WHOLE),
+            Saved("sorted top-k scores (fp32)", 4.0 * k, WHOLE)]
+    if fs:  # MoE.forward: shared_experts(x), a FeedForward; out + shared_out keeps nothing
+        out += torchtitan_swiglu_saved(e, h, fs, "shared ")
+    return out
 
 
 def layer_bytes(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
@@ -465,24 +545,43 @@ def checkpoints_on_host(training: Training) -> bool:
 
 
 def op_sac_matmuls(model: ModelSpec) -> list[tuple]:
-    """(name, input width, output width, output split over TP, kept) of a torchtitan Llama 3 block's
-    matmuls in the order they run: torchtitan 0.3.0 models/llama3 fuses wq, wk and wv (fuse_qkv=True),
-    then wo, w1, w3, w2; SelectiveAC (distributed/activation_checkpoint.py) counts the matmuls and
-    recomputes every second one (mm_count % 2 == 0), so wqkv, w1 and w2 keep their outputs. A
-    row-parallel output (wo, w2) is a partial sum, whole on every TP rank."""
-    h, q, kv, w = model.hidden, model.q_width, model.kv_width, model.mlp_width_per_token
-    run = [("wqkv", h, q + 2 * kv, True), ("wo", q, h, False), ("w1", h, w, True), ("w3", h, w, True),
-           ("w2", w, h, False)]
-    return [(*mm, i % 2 == 0) for i, mm in enumerate(run)]
+    """(name, input width, output width, output split over TP, kept) of a torchtitan block's matmuls
+    in the order they run, widths per token: torchtitan 0.3.0 models/llama3 fuses wq, wk and wv
+    (fuse_qkv=True), then wo, w1, w3, w2; SelectiveAC (distributed/activation_checkpoint.py) counts
+    the aten.mm calls and recomputes every second one (mm_count % 2 == 0), so wqkv, w1 and w2 keep
+    their outputs. A row-parallel output (wo, w2) is a partial sum, whole on every TP rank.
+    MoE blocks (models/common/moe.py MoE): the router gate's mm is forced to recompute
+    (force_recompute_mm_shapes_by_fqns ['moe.router.gate']) without counting; the routed experts'
+    torch._grouped_mm is neither an mm nor on the save list (the partitioner's
+    compute_intensive_ops), so all three recompute, uncounted, each a token's k rows; the shared
+    experts' w1, w3, w2 count on from wo: w1 and w2 keep."""
+    h, q, kv, f, k = model.hidden, model.q_width, model.kv_width, model.ffn, model.experts_per_token
+    run = [("wqkv", h, q + 2 * kv, True, True), ("wo", q, h, False, True)]
+    if model.experts == 1:
+        w = model.mlp_width_per_token
+        run += [("w1", h, w, True, True), ("w3", h, w, True, True), ("w2", w, h, False, True)]
+    else:
+        fs = model.shared_expert_ffn
+        run += [("router gate", h, model.experts, False, False), ("experts w1 (grouped_mm)", h, k * f, True, False),
+                ("experts w3 (grouped_mm)", h, k * f, True, False), ("experts w2 (grouped_mm)", k * f, h, False, False)]
+        if fs:
+            run += [("shared w1", h, fs, True, True), ("shared w3", h, fs, True, True),
+                    ("shared w2", fs, h, False, True)]
+    out, counted = [], 0
+    for name, n_in, n_out, split, counts in run:
+        counted += counts
+        out.append((name, n_in, n_out, split, counts and counted % 2 == 1))
+    return out
 
 
 def op_sac_bytes(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
     """What torchtitan's op-level selective checkpointing keeps of one block per micro-batch: the
     checkpointed block's input, the kept matmul outputs (op_sac_matmuls), FlexAttention's outputs
     (the flex_attention op is on the save list: out, and the fp32 logsumexp and max_scores per
-    head) and, with SP, the two reduce-scatters' outputs. Equals the bytes torchtitan 0.3.0's own
-    Llama3Model leaves allocated per block (python -m calibrate.torchtitan_sac,
-    tests/test_activations_real.py)."""
+    head), in an MoE block torch.topk's values and indices (on the save list: torchtitan_topk_saved)
+    and, with SP, the two reduce-scatters' outputs. Equals the bytes torchtitan 0.3.0's own
+    Llama3Model and Qwen3 MoE model leave allocated per block (python -m calibrate.torchtitan_sac,
+    calibrate.torchtitan_moe; tests/test_activations_real.py, tests/test_activations_torchtitan_moe.py)."""
     e, t = training.precision.element_bytes, lay.tp.astype(np.float64)
     sp = np.where(lay.sequence_parallel > 0, t, 1.0)
     tokens = training.seq_len / lay.cp * lay.mbs
@@ -490,6 +589,8 @@ def op_sac_bytes(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarr
     per_token = e * h / sp + e * q / t + 8.0 * a / t + (sp > 1) * 2 * e * h / t
     for _, _, width, split, kept in op_sac_matmuls(model):
         per_token = per_token + kept * e * width / (t if split else 1.0)
+    if model.experts > 1:
+        per_token = per_token + sum(x.bytes_per_token for x in torchtitan_topk_saved(model))
     return tokens * per_token
 
 
