@@ -107,25 +107,36 @@ def build(layers: int, case: dict, policy: str):
         base, dim=dim, layers=blocks, tok_embeddings=dataclasses.replace(base.tok_embeddings, embedding_dim=dim),
         norm=dataclasses.replace(base.norm, normalized_shape=dim),
         lm_head=dataclasses.replace(base.lm_head, in_features=dim), enable_weight_tying=False)
+    return build_bf16(config, policy)
+
+
+def build_bf16(config, policy: str):
+    """The model of `config`, seeded and initialized, in bf16 for training under `policy`."""
     torch.manual_seed(0)
     model = config.build()
     model.init_weights() if hasattr(model, "init_weights") else None
     return apply_policy(model.to(torch.bfloat16).train(), policy)
 
 
-def measure() -> list[dict]:
+def measure_cases(build_model, base: dict, shapes: list) -> list[dict]:
+    """Each of `shapes` (fields moved from `base`) under no AC, SelectiveAC and FullAC with the CPU
+    bends above: `build_model(layers, case, policy)` with 2 and 4 layers, half the difference."""
     _stub_triton_kernels()
     _eager_flex_attention()
     _cpu_float32_autocast()
     rows = []
-    for moved in SHAPES:
-        case = {**BASE, **moved}
+    for moved in shapes:
+        case = {**base, **moved}
         for policy in ("none", "selective", "full"):
-            two, four = (forward_retained_bytes(build(n, case, policy), case["seq"], case["batch"], pass_positions=False)
-                         for n in (2, 4))
+            two, four = (forward_retained_bytes(build_model(n, case, policy), case["seq"], case["batch"],
+                                                pass_positions=False) for n in (2, 4))
             rows.append({**case, "policy": policy, "layer_bytes": (four - two) / 2})
             print(rows[-1], flush=True)
     return rows
+
+
+def measure() -> list[dict]:
+    return measure_cases(build, BASE, SHAPES)
 
 
 def main(argv=None) -> int:

@@ -33,17 +33,19 @@ class Saved:
 
     name: str
     bytes_per_token: float
-    """Bytes per token before any TP split."""
+    """Bytes per token before any TP split (an array over the layouts where the micro-batch size
+    changes it: hf_gpt_neox_saved's eager v)."""
     split: str
     """TP or SP."""
     core: bool = False
     """Attention-core internals that selective recompute drops (Korthikanti section 5)."""
 
 
-def saved_tensors(model: ModelSpec, training: Training, seq: float, routed) -> list[Saved]:
+def saved_tensors(model: ModelSpec, training: Training, seq: float, routed, mbs) -> list[Saved]:
     """What one block of the engine's modules saves for backward, per token, with `seq` keys per
-    query (the attention scores per token) and `routed` expert rows per token (planner/moe.py
-    routed_per_token: k dropless; Hugging Face and torchtitan blocks are dropless)."""
+    query (the attention scores per token), `routed` expert rows per token (planner/moe.py
+    routed_per_token: k dropless; Hugging Face and torchtitan blocks are dropless) and `mbs`
+    sequences a micro-batch (only GPT-NeoX's eager attention keeps a different list at 1)."""
     if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "llama":
         return hf_llama_saved(model, training, seq)
     if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "deepseek_v3":
@@ -53,7 +55,7 @@ def saved_tensors(model: ModelSpec, training: Training, seq: float, routed) -> l
     if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "gpt2":
         return hf_gpt2_saved(model, training, seq)
     if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "gpt_neox":
-        return hf_gpt_neox_saved(model, training, seq)
+        return hf_gpt_neox_saved(model, training, seq, mbs)
     return megatron_saved(model, training, seq, routed)
 
 
@@ -304,11 +306,12 @@ def hf_gpt2_saved(model: ModelSpec, training: Training, seq: float) -> list[Save
     return out
 
 
-def hf_gpt_neox_saved(model: ModelSpec, training: Training, seq: float) -> list[Saved]:
+def hf_gpt_neox_saved(model: ModelSpec, training: Training, seq: float, mbs) -> list[Saved]:
     """transformers 5 GPTNeoXLayer (models/gpt_neox/modeling_gpt_neox.py GPTNeoXLayer, GPTNeoXAttention,
     GPTNeoXMLP, apply_rotary_pos_emb), counted with saved_tensors_hooks and translated to what CUDA
-    keeps (tests/test_activations_real.py): per token, bf16, SDPA 20h + 4a + 4f + 16 (+ 2h of dropout
-    masks), eager 14h + 6as + 4f + 16 (with dropout 16h + 7as + 4f + 16).
+    keeps (tests/test_activations_real.py, tests/test_activations_neox.py): per token, bf16, SDPA
+    20h + 4a + 4f + 16 (+ 2h of dropout masks), eager 14h + 6as + 4f + 16 (with dropout 16h + 7as +
+    4f + 16), + 4h in eager at micro-batch `mbs` 1.
     Assumes GPTNeoXConfig's defaults: use_parallel_residual True (both LayerNorms read the layer input,
     one storage), hidden_act 'gelu' (activations.py GELUActivation = torch's exact erf gelu: keeps its
     input); attention_dropout and hidden_dropout both on or both off (model.dropout). Any rotary_pct:
@@ -317,7 +320,11 @@ def hf_gpt_neox_saved(model: ModelSpec, training: Training, seq: float) -> list[
     [b, a, s, d] layout, so dense's input is a contiguous copy; with dropout CUDA's flash kernel keeps
     the same (CPU takes the math path). Eager (eager_attention_forward): matmul keeps q and k as
     views and copies v, softmax keeps its fp32 output, then the 16-bit cast (or, with dropout, a
-    1-byte mask and the dropout output) for the second matmul."""
+    1-byte mask and the dropout output) for the second matmul. torch.matmul folds v [b, a, s, d]
+    to [b a, s, d] with reshape (aten native/LinearAlgebra.cpp _matmul_impl): v is a chunk of
+    query_key_value's output viewed [b, s, a, 3d] and transposed, whose b and a strides merge only
+    where b is 1, so there the reshape is a view and bmm keeps query_key_value's whole output
+    (q + 2kv) instead of a kv copy: `mbs` (an array over layouts) picks which."""
     e = training.precision.element_bytes
     h, q, kv, a = model.hidden, model.q_width, model.kv_width, model.heads
     w = model.mlp_width_per_token
@@ -332,7 +339,9 @@ def hf_gpt_neox_saved(model: ModelSpec, training: Training, seq: float) -> list[
                 Saved("SDPA output", e * q, TP, core=True),
                 Saved("flash log-sum-exp (fp32)", 4.0 * a, TP, core=True)]
     else:
-        out += [Saved("v, contiguous copy", e * kv, TP), Saved("softmax output (fp32)", 4.0 * a * seq, TP, core=True)]
+        v = np.where(np.asarray(mbs) == 1, e * (q + 2 * kv), e * kv)
+        out += [Saved("v: a contiguous copy, at micro-batch 1 a view of query_key_value's whole output", v, TP),
+                Saved("softmax output (fp32)", 4.0 * a * seq, TP, core=True)]
         if model.dropout:
             out += [Saved("attention dropout mask", 1.0 * a * seq, TP, core=True),
                     Saved("attention dropout output", e * a * seq, TP, core=True)]
@@ -421,6 +430,48 @@ def torchtitan_attention_saved(model: ModelSpec, training: Training) -> list[Sav
     return norm + attention
 
 
+def torchtitan_mla_attention_saved(model: ModelSpec, training: Training) -> list[Saved]:
+    """torchtitan 0.3.0 attention_norm and models/deepseek_v3/model.py Attention.forward (multi-head
+    latent attention, DeepSeekV3TransformerBlock's first half, dense-first or MoE), per token on CUDA:
+    the attention norm (input, fp32 rstd: torchtitan_attention_saved); wq, or wq_a and wkv_a, read
+    the norm output (all-gathered whole under SP; the down projections and their norms are
+    replicated over TP: deepseek_v3/sharding.py); q_norm (nn.RMSNorm over q_lora_rank) keeps wq_a's
+    output and an rstd, wq_b its output; kv_norm runs on `torch.split(wkv_a(x), [c, dr])[0]`, a
+    strided view, and the fused CUDA rms_norm keeps its input as given, so the whole wkv_a output,
+    rotary part included, stays (the CPU decomposition keeps an fp32 copy of the c part instead:
+    tests/test_activations_torchtitan_mla.py); wkv_b keeps kv_norm's output; ComplexRoPE
+    (common/rope.py) upcasts q_pe and k_pe and multiplies by a view of its cache, keeping nothing
+    per token; torch.cat makes q [b, s, a, dn + dr] and k (k_pe expanded over the heads) full
+    copies; v is a split view of wkv_b's output, so FlexAttention keeps all of it beside q, k, its
+    output (wo's input: .contiguous() of it is a view, a dv wide) and the fp32 logsumexp and
+    max_scores per head. Per token, bf16, TP 1, r = q_lora_rank (0: wq, no r terms), c =
+    kv_lora_rank: 4h + 4 + (4r + 4) + 2(c + dr) + 4 + 2c + 2a(dn + dv) + 4a(dn + dr) + 2a dv + 8a."""
+    e = training.precision.element_bytes
+    h, a, r, c, dr = model.hidden, model.heads, model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
+    dn, dv = model.dim_per_head - dr, model.v_head_dim or model.dim_per_head
+    out = [Saved("attention norm input", e * h, SP), Saved("attention norm rstd (fp32)", 4.0, SP),
+           Saved("wq or wq_a, and wkv_a input (norm output)", e * h, WHOLE)]
+    if r:
+        out += [Saved("q_norm input (wq_a output)", e * r, WHOLE), Saved("q_norm rstd (fp32)", 4.0, WHOLE),
+                Saved("wq_b input (q_norm output)", e * r, WHOLE)]
+    out += [Saved("kv_norm input: wkv_a's whole output (a split view of it)", e * (c + dr), WHOLE),
+            Saved("kv_norm rstd (fp32)", 4.0, WHOLE), Saved("wkv_b input (kv_norm output)", e * c, WHOLE),
+            Saved("wkv_b output (v is a view of it)", e * a * (dn + dv), TP),
+            Saved("q (torch.cat of its non-rotary and rotary parts)", e * a * (dn + dr), TP),
+            Saved("k (torch.cat of k_nope and k_pe expanded over the heads)", e * a * (dn + dr), TP),
+            Saved("flex output (wo input)", e * a * dv, TP), Saved("flex logsumexp (fp32)", 4.0 * a, TP, core=True),
+            Saved("flex max_scores (fp32)", 4.0 * a, TP, core=True)]
+    return out
+
+
+def torchtitan_block_attention_saved(model: ModelSpec, training: Training) -> list[Saved]:
+    """A torchtitan block's attention half: MLA (DeepSeek-V3's Attention) where kv_lora_rank is
+    set, else GQAttention (Llama 3, Qwen3)."""
+    if model.kv_lora_rank:
+        return torchtitan_mla_attention_saved(model, training)
+    return torchtitan_attention_saved(model, training)
+
+
 def torchtitan_ffn_norm_saved(e: float, h: int) -> list[Saved]:
     """torchtitan 0.3.0 ffn_norm (nn.RMSNorm, fused on CUDA): its input and an fp32 rstd per token
     (torchtitan_attention_saved)."""
@@ -440,9 +491,11 @@ def torchtitan_llama_saved(model: ModelSpec, training: Training) -> list[Saved]:
     activation checkpointing, per token: 8h + 4q + 4kv + 8a + 8f + 8 bytes in bf16 (TP 1): the
     attention of torchtitan_attention_saved, ffn_norm, and FeedForward (torchtitan_swiglu_saved).
     Counted on torchtitan's own block (tests/test_activations_real.py, with the CPU-only RMSNorm
-    decomposition translated)."""
+    decomposition translated). DeepSeek-V3's dense-first blocks (models/deepseek_v3/model.py
+    DeepSeekV3TransformerBlock with feed_forward) are the same with the MLA attention
+    (torchtitan_mla_attention_saved; tests/test_activations_torchtitan_mla.py)."""
     e = training.precision.element_bytes
-    return torchtitan_attention_saved(model, training) + torchtitan_ffn_norm_saved(e, model.hidden) + \
+    return torchtitan_block_attention_saved(model, training) + torchtitan_ffn_norm_saved(e, model.hidden) + \
         torchtitan_swiglu_saved(e, model.hidden, model.mlp_width_per_token)
 
 
@@ -457,9 +510,10 @@ def torchtitan_topk_saved(model: ModelSpec) -> tuple:
 
 def torchtitan_moe_saved(model: ModelSpec, training: Training) -> list[Saved]:
     """torchtitan 0.3.0 MoE block as it runs on CUDA without activation checkpointing or expert
-    parallelism: Qwen3TransformerBlock (models/qwen3/model.py) with moe, and DeepSeek-V3's
-    MoE blocks' MLP half (models/deepseek_v3; its MLA attention is not this attention list): the
-    attention of torchtitan_attention_saved, ffn_norm, then models/common/moe.py MoE.forward,
+    parallelism: Qwen3TransformerBlock (models/qwen3/model.py) with moe, and DeepSeek-V3's MoE
+    blocks (models/deepseek_v3/model.py DeepSeekV3TransformerBlock, the MLA attention of
+    torchtitan_mla_attention_saved; tests/test_activations_torchtitan_mla.py): the attention of
+    torchtitan_block_attention_saved, ffn_norm, then models/common/moe.py MoE.forward,
     per token, bf16, TP 1 (E experts, top-k k, expert width f, shared width fs):
     4h + 4 + 4h + 4E + 8k (+ 4k + 4 with route_norm) + 16k + 2kh + 8kf + 4kh + 4k
     (+ 2h + 8fs with shared experts). Counted on torchtitan's own Qwen3 MoE model
@@ -467,7 +521,7 @@ def torchtitan_moe_saved(model: ModelSpec, training: Training) -> list[Saved]:
     token, so left out: the gate's fp32 weight copy (4Eh) and grouped_mm's int32 offsets (4E)."""
     e = training.precision.element_bytes
     h, n, k, f, fs = model.hidden, model.experts, model.experts_per_token, model.ffn, model.shared_expert_ffn
-    out = torchtitan_attention_saved(model, training) + torchtitan_ffn_norm_saved(e, h)
+    out = torchtitan_block_attention_saved(model, training) + torchtitan_ffn_norm_saved(e, h)
     if e != 4.0 or not fs:
         # TokenChoiceTopKRouter.forward: torch.autocast(dtype=torch.float32) around self.gate(x): the mm
         # keeps the fp32 copy of the norm output (in fp32 the norm output itself, shared with the shared experts')
@@ -501,7 +555,7 @@ def layer_bytes(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
     tokens = s * lay.mbs
     sp = np.where(lay.sequence_parallel > 0, t, 1.0)
     whole, stored = 0.0, 0.0
-    for x in saved_tensors(model, training, s, routed_per_token(model, training, lay, tokens)):
+    for x in saved_tensors(model, training, s, routed_per_token(model, training, lay, tokens), lay.mbs):
         part = tokens * x.bytes_per_token / {TP: t, SP: sp, WHOLE: 1.0}[x.split]
         whole = whole + part
         stored = stored + (0.0 if x.core else part)
@@ -554,9 +608,21 @@ def op_sac_matmuls(model: ModelSpec) -> list[tuple]:
     (force_recompute_mm_shapes_by_fqns ['moe.router.gate']) without counting; the routed experts'
     torch._grouped_mm is neither an mm nor on the save list (the partitioner's
     compute_intensive_ops), so all three recompute, uncounted, each a token's k rows; the shared
-    experts' w1, w3, w2 count on from wo: w1 and w2 keep."""
+    experts' w1, w3, w2 count on from wo: w1 and w2 keep.
+    MLA (models/deepseek_v3/model.py Attention.forward, DeepSeek-V3's dense-first and MoE blocks):
+    wq, or wq_a and wq_b, then wkv_a, wkv_b, wo, each an mm that counts, so the MLP's parity follows
+    the query path: with wq, wq, wkv_b, w1, w2 (or shared w1, w2) keep; with wq_a, wq_a, wkv_a, wo,
+    w3 (or shared w3) keep. The down projections are replicated over TP (deepseek_v3/sharding.py):
+    wq_a's and wkv_a's outputs are whole on every rank."""
     h, q, kv, f, k = model.hidden, model.q_width, model.kv_width, model.ffn, model.experts_per_token
-    run = [("wqkv", h, q + 2 * kv, True, True), ("wo", q, h, False, True)]
+    if model.kv_lora_rank:
+        r, c, dr = model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
+        dn, dv = model.dim_per_head - dr, model.v_head_dim or model.dim_per_head
+        run = [("wq_a", h, r, False, True), ("wq_b", r, q, True, True)] if r else [("wq", h, q, True, True)]
+        run += [("wkv_a", h, c + dr, False, True), ("wkv_b", c, model.heads * (dn + dv), True, True),
+                ("wo", model.attention_out_width, h, False, True)]
+    else:
+        run = [("wqkv", h, q + 2 * kv, True, True), ("wo", q, h, False, True)]
     if model.experts == 1:
         w = model.mlp_width_per_token
         run += [("w1", h, w, True, True), ("w3", h, w, True, True), ("w2", w, h, False, True)]
@@ -580,13 +646,15 @@ def op_sac_bytes(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarr
     (the flex_attention op is on the save list: out, and the fp32 logsumexp and max_scores per
     head), in an MoE block torch.topk's values and indices (on the save list: torchtitan_topk_saved)
     and, with SP, the two reduce-scatters' outputs. Equals the bytes torchtitan 0.3.0's own
-    Llama3Model and Qwen3 MoE model leave allocated per block (python -m calibrate.torchtitan_sac,
-    calibrate.torchtitan_moe; tests/test_activations_real.py, tests/test_activations_torchtitan_moe.py)."""
+    Llama3Model, Qwen3 MoE model and DeepSeekV3Model (MLA) leave allocated per block (python -m
+    calibrate.torchtitan_sac, calibrate.torchtitan_moe, calibrate.torchtitan_mla;
+    tests/test_activations_real.py, tests/test_activations_torchtitan_moe.py,
+    tests/test_activations_torchtitan_mla.py)."""
     e, t = training.precision.element_bytes, lay.tp.astype(np.float64)
     sp = np.where(lay.sequence_parallel > 0, t, 1.0)
     tokens = training.seq_len / lay.cp * lay.mbs
-    h, q, a = model.hidden, model.q_width, model.heads
-    per_token = e * h / sp + e * q / t + 8.0 * a / t + (sp > 1) * 2 * e * h / t
+    h, o, a = model.hidden, model.attention_out_width, model.heads  # o: the flex output's width (MLA: a dv)
+    per_token = e * h / sp + e * o / t + 8.0 * a / t + (sp > 1) * 2 * e * h / t
     for _, _, width, split, kept in op_sac_matmuls(model):
         per_token = per_token + kept * e * width / (t if split else 1.0)
     if model.experts > 1:

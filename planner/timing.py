@@ -110,7 +110,10 @@ def ep_all_to_all_s(model: ModelSpec, cluster: Cluster, training: Training, lay:
     Megatron's modules each TP rank sends only its 1/t of them: its sequence-parallel shard
     (megatron-core 0.16.1 moe/token_dispatcher.py MoEAlltoAllTokenDispatcher.token_dispatch, the
     all_to_all before the tp all-gather of dispatch_postprocess; moe_layer.py requires SP with TP
-    in training) or, under DeepSpeed-MoE, what drop_tokens leaves it of the duplicated tokens."""
+    in training) or, under DeepSpeed-MoE, what drop_tokens leaves it of the duplicated tokens.
+    The all-to-all is a send to every peer (NCCL: grouped ncclSend/ncclRecv; torch
+    all_to_all_single): the 1/ep shares for the group's members on the rank's own node go over
+    NVLink, the others through its NIC, at the same time, so the slower side sets the time."""
     from planner.moe import routed_per_token
 
     if model.experts == 1:
@@ -118,12 +121,14 @@ def ep_all_to_all_s(model: ModelSpec, cluster: Cluster, training: Training, lay:
     ep, T = lay.ep.astype(np.float64), tokens_per_microbatch(training, lay)
     rows = routed_per_token(model, training, lay, T)  # per token: k dropless, E capacity / T padded (planner/moe.py)
     # the EP group's ranks: etp apart where EP folds over TP (megatron-core, torchtitan), else the
-    # data-parallel ranks, tp x cp apart
-    span = np.where(expert_folds(training), expert_tp(training, lay), lay.tp * lay.cp) * lay.ep
-    bw = p2p_bytes_per_s(cluster, span > cluster.gpus_per_node, c)
+    # data-parallel ranks, tp x cp apart; those sharing a node with this rank
+    stride = np.where(expert_folds(training), expert_tp(training, lay), lay.tp * lay.cp)
+    on_node = np.clip(cluster.gpus_per_node // np.maximum(stride, 1), 1, ep)
     per_rank = np.where(training.engine.modules is Modules.MEGATRON, lay.tp, 1).astype(np.float64)
     nbytes = T / per_rank * rows * model.hidden * training.precision.element_bytes
-    return np.where(ep > 1, (ep - 1) * c["p2p_latency_s"] + nbytes * (ep - 1) / ep / bw, 0.0)
+    intra = nbytes * (on_node - 1) / ep / p2p_bytes_per_s(cluster, False, c)
+    inter = nbytes * (ep - on_node) / ep / p2p_bytes_per_s(cluster, True, c)
+    return np.where(ep > 1, (ep - 1) * c["p2p_latency_s"] + np.maximum(intra, inter), 0.0)
 
 
 def cp_ring_exposed_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict,

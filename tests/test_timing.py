@@ -202,6 +202,17 @@ def test_tp_traffic_of_a_moe_block_counts_the_routed_rows(engine, model, expecte
     assert got[0] == pytest.approx(expected * tp_ar[0], rel=1e-12)
 
 
+def test_expert_all_to_all_across_nodes_sends_only_the_off_node_shares_through_the_nic():
+    # Qwen3-30B-A3B (128 experts, top-8, h 2048), ep 16 over two H100 nodes: each rank sends 1/16 of its
+    # 4096 x 8 x 2048 bf16 routed values to each peer, 7 peers on its node over NVLink (0.78 x 450 GB/s)
+    # and 8 on the other through its NIC (0.85 x 50 GB/s) at once: the NIC's 8/16 sets the time, not 15/16
+    m = lookup("qwen3-30b-a3b")
+    got = timing.ep_all_to_all_s(m, node(H100, 16), DS, layout.single(ep=16, dp=16), C)[0]
+    nbytes = 4096 * 8 * 2048 * 2
+    assert got == pytest.approx(15 * 1e-5 + max(nbytes * 7 / 16 / (450e9 * 0.78), nbytes * 8 / 16 / (50e9 * 0.85)),
+                                rel=1e-12)  # 1.73 ms
+
+
 def test_context_parallel_ring_shows_only_what_attention_cannot_hide():
     # Llama-3-8B, s 8192 over cp 16 (two H100 nodes, 512 tokens a rank): 15 K/V passes of
     # 2 x 512 x 1024 bf16 values over the 50 GB/s NIC (x 0.85), 10 us each, against a causal flash
