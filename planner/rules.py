@@ -99,9 +99,6 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr: f"--vpp: interleaving needs --pp > 1 and --pp*--vpp dividing the layer count {m.layers}"),
     Rule("cp_seq", DIVISIBILITY, lambda m, cl, tr, l: (tr.seq_len % (2 * l.cp) != 0) & (l.cp > 1),
          lambda m, cl, tr: f"--cp: 2*cp must divide --seq-len {tr.seq_len}"),
-    Rule("ep_experts", DIVISIBILITY, lambda m, cl, tr, l: (m.experts % l.ep != 0) | _ep_ranks_broken(tr, l),
-         lambda m, cl, tr: f"--ep: must divide the expert count {m.experts} and "
-                           + ("--tp x --cp x --dp / --etp (EP folds over TP)" if expert_folds(tr) else "--dp")),
     Rule("etp_values", DIVISIBILITY, lambda m, cl, tr, l: _etp_broken(tr, l),
          lambda m, cl, tr: {ExpertTP.CHOICE: "--etp: must be 1 or --tp (megatron-core --expert-tensor-parallel-size)",
                             ExpertTP.BY_EP: "--etp: torchtitan splits experts over --tp without --ep and not at all "
@@ -109,6 +106,9 @@ RULES: tuple[Rule, ...] = (
                             ExpertTP.SPLIT: f"--etp: {tr.engine.name} splits experts over all of --tp",
                             ExpertTP.WHOLE: f"--etp: {tr.engine.name} keeps experts whole on every TP rank (--etp 1)",
                             }[tr.engine.expert_tp]),
+    Rule("ep_experts", DIVISIBILITY, lambda m, cl, tr, l: (m.experts % l.ep != 0) | _ep_ranks_broken(tr, l),
+         lambda m, cl, tr: f"--ep: must divide the expert count {m.experts} and "
+                           + ("--tp x --cp x --dp / --etp (EP folds over TP)" if expert_folds(tr) else "--dp")),
     Rule("zero_range", ENGINE_RULE, lambda m, cl, tr, l: (l.zero < 0) | (l.zero > 3),
          lambda m, cl, tr: "--zero: must be one of 0, 1, 2, 3"),
     Rule("offload_params_zero3", ENGINE_RULE, lambda m, cl, tr, l: (l.offload_params > Offload.NONE) & (l.zero != 3),
