@@ -100,13 +100,15 @@ def render(model: ModelSpec, cluster: Cluster, training: Training, layout_row: d
     """The launch configs of `layout_row` as (file name, text, mode), in writing order, without
     writing anything (the app's downloads). Paths inside the files point into `directory`, or are
     bare file names when it is None. check_only: raise on bad input, return []."""
-    if training.engine.launcher is Launcher.TORCHTITAN:
-        raise InputError("--emit: no export for --engine torchtitan yet (it takes the layout as "
-                         "--parallelism.* flags of its own trainer); use --json for the layout")
     row = _normalise_row(layout_row)
     opts = dict(EXTRA_DEFAULTS)
     opts.update(extra or {})
     _check(model, cluster, training, row)
+    if training.engine.launcher is Launcher.TORCHTITAN:  # its trainer's own overrides (planner/export_torchtitan.py)
+        from planner import export_torchtitan
+
+        script = export_torchtitan.launch_script(model, cluster, training, row, opts["master_port"])
+        return [] if check_only else [(LAUNCH, script, 0o755)]
     if check_only:
         return []
     ds_path = Path(DS_CONFIG) if directory is None else directory / DS_CONFIG

@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from planner.engines import ENGINES, Buffers, Engine, ExpertTP, MoeCapacity
+from planner.engines import ENGINES, Buffers, Engine, ExpertTP, Launcher, MoeCapacity
 from planner.errors import InputError
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
@@ -50,6 +50,14 @@ def _schedules_broken(engine: Engine, lay: Layouts) -> np.ndarray:
     rounds = np.maximum(1, lay.gas // np.maximum(lay.pp, 1))
     zb_broken = (lay.schedule == Schedule.ZB_H1) & (lay.gas % rounds != 0)
     return (lay.pp > 1) & (~np.isin(lay.schedule, allowed) | ((lay.vpp > 1) & (not interleaves)) | zb_broken)
+
+
+def stages_by_weight_exist(weights, stages) -> np.ndarray:
+    """Whether some pipeline_parallel_layers_per_stage n gives ceil(weights / n) == stages, as
+    torchtitan 0.3.0 distributed/pipeline_parallel.py counts num_virtual_stages: n from
+    ceil(weights / stages) up to below weights / (stages - 1)."""
+    smallest = -(-weights // np.maximum(stages, 1))
+    return (stages <= 1) | (smallest * (stages - 1) < weights)
 
 
 def _ep_ranks_broken(training: Training, lay: Layouts) -> np.ndarray:
@@ -97,6 +105,11 @@ RULES: tuple[Rule, ...] = (
     Rule("vpp_divides", DIVISIBILITY,
          lambda m, cl, tr, l: (l.vpp > 1) & ((m.layers % np.maximum(l.pp * l.vpp, 1) != 0) | (l.pp < 2)),
          lambda m, cl, tr: f"--vpp: interleaving needs --pp > 1 and --pp*--vpp dividing the layer count {m.layers}"),
+    Rule("vpp_stages_by_weight", ENGINE_RULE,
+         lambda m, cl, tr, l: (tr.engine.pipeline_edge_layers > 0) & (l.vpp > 2)
+                              & ~stages_by_weight_exist(m.layers + 2 * tr.engine.pipeline_edge_layers, l.pp * l.vpp),
+         lambda m, cl, tr: f"--vpp: {tr.engine.name} cuts its {m.layers} layers and 2 edge weights into stages of "
+                           "pipeline_parallel_layers_per_stage each, and no such size gives --pp x --vpp stages"),
     Rule("cp_seq", DIVISIBILITY, lambda m, cl, tr, l: (tr.seq_len % (2 * l.cp) != 0) & (l.cp > 1),
          lambda m, cl, tr: f"--cp: 2*cp must divide --seq-len {tr.seq_len}"),
     Rule("etp_values", DIVISIBILITY, lambda m, cl, tr, l: _etp_broken(tr, l),
@@ -137,6 +150,11 @@ RULES: tuple[Rule, ...] = (
     Rule("recompute_method_layers", ENGINE_RULE,
          lambda m, cl, tr, l: (l.recompute_method == RecomputeMethod.UNIFORM) & (l.recompute_layers == 0),
          lambda m, cl, tr: "--recompute-method: uniform needs --recompute-layers N (the layers per checkpoint)"),
+    # torchtitan 0.3.0 config/configs.py TrainingConfig: dtype and mixed_precision_param are float32 or
+    # bfloat16; no fp16 loss scaling
+    Rule("torchtitan_no_fp16", ENGINE_RULE,
+         lambda m, cl, tr, l: np.full(l.shape, tr.engine.launcher is Launcher.TORCHTITAN and tr.precision == Precision.FP16),
+         lambda m, cl, tr: "--precision: torchtitan trains in bf16, bf16-pure or fp32, not fp16"),
     Rule("deepspeed_moe_blocks_alike", ENGINE_RULE,
          lambda m, cl, tr, l: np.full(l.shape, (m.dense_layers > 0 or m.kv_lora_rank > 0)
                                       and tr.engine.moe_capacity is MoeCapacity.DEEPSPEED_MOE),

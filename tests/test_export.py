@@ -14,6 +14,7 @@ import re
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 os.environ["DS_ACCELERATOR"] = "cpu"  # must precede any deepspeed import
 
@@ -510,3 +511,82 @@ def test_fp32_grad_accumulation_reaches_deepspeed(tmp_path, monkeypatch):
     assert ds_load(out["ds_config.json"], row, "deepspeed", monkeypatch).grad_accum_dtype == "fp32"
     row, _, out = emit_case(tmp_path / "default", case)
     assert ds_load(out["ds_config.json"], row, "deepspeed", monkeypatch).grad_accum_dtype is None
+
+
+# ---------------------------------------------------------------------------------------------
+# torchtitan: its trainer's own overrides, parsed by its own ConfigManager
+#
+# data/references/torchtitan_cli.json: planner.export_torchtitan's overrides for 13 layouts, parsed by
+# torchtitan 0.3.0's config.manager.ConfigManager (python -m calibrate.torchtitan_cli; torchtitan is not
+# a test dependency). The parsed Trainer.Config must say what the layout means.
+
+TORCHTITAN_CLI = json.loads((Path(__file__).resolve().parent.parent / "data/references/torchtitan_cli.json").read_text())
+
+
+@pytest.mark.parametrize("case", TORCHTITAN_CLI["rows"], ids=lambda c: f"{c['model']}-{c['precision']}-"
+                         + "-".join(f"{k}{c['row'][k]}" for k in ("tp", "pp", "vpp", "cp", "ep", "zero")))
+def test_torchtitan_overrides_parse_into_the_layout(case):
+    from planner.export_torchtitan import torchtitan_args
+    from planner.model import lookup
+
+    row, parsed = case["row"], case["parsed"]
+    training = Training(seq_len=4096, precision=case["precision"], engine="torchtitan")
+    assert torchtitan_args(lookup(case["model"]), training, row) == case["args"]  # what was parsed is what we write
+    assert "error" not in parsed, parsed
+    par, train = parsed["parallelism"], parsed["training"]
+    replicate, shard = (row["dp"], 1) if row["zero"] == 0 else (1, row["dp"])
+    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (replicate, shard)
+    if row["zero"]:
+        assert par["fsdp_reshard_after_forward"] == ("always" if row["zero"] == 3 else "never")
+    assert [par[k] for k in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
+                             "expert_parallel_degree")] == [row["tp"], row["pp"], row["cp"], row["ep"]]
+    assert par["enable_sequence_parallel"] == (row["sequence_parallel"] or row["tp"] == 1)
+    if row["pp"] > 1:
+        assert par["pipeline_parallel_microbatch_size"] == row["mbs"]
+        assert par["pipeline_parallel_schedule"] == {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B",
+                                                     "zb-h1": "InterleavedZeroBubble"}[row["schedule"]]
+        # micro-batches per step: local batch / micro-batch = gas
+        assert train["local_batch_size"] == row["mbs"] * row["gas"]
+    else:
+        assert train["local_batch_size"] == row["mbs"]  # accumulation: global / (local x dp) = gas
+    if row["vpp"] > 2:  # pipeline_parallel.py: ceil((80 layers + 2 edge weights) / per stage) stages = pp x vpp
+        assert -(-(80 + 2) // par["pipeline_parallel_layers_per_stage"]) == row["pp"] * row["vpp"]
+    assert train["global_batch_size"] == row["mbs"] * row["gas"] * row["dp"] and train["seq_len"] == 4096
+    assert train["disable_cuda_graphs"] == (row["pp"] > 1 or row["ep"] > 1)
+    assert train["enable_cpu_offload"] == (row["offload_optimizer"] != "none")
+    assert (train["dtype"], train["mixed_precision_param"]) == {
+        "bf16": ("float32", "bfloat16"), "fp32": ("float32", "float32"), "bf16-pure": ("bfloat16", "bfloat16")}[case["precision"]]
+    assert parsed["activation_checkpoint"] == {"none": "NoneType", "selective": "SelectiveAC.Config",
+                                               "full": "FullAC.Config"}[row["recompute"]]
+
+
+def test_torchtitan_emit_writes_a_launch_script(tmp_path):
+    from planner.model import lookup
+
+    training = Training(seq_len=4096, engine="torchtitan")
+    row = single(dp=16, zero=3, mbs=2, gas=32).row(0)
+    paths = emit(tmp_path, lookup("llama-3-8b"), Cluster(lookup_gpu("h100-sxm"), 16, 8), training, row)
+    assert [p.name for p in paths] == ["launch.sh"] and os.stat(paths[0]).st_mode & stat.S_IXUSR
+    text = paths[0].read_text()
+    assert "-m torchtitan.train" in text and "TORCHTITAN_CONFIG:-llama3_8b" in text and "--nnodes 2" in text
+    assert subprocess.run(["bash", "-n", str(paths[0])]).returncode == 0
+    # a shape torchtitan's registry does not have: the script asks for the user's entry
+    custom = ModelSpec(layers=4, hidden=256, heads=4, kv_heads=4, ffn=512, vocab=1000)
+    text = emit(tmp_path / "custom", custom, Cluster(lookup_gpu("h100-sxm"), 16, 8), training, row)[0].read_text()
+    assert 'TORCHTITAN_MODULE:?' in text
+    with pytest.raises(InputError, match="--precision: torchtitan trains in bf16, bf16-pure or fp32, not fp16"):
+        emit(tmp_path / "fp16", custom, Cluster(lookup_gpu("h100-sxm"), 16, 8),
+             Training(seq_len=4096, engine="torchtitan", precision="fp16"), row)  # the planner's rule, before any file
+
+
+def test_torchtitan_interleaving_needs_a_stage_size_it_can_express():
+    # torchtitan counts num_virtual_stages = ceil((80 + 2) / layers_per_stage): 4 x 4 = 16 stages has no size
+    # (6 gives 14, 5 gives 17), 2 x 4 = 8 has 11 (ceil(82 / 11) = 8)
+    from planner.model import lookup
+    from planner.rules import check_single
+
+    model, training = lookup("llama-3-70b"), Training(seq_len=4096, engine="torchtitan")
+    cluster = Cluster(lookup_gpu("h100-sxm"), 16, 8)
+    with pytest.raises(InputError, match="--vpp: torchtitan cuts its 80 layers"):
+        check_single(model, cluster, training, single(pp=4, vpp=4, dp=4, zero=3, gas=8))
+    check_single(model, cluster, training, single(pp=2, vpp=4, dp=8, zero=3, gas=8))

@@ -1,0 +1,86 @@
+"""Parse what planner.export_torchtitan writes with torchtitan 0.3.0's own trainer config parser.
+
+    pip install torchtitan==0.3.0 && python -m calibrate.torchtitan_cli [--out PATH]
+
+For a set of layouts (ZeRO 0/2/3, TP with and without SP, every pipeline schedule, 2 and 4 stages
+per rank, CP, EP, CPU offload, fp32 and pure bf16, each recompute policy), the overrides are handed
+to torchtitan.config.manager.ConfigManager.parse_args with the registry entry planner chose, and the
+resulting Trainer.Config fields are recorded beside the arguments in
+data/references/torchtitan_cli.json (atomically), read by tests/test_export.py. A layout torchtitan
+rejects is recorded with its error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+from calibrate.torchtitan_sac import _stub_triton_kernels, run_cli
+from planner import layout
+from planner.export import _normalise_row
+from planner.export_torchtitan import CONFIGS, torchtitan_args
+from planner.model import lookup
+
+OUT = Path(__file__).resolve().parent.parent / "data" / "references" / "torchtitan_cli.json"
+BASE = dict(tp=1, pp=1, dp=8, cp=1, ep=1, vpp=1, zero=3, offload_optimizer="none", offload_params="none", mbs=2,
+            gas=4, recompute="none", recompute_layers=None, recompute_method=None, sequence_parallel=False,
+            schedule="1f1b")
+CASES = [  # (catalog model, precision, row changes)
+    ("llama-3-8b", "bf16", {}),
+    ("llama-3-8b", "bf16", {"zero": 2, "recompute": "selective"}),
+    ("llama-3-8b", "bf16", {"zero": 0, "recompute": "full"}),
+    ("llama-3-8b", "fp32", {"tp": 2, "dp": 4, "sequence_parallel": True}),
+    ("llama-3-8b", "bf16-pure", {"tp": 2, "dp": 4}),
+    ("llama-3-70b", "bf16", {"tp": 4, "pp": 2, "dp": 1, "sequence_parallel": True, "gas": 16}),
+    ("llama-3-70b", "bf16", {"pp": 4, "dp": 2, "schedule": "gpipe", "gas": 8}),
+    ("llama-3-70b", "bf16", {"pp": 4, "dp": 2, "vpp": 2, "schedule": "interleaved", "gas": 8}),
+    ("llama-3-70b", "bf16", {"pp": 2, "dp": 4, "vpp": 4, "schedule": "interleaved", "gas": 8}),  # 82 weights, 11 a stage
+    ("llama-3-70b", "bf16", {"pp": 4, "dp": 2, "schedule": "zb-h1", "gas": 8}),
+    ("llama-3-8b", "bf16", {"cp": 4, "dp": 2, "mbs": 1}),
+    ("llama-3-8b", "bf16", {"offload_optimizer": "cpu", "offload_params": "cpu"}),
+    ("qwen3-30b-a3b", "bf16", {"ep": 8, "dp": 8}),
+]
+
+
+def parse(model_name: str, args: list[str]) -> dict:
+    """The Trainer.Config fields torchtitan's ConfigManager makes of the overrides, or its error."""
+    from torchtitan.config.manager import ConfigManager
+
+    module, config = CONFIGS[model_name]
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            cfg = ConfigManager().parse_args(["--module", module, "--config", config, *" ".join(args).split()])
+    except SystemExit:
+        return {"error": " ".join(err.getvalue().split())[:400]}
+    par, train = cfg.parallelism, cfg.training
+    return {"parallelism": {k: getattr(par, k) for k in (
+                "data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
+                "tensor_parallel_degree", "enable_sequence_parallel", "pipeline_parallel_degree",
+                "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size", "pipeline_parallel_layers_per_stage",
+                "context_parallel_degree", "expert_parallel_degree")},
+            "training": {k: getattr(train, k) for k in ("local_batch_size", "global_batch_size", "seq_len",
+                                                        "disable_cuda_graphs", "enable_cpu_offload", "dtype",
+                                                        "mixed_precision_param")},
+            "activation_checkpoint": type(cfg.activation_checkpoint).__qualname__}
+
+
+def measure() -> list[dict]:
+    _stub_triton_kernels()
+    rows = []
+    for name, precision, change in CASES:
+        row = _normalise_row({**BASE, **change})
+        args = torchtitan_args(lookup(name), layout.Training(seq_len=4096, precision=precision, engine="torchtitan"), row)
+        rows.append({"model": name, "precision": precision, "row": row, "args": args, "parsed": parse(name, args)})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    return run_cli(argv, __doc__, OUT, "python -m calibrate.torchtitan_cli: planner.export_torchtitan's overrides "
+                   "parsed by torchtitan 0.3.0's config.manager.ConfigManager (tyro over Trainer.Config)", measure)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
