@@ -91,14 +91,20 @@ def main(cfg: dict) -> None:
                   "before_step": before_step, "after_step": held_bytes(engine), **cuda_memory()})
 
 
-if __name__ == "__main__":
-    # DeepSpeed's launcher passes --local_rank=N before the script's own arguments
+def run_and_leave(main) -> None:
+    """Run `main` on the JSON config argument, then wait for every rank and leave.
+
+    DeepSpeed's launcher passes --local_rank=N before the script's own arguments. A rank that leaves
+    while the other is still in a collective, or an interpreter teardown with the process group's
+    threads alive, ended a run as a crash now and then on a loaded host (CI: exit 250 after the
+    results were written): wait for every rank, then leave without static destructors (as
+    calibrate/torch_tp_worker.py does)."""
     main(json.loads(next(a for a in sys.argv[1:] if not a.startswith("--local_rank"))))
-    # A rank that leaves while the other is still in a collective, or an interpreter teardown with the
-    # process group's threads alive, ended a run as a crash now and then on a loaded host (CI: exit 250
-    # after the results were written): wait for every rank, then leave without static destructors
-    # (as calibrate/torch_tp_worker.py does)
     torch.distributed.barrier()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+if __name__ == "__main__":
+    run_and_leave(main)

@@ -71,6 +71,7 @@ BOUNDS: dict[str, Bound] = {
     "shared_expert_ffn": Bound(0, 2**22),
     "dense_layers": Bound(0, 16384),
     "dense_ffn": Bound(0, 2**22),
+    "moe_layer_step": Bound(1, 16384),
     "kv_lora_rank": Bound(0, 2**20),
     "q_lora_rank": Bound(0, 2**20),
     "qk_rope_head_dim": Bound(0, 65536),

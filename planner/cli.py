@@ -78,7 +78,7 @@ def _h(text: str, key: str | None = None) -> str:
 # flag groups shared by the subcommands (names frozen by tests/test_cli.py)
 
 MODEL_FLAGS = ("model", "params", "layers", "hidden", "heads", "kv_heads", "ffn", "ffn_kind", "vocab", "tied_embeddings",
-               "experts", "experts_per_token", "shared_expert_ffn", "dense_layers", "dense_ffn")
+               "experts", "experts_per_token", "shared_expert_ffn", "dense_layers", "dense_ffn", "moe_layer_step")
 CLUSTER_FLAGS = ("gpu", "gpus", "gpus_per_node", "gpu_memory_gib", "peak_tflops", "hbm_gb_per_s", "intra_node_gb_per_s",
                  "inter_node_gb_per_s", "pcie_gb_per_s", "host_ram_gib", "nvme_gb_per_s", "calibration")
 ZERO_FLAGS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
@@ -101,7 +101,10 @@ def add_model_flags(p):
     g.add_argument("--dense-layers", type=non_negative_int,
                    help=_h("first blocks with a dense MLP instead of experts (DeepSeek-V3 first_k_dense_replace)",
                            "dense_layers"))
-    g.add_argument("--dense-ffn", type=non_negative_int, help=_h("MLP width of those dense-first blocks", "dense_ffn"))
+    g.add_argument("--dense-ffn", type=non_negative_int, help=_h("MLP width of the dense blocks", "dense_ffn"))
+    g.add_argument("--moe-layer-step", type=positive_int,
+                   help=_h("every this-th block (after the dense-first ones) has the experts, the others a dense "
+                           "MLP (Qwen decoder_sparse_step, Llama 4 interleave_moe_layer_step)", "moe_layer_step"))
     g.add_argument("--seq-len", type=positive_int, help=_h("tokens per sequence (default 4096)", "seq_len"))
 
 

@@ -56,7 +56,7 @@ def flops_per_step(model: ModelSpec, training: Training, lay: Layouts) -> dict:
     # per block kind (routed, dense-first) and its count: an expert GEMM runs `routed` rows per
     # token (GShard: k dropless), its model FLOPs count k
     gemm, run = 0.0, 0.0
-    for block, n in ((model, model.moe_layers), (model.dense_block, model.dense_layers)):
+    for block, n in ((model, model.moe_layers), (model.dense_block, model.layers - model.moe_layers)):
         gemms = block.gemms(fused=True)
         gemm = gemm + n * sum(g.flops_per_token * (block.experts_per_token if g.expert else 1) for g in gemms)
         run = run + n * sum(g.flops_per_token * (routed if g.expert else 1) for g in gemms)

@@ -417,11 +417,13 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
         a.append(f"--topk {model.experts_per_token}" if mds else f"--moe-router-topk {model.experts_per_token}")
         if model.shared_expert_ffn and not mds:  # Megatron-LM training/arguments.py (Qwen-MoE style)
             a.append(f"--moe-shared-expert-intermediate-size {model.shared_expert_ffn}")
-        if model.dense_layers and not mds:
+        if model.moe_layers != model.layers and not mds:
             # megatron-core 0.16.1 TransformerConfig moe_layer_freq (a per-layer 0/1 pattern, which
             # Megatron-LM's --moe-layer-freq evaluates); --ffn-hidden-size is then the dense blocks'
             # width (--moe-ffn-hidden-size the experts', _megatron_shape_args)
-            a.append(f"--moe-layer-freq ([0]*{model.dense_layers}+[1]*{model.moe_layers})")
+            pattern = f"([0]*{model.dense_layers}+[1]*{model.moe_layers})" if model.moe_layer_step == 1 else \
+                "[" + ",".join(str(int(model.is_routed(i))) for i in range(model.layers)) + "]"
+            a.append(f"--moe-layer-freq {pattern}")
         # Megatron-LM training/arguments.py, megatron-core 0.16.1 TransformerConfig moe_expert_capacity_factor and
         # moe_pad_expert_input_to_capacity; Megatron-DeepSpeed's own capacity argument is not written (unread)
         if training.moe_capacity_factor is not None and not mds:
@@ -445,7 +447,7 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
         a += ["--group-query-attention", f"--num-query-groups {model.kv_heads}"]
     if model.head_dim and model.head_dim != model.hidden // model.heads and not model.kv_lora_rank:
         a.append(f"--kv-channels {model.head_dim}")
-    a.append(f"--ffn-hidden-size {model.dense_ffn if model.dense_layers and not mds else model.ffn}")
+    a.append(f"--ffn-hidden-size {model.dense_ffn if model.moe_layers != model.layers and not mds else model.ffn}")
     if model.kv_lora_rank and not mds:  # megatron-core 0.16.1 MLATransformerConfig fields
         a += ["--multi-latent-attention", f"--kv-lora-rank {model.kv_lora_rank}",
               f"--qk-head-dim {model.dim_per_head - model.qk_rope_head_dim}",

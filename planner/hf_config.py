@@ -53,16 +53,16 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
             raise ValueError(f"{key} must be true or false, got {value!r}")
         return value
 
-    def dense_prefix(ffn):
-        """(dense_layers, dense_ffn) for Qwen-MoE's mlp_only_layers when they are the first k blocks
-        (Qwen2MoeDecoderLayer builds Qwen2MoeMLP(intermediate_size) for them); the planner has no
-        other mixing of dense and MoE blocks (decoder_sparse_step > 1 interleaves them)."""
-        only = cfg.get("mlp_only_layers") or []
-        if integer("decoder_sparse_step", default=1) != 1 or not isinstance(only, list) \
-                or sorted(only) != list(range(len(only))):
-            raise InputError(f"--model: {where!r} interleaves dense and MoE layers (decoder_sparse_step, "
-                             "mlp_only_layers); the planner models dense blocks only as the first k")
-        return (len(only), ffn) if only else (0, 0)
+    def dense_blocks(ffn):
+        """(dense_layers, moe_layer_step, dense_ffn) of a Qwen-MoE config: transformers 5
+        Qwen2MoeDecoderLayer builds the experts where layer_idx is not in mlp_only_layers and
+        (layer_idx + 1) % decoder_sparse_step == 0, else Qwen2MoeMLP(intermediate_size). The planner
+        takes mlp_only_layers when they are the first k blocks."""
+        only, step = cfg.get("mlp_only_layers") or [], integer("decoder_sparse_step", default=1)
+        if not isinstance(only, list) or sorted(only) != list(range(len(only))):
+            raise InputError(f"--model: {where!r} has mlp_only_layers {only!r}; the planner models dense blocks as "
+                             "the first k and every decoder_sparse_step-th routed after them")
+        return (len(only), step, ffn) if only or step > 1 else (0, 1, 0)
 
     def rate(key, default):
         value = cfg.get(key)
@@ -115,7 +115,7 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
         elif kind == "qwen2_moe":
             # transformers 5 Qwen2MoeConfig (defaults: Qwen1.5-MoE-A2.7B) and Qwen2MoeDecoderLayer:
             # every layer is MoE unless decoder_sparse_step > 1 or mlp_only_layers names it
-            dense_layers, dense_ffn = dense_prefix(integer("intermediate_size", default=5632))
+            dense_layers, moe_layer_step, dense_ffn = dense_blocks(integer("intermediate_size", default=5632))
             heads = integer("num_attention_heads", default=16)
             spec = dict(
                 layers=integer("num_hidden_layers", default=24),
@@ -137,6 +137,7 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
                 norm_topk_prob=flag("norm_topk_prob", False),  # Qwen2MoeConfig default
                 dense_layers=dense_layers,
                 dense_ffn=dense_ffn,
+                moe_layer_step=moe_layer_step,
                 architecture="llama",
             )
         elif kind in ("qwen3", "qwen3_moe"):
@@ -145,7 +146,8 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
             # q, k, v and o; every Qwen3-MoE layer is MoE unless decoder_sparse_step > 1 or
             # mlp_only_layers names it (Qwen3MoeDecoderLayer), and it has no shared expert
             moe = kind == "qwen3_moe"
-            dense_layers, dense_ffn = dense_prefix(integer("intermediate_size", default=6144)) if moe else (0, 0)
+            dense_layers, moe_layer_step, dense_ffn = dense_blocks(integer("intermediate_size", default=6144)) \
+                if moe else (0, 1, 0)
             heads = integer("num_attention_heads", default=32)
             hidden = integer("hidden_size", default=2048 if moe else 4096)
             kv_default = 4 if moe else 32
@@ -177,6 +179,7 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
                 norm_topk_prob=flag("norm_topk_prob", False) if moe else True,  # Qwen3MoeConfig default False
                 dense_layers=dense_layers,
                 dense_ffn=dense_ffn,
+                moe_layer_step=moe_layer_step,
                 architecture="llama",
             )
         elif kind in ("deepseek_v2", "deepseek_v3", "glm4_moe"):

@@ -30,7 +30,7 @@ DEFAULTS = {
 """Every default of the planning API, in one place."""
 
 SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "ffn_kind", "vocab", "tied_embeddings", "experts",
-                "experts_per_token", "shared_expert_ffn", "dense_layers", "dense_ffn")
+                "experts_per_token", "shared_expert_ffn", "dense_layers", "dense_ffn", "moe_layer_step")
 ZERO_FIELDS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
                "stage3_max_reuse_distance", "stage3_param_persistence_threshold", "sub_group_size")
 
@@ -75,11 +75,13 @@ class ModelInput:
     dense_layers: int | None = None
     """First blocks with a dense MLP instead of the experts (DeepSeek-V3 first_k_dense_replace)."""
     dense_ffn: int | None = None
-    """MLP width of those dense-first blocks."""
+    """MLP width of the dense blocks."""
+    moe_layer_step: int | None = None
+    """Every this-th block (after the dense-first ones) has the experts, the others a dense MLP."""
 
     def __post_init__(self):
         _checked(self, ("params", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "experts",
-                        "experts_per_token", "shared_expert_ffn", "dense_layers", "dense_ffn"))
+                        "experts_per_token", "shared_expert_ffn", "dense_layers", "dense_ffn", "moe_layer_step"))
         _boolean(self.tied_embeddings, "--tied-embeddings")
         if self.ffn_kind is not None and self.ffn_kind not in ("gelu", "swiglu"):
             raise InputError(f"--ffn-kind: must be one of gelu, swiglu, got {self.ffn_kind!r}")

@@ -163,12 +163,16 @@ def deepspeed_straddle_bytes(model: ModelSpec, training: Training, lay: Layouts,
 def deepspeed_step_grad_copies(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
     """Optimizer step, ZeRO-1/2: a flattened 16-bit copy of the gradient partition and its fp32
     copy (step(): flatten(averaged_gradients) then .to(fp32)), 2 + 20/D B/param at the peak with
-    the 2/D partition (measured); ZeRO-3: an fp32 gradient chunk of min(sub_group_size, partition)."""
+    the 2/D partition (measured); ZeRO-3 the same per optimizer sub-group of min(sub_group_size,
+    partition) elements: DeepSpeed 0.19.8 stage3.py _prepare_fp32_grad_for_sub_group,
+    self.flatten(self.averaged_gradients[i]).to(fp32), the 16-bit flat copy alive beside its fp32
+    conversion (measured on 2 gloo ranks: 6 B x the sub-group above what was live before step(),
+    tests/test_deepspeed_transients_real.py; an fp32 chunk alone before)."""
     dense, expert = rank_params(model, training, lay, stage)
     partition = (dense + expert) / lay.zero_ranks
     w = training.precision.element_bytes
     stage12 = partition * (w + 4.0)
-    stage3 = np.minimum(training.zero_config.sub_group_size, partition) * 4.0
+    stage3 = np.minimum(training.zero_config.sub_group_size, partition) * (w + 4.0)
     held = np.select([lay.zero == 3, lay.zero >= 1], [stage3, stage12], 0.0)
     return np.where(lay.offload_optimizer > Offload.NONE, 0.0, held)
 

@@ -129,7 +129,11 @@ class ModelSpec:
     """The first k blocks have a dense MLP of width `dense_ffn` in place of the experts (DeepSeek-V3
     and GLM-4.5 first_k_dense_replace; Qwen-MoE mlp_only_layers when they are 0..k-1)."""
     dense_ffn: int = 0
-    """MLP width of those dense blocks (DeepSeek-V3 intermediate_size 18432)."""
+    """MLP width of the dense blocks (DeepSeek-V3 intermediate_size 18432)."""
+    moe_layer_step: int = 1
+    """Of the blocks after the dense-first ones, block i has the routed experts when (i + 1) is a
+    multiple of this step, the others a dense MLP of `dense_ffn` (transformers 5 Qwen2MoeDecoderLayer
+    decoder_sparse_step; Llama4TextConfig moe_layers = range(step - 1, L, step)); 1: all of them."""
     kv_lora_rank: int = 0
     """Multi-head latent attention (DeepSeek-V2 paper, Liu et al. 2024, section 2.1.2): rank d_c of
     the joint key/value compression; 0: standard attention. `head_dim` is then the non-rotary
@@ -151,7 +155,7 @@ class ModelSpec:
         from planner.bounds import check
 
         for key in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "experts", "experts_per_token",
-                    "max_positions", "head_dim", "shared_expert_ffn", "dense_layers", "dense_ffn",
+                    "max_positions", "head_dim", "shared_expert_ffn", "dense_layers", "dense_ffn", "moe_layer_step",
                     "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim"):
             value = getattr(self, key)
             if not isinstance(value, int):  # a float that is whole is a user's typo, not an int
@@ -174,8 +178,15 @@ class ModelSpec:
                                   or self.architecture not in ("llama", "deepseek_v3")):
             raise InputError(f"--dense-layers: needs --experts > 1, --dense-ffn > 0 and fewer than --layers "
                              f"({self.layers}) blocks, got {self.dense_layers}")
-        if self.dense_ffn and not self.dense_layers:
-            raise InputError("--dense-ffn: needs --dense-layers > 0")
+        if self.moe_layer_step > 1 and (self.experts == 1 or self.dense_ffn == 0
+                                        or self.architecture not in ("llama", "deepseek_v3")):
+            raise InputError(f"--moe-layer-step: needs --experts > 1 and --dense-ffn > 0 (the other blocks' MLP), "
+                             f"got {self.moe_layer_step}")
+        if self.moe_layers == 0 and self.experts > 1:
+            raise InputError(f"--moe-layer-step: no block of the {self.layers} would have the experts "
+                             f"(--dense-layers {self.dense_layers}, --moe-layer-step {self.moe_layer_step})")
+        if self.dense_ffn and self.moe_layers == self.layers:
+            raise InputError("--dense-ffn: needs --dense-layers > 0 or --moe-layer-step > 1")
         mla = (self.q_lora_rank, self.qk_rope_head_dim, self.v_head_dim)
         if self.kv_lora_rank and (self.architecture != "deepseek_v3" or self.kv_heads != self.heads
                                   or not self.head_dim or self.qk_norm):
@@ -201,19 +212,30 @@ class ModelSpec:
         """Width of A V, the output projection's input: a d (MLA: a d_v)."""
         return self.heads * (self.v_head_dim or self.dim_per_head)
 
+    def routed_before(self, i):
+        """Blocks with the routed experts among the first `i` (an array or a number): those j < i past
+        the dense-first ones with (j + 1) % moe_layer_step == 0."""
+        step, k = self.moe_layer_step, self.dense_layers
+        return np.asarray(i) // step - np.minimum(i, k) // step
+
+    def is_routed(self, i: int) -> bool:
+        """Whether block i has the routed experts (the other blocks are `dense_block`)."""
+        return bool(self.routed_before(i + 1) - self.routed_before(i)) if self.experts > 1 else False
+
     @property
     def moe_layers(self) -> int:
-        """Blocks with the routed experts (all but the dense-first ones)."""
-        return self.layers - self.dense_layers
+        """Blocks with the routed experts (all of them for a dense model's one kind)."""
+        return int(self.routed_before(self.layers)) if self.experts > 1 else self.layers
 
     @cached_property
     def dense_block(self) -> "ModelSpec":
-        """The dense-first blocks as a model of their own (every per-block formula applies to it);
-        the model itself when there are none."""
-        if not self.dense_layers:
+        """The dense blocks of a model that mixes them with routed ones (dense-first, or every
+        moe_layer_step-th routed) as a model of their own, every per-block formula applying to it;
+        the model itself when all blocks are alike."""
+        if self.moe_layers == self.layers:
             return self
-        return replace(self, layers=self.dense_layers, ffn=self.dense_ffn, experts=1, experts_per_token=1,
-                       shared_expert_ffn=0, dense_layers=0, dense_ffn=0)
+        return replace(self, layers=self.layers - self.moe_layers, ffn=self.dense_ffn, experts=1, experts_per_token=1,
+                       shared_expert_ffn=0, dense_layers=0, dense_ffn=0, moe_layer_step=1)
 
     @property
     def q_width(self) -> int:
@@ -242,7 +264,8 @@ class ModelSpec:
         their layer index). The tied output layer is listed, marked `tied`."""
         out = [t for t in self._tensors if t.place == FIRST]
         for i in range(self.layers):
-            block = self.dense_block.block_tensors() if i < self.dense_layers else self.block_tensors()
+            block = self.block_tensors() if self.moe_layers == self.layers or self.is_routed(i) else \
+                self.dense_block.block_tensors()
             out += [replace(t, name=t.name.format(i=i)) for t in block]
         return out + [t for t in self._tensors if t.place == LAST]
 
@@ -276,7 +299,7 @@ class ModelSpec:
     def params(self) -> int:
         """Exact total parameter count (tied matrices counted once)."""
         s = self.sums
-        dense = self.dense_layers * self.dense_block.sums.block_total
+        dense = (self.layers - self.moe_layers) * self.dense_block.sums.block_total
         return self.moe_layers * s.block_total + dense + s.first_total + s.last_total
 
     @property
@@ -319,24 +342,26 @@ class ModelSpec:
     def flat_local_sizes(self, tp: int, pp: int, stage: int, ep: int = 1) -> np.ndarray:
         """Elements of one rank's tensors in registration order: the flat buffer DeepSpeed ZeRO-1/2
         partitions (stage_1_and_2.py flattens each param group in model order)."""
-        from planner.pipeline import dense_layers_on_stage
+        from planner.pipeline import first_layer_on_stage
 
         n = self.layers // pp + (stage < self.layers % pp)
-        dense = int(dense_layers_on_stage(self.dense_layers, self.layers, pp, 1, stage))
-        return self.flat_sizes(tp, n, stage == 0, stage == pp - 1, ep, n_dense=dense)
+        return self.flat_sizes(tp, n, stage == 0, stage == pp - 1, ep, start=int(first_layer_on_stage(self.layers, pp, stage)))
 
     def flat_sizes(self, tp: int, n_layers: int, first: bool, last: bool, ep: int = 1, expert_tp: int | None = None,
-                   n_dense: int = 0) -> np.ndarray:
-        """flat_local_sizes of a stage given by its block count (`n_dense` of them dense-first, which
-        come first) and whether it is the first and/or the last (a tied output layer is a second
-        copy on a last stage that is not also the first); routed experts split over `expert_tp` TP
-        ranks (default: tp)."""
+                   start: int = 0) -> np.ndarray:
+        """flat_local_sizes of a stage given by its block count, its first block's index `start`
+        (which of its blocks are dense: is_routed) and whether it is the first and/or the last (a
+        tied output layer is a second copy on a last stage that is not also the first); routed
+        experts split over `expert_tp` TP ranks (default: tp)."""
         def local(tensors, place):
             return np.array([local_numel(t, expert_tp if t.expert and expert_tp is not None else tp, self.experts, ep)
                              for t in tensors if t.place == place and (not t.tied or not first)], dtype=np.float64)
 
-        blocks = [np.tile(local(self.dense_block._tensors, BLOCK), n_dense),
-                  np.tile(local(self._tensors, BLOCK), n_layers - n_dense)]
+        routed, dense = local(self._tensors, BLOCK), local(self.dense_block._tensors, BLOCK)
+        if self.moe_layers == self.layers:
+            blocks = [np.tile(routed, n_layers)]
+        else:
+            blocks = [routed if self.is_routed(i) else dense for i in range(start, start + n_layers)]
         edges = (local(self._tensors, FIRST) if first else np.zeros(0), local(self._tensors, LAST) if last else np.zeros(0))
         return np.ceil(np.concatenate([edges[0], *blocks, edges[1]]))
 

@@ -40,30 +40,33 @@ def first_layer_on_stage(layers: int, pp, stage, edge_layers: int = 0) -> np.nda
     return np.maximum(start - edge_layers, 0)
 
 
-def dense_layers_on_stage(dense_layers: int, layers: int, pp, chunks, stage, edge_layers: int = 0) -> np.ndarray:
-    """Of a stage's blocks, the model's dense-first ones (ModelSpec.dense_layers: blocks 0..k-1,
-    DeepSeek-V3 first_k_dense_replace). Contiguous stages: the blocks of k that fall in the stage's
-    range. `chunks` > 1 interleaved model chunks of c = L/(p v) blocks, chunk i on stage i mod p
-    (Megatron-core get_transformer_layer_offset with a virtual pipeline): the k // c whole chunks
-    and the rest of the next one."""
-    if not dense_layers:
-        return 0 * np.asarray(stage)
+def dense_layers_on_stage(model, pp, chunks, stage, edge_layers: int = 0) -> np.ndarray:
+    """Of a stage's blocks, the model's dense ones (ModelSpec.dense_layers first, then all but every
+    moe_layer_step-th: ModelSpec.routed_before). Contiguous stages: those in the stage's range.
+    `chunks` > 1 interleaved model chunks of c = L/(p v) blocks, chunk i on stage i mod p
+    (Megatron-core get_transformer_layer_offset with a virtual pipeline): those in each of its
+    chunks."""
+    layers = model.layers
     n = layers_on_stage(layers, pp, stage, edge_layers)
-    contiguous = np.clip(dense_layers - first_layer_on_stage(layers, pp, stage, edge_layers), 0, n)
+    if model.moe_layers == layers:
+        return 0 * n
+    start = first_layer_on_stage(layers, pp, stage, edge_layers)
+    contiguous = n - (model.routed_before(start + n) - model.routed_before(start))
     c = np.maximum(layers // np.maximum(pp * chunks, 1), 1)
-    whole, rest = dense_layers // c, dense_layers % c
-    interleaved = c * np.maximum(-(-(whole - stage) // pp), 0) + np.where(whole % pp == stage, rest, 0)
+    interleaved = 0 * n
+    for j in range(int(np.max(chunks))):  # the stage's j-th chunk: blocks c (stage + j p) on, c of them
+        first = c * (stage + j * pp)
+        interleaved = interleaved + np.where(j < chunks, c - (model.routed_before(first + c) - model.routed_before(first)), 0)
     return np.where(chunks > 1, np.minimum(interleaved, n), contiguous)
 
 
 def blocks_on_stage(model, lay, stage, edge_layers: int = 0) -> list[tuple]:
-    """(block, count) pairs of one rank of `stage`: the model's own (routed-expert) blocks and, with
-    dense-first blocks, `model.dense_block` with its count (what per-block formulas sum over)."""
+    """(block, count) pairs of one rank of `stage`: the model's own (routed-expert) blocks and, where
+    it mixes in dense ones, `model.dense_block` with its count (what per-block formulas sum over)."""
     n = layers_on_stage(model.layers, lay.pp, stage, edge_layers)
-    if not model.dense_layers:
+    if model.moe_layers == model.layers:
         return [(model, n)]
-    dense = dense_layers_on_stage(model.dense_layers, model.layers, lay.pp, chunks_per_stage(lay.vpp, lay.schedule),
-                                  stage, edge_layers)
+    dense = dense_layers_on_stage(model, lay.pp, chunks_per_stage(lay.vpp, lay.schedule), stage, edge_layers)
     return [(model, n - dense), (model.dense_block, dense)]
 
 

@@ -25,6 +25,8 @@ def describe(model, cluster, training) -> str:
         moe = f" MoE {model.experts} experts top-{model.experts_per_token}"
         moe += f" + shared {model.shared_expert_ffn}" if model.shared_expert_ffn else ""
         moe += f", first {model.dense_layers} dense (ffn {model.dense_ffn})" if model.dense_layers else ""
+        moe += f", 1 block in {model.moe_layer_step} routed (others ffn {model.dense_ffn})" \
+            if model.moe_layer_step > 1 else ""
         moe += f" ({model.active_params:,} active)"
     if model.kv_lora_rank:
         moe += (f"; MLA kv_lora {model.kv_lora_rank} q_lora {model.q_lora_rank or '-'} "

@@ -156,10 +156,11 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr, l: np.full(l.shape, tr.engine.launcher is Launcher.TORCHTITAN and tr.precision == Precision.FP16),
          lambda m, cl, tr: "--precision: torchtitan trains in bf16, bf16-pure or fp32, not fp16"),
     Rule("deepspeed_moe_blocks_alike", ENGINE_RULE,
-         lambda m, cl, tr, l: np.full(l.shape, (m.dense_layers > 0 or m.kv_lora_rank > 0)
+         lambda m, cl, tr, l: np.full(l.shape, (m.moe_layers != m.layers or m.kv_lora_rank > 0)
                                       and tr.engine.moe_capacity is MoeCapacity.DEEPSPEED_MOE),
-         lambda m, cl, tr: f"--engine: {tr.engine.name} has no dense-first blocks (its DeepSpeed-MoE layers repeat "
-                           "every --expert-interval blocks) and no multi-head latent attention; use megatron, "
+         lambda m, cl, tr: f"--engine: {tr.engine.name} mixes no dense blocks in as modelled here (its DeepSpeed-MoE "
+                           "layers repeat every --expert-interval blocks, a spelling not read) and has no multi-head "
+                           "latent attention; use megatron, "
                            "deepspeed, fsdp or torchtitan"),
     Rule("moe_tp_needs_sp", ENGINE_RULE,
          lambda m, cl, tr, l: (m.experts > 1) & (tr.engine.moe_capacity is MoeCapacity.MEGATRON) & (l.tp > 1)

@@ -12,7 +12,7 @@ from planner.engines import ExpertTP
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
 from planner.options import Optimizer, Precision
-from planner.pipeline import blocks_on_stage, dense_layers_on_stage
+from planner.pipeline import blocks_on_stage, first_layer_on_stage
 
 
 def rank_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple[np.ndarray, np.ndarray]:
@@ -165,10 +165,10 @@ def _worst_partition_overlap(sizes: np.ndarray, ends: np.ndarray, ranks: int) ->
 
 
 @lru_cache(maxsize=1024)
-def _flat(model: ModelSpec, tp: int, n_layers: int, first: bool, last: bool, ep: int, etp: int, n_dense: int) -> tuple:
+def _flat(model: ModelSpec, tp: int, n_layers: int, first: bool, last: bool, ep: int, etp: int, start: int) -> tuple:
     """(sizes, running ends) of a rank's flat parameter buffer, cached across evaluations (middle
     stages with as many blocks share one)."""
-    sizes = model.flat_sizes(tp, n_layers, first, last, ep, etp, n_dense)
+    sizes = model.flat_sizes(tp, n_layers, first, last, ep, etp, start)
     return sizes, np.cumsum(sizes)
 
 
@@ -193,14 +193,14 @@ def deepspeed_grad_partition_excess(model: ModelSpec, training: Training, lay: L
     if not rows.size:
         return excess
     n_layers = model.layers // lay.pp + (stage < model.layers % lay.pp)  # flat_local_sizes' split
-    n_dense = dense_layers_on_stage(model.dense_layers, model.layers, lay.pp, 1, stage)
-    columns = (lay.tp, n_layers, stage == 0, stage == lay.pp - 1, lay.zero_ranks, lay.ep, expert_tp(training, lay), n_dense)
+    start = first_layer_on_stage(model.layers, lay.pp, stage) if model.moe_layers != model.layers else 0 * lay.tp
+    columns = (lay.tp, n_layers, stage == 0, stage == lay.pp - 1, lay.zero_ranks, lay.ep, expert_tp(training, lay), start)
     key = np.stack([np.broadcast_to(a, lay.shape).ravel()[rows].astype(np.int64) for a in columns], axis=-1)
     uniq, inverse = np.unique(key, axis=0, return_inverse=True)
     values = np.zeros(len(uniq))
-    for j, (t, n, first, last, d, e, etp, nd) in enumerate(uniq):
+    for j, (t, n, first, last, d, e, etp, start) in enumerate(uniq):
         if d > 1:
-            sizes, ends = _flat(model, int(t), int(n), bool(first), bool(last), int(e), int(etp), int(nd))
+            sizes, ends = _flat(model, int(t), int(n), bool(first), bool(last), int(e), int(etp), int(start))
             if sizes.size > EXACT_TENSORS:
                 values[j] = 2 * sizes.max()  # the worst partition overhangs by less than a tensor at each edge
             else:

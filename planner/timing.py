@@ -178,7 +178,7 @@ def _slowest_stage_blocks(model: ModelSpec, training: Training, lay: Layouts) ->
     dense-first blocks also the first, second and last, the one where they end and its neighbours
     (stages after it hold only routed blocks, as many as it or fewer; planner/pipeline.py)."""
     edge = training.engine.pipeline_edge_layers
-    if not model.dense_layers:
+    if model.moe_layers == model.layers:
         return [[(model, max_layers_on_stage(model.layers, lay.pp, edge))]]
     end = first_routed_stage(model.dense_layers, model.layers, lay.pp, edge)
     return [blocks_on_stage(model, lay, np.clip(stage, 0, lay.pp - 1), edge)
@@ -191,7 +191,7 @@ def microbatch_s(model: ModelSpec, cluster: Cluster, training: Training, lay: La
     per-block times of a routed block (Korthikanti Table 4)."""
     full, selective = lay.recompute == Recompute.FULL, lay.recompute == Recompute.SELECTIVE
     per = {id(model): block_s(model, cluster, training, lay, c)}
-    if model.dense_layers:
+    if model.moe_layers != model.layers:
         per[id(model.dense_block)] = block_s(model.dense_block, cluster, training, lay, c)
     head = C.head_s(model, cluster, training, lay, c)
     candidates = []

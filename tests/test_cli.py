@@ -189,7 +189,7 @@ for command in ("estimate", "recommend"):
     FROZEN[command] = FROZEN[command] + ["--etp"]
 # dense-first blocks (DeepSeek-V3, GLM-4.5; issue 10)
 for command in ("estimate", "recommend", "check"):
-    FROZEN[command] = FROZEN[command] + ["--dense-layers", "--dense-ffn"]
+    FROZEN[command] = FROZEN[command] + ["--dense-layers", "--dense-ffn", "--moe-layer-step"]
 # Megatron --recompute-method block (issue 7), on the commands that take a layout
 for command in ("estimate", "recommend"):
     FROZEN[command] = FROZEN[command] + ["--recompute-layers"]

@@ -258,10 +258,12 @@ def test_step_gradient_buffers_match_planner(engine, hf_model, twin, stage):
     part = _zero12_partition(hf_model) if stage < 3 else _zero3_partition(hf_model)
     for got in engine[stage]:
         assert got["step_fp32_grad"] == 4 * part
-        held = got["step_fp32_grad"] + (got["step_flat_bf16"] if stage < 3 else 0)
         if stage < 3:
             assert got["step_flat_bf16"] == 2 * part
-        assert held == plan["step_buffers"] - plan["straddle_step"] + (6 if stage < 3 else 4) * (part - P / D)
+        # ZeRO-3's flattened 16-bit copy (stage3.py _prepare_fp32_grad_for_sub_group: flatten(...).to(fp32))
+        # is not probed here: 2 B x part, measured in tests/test_deepspeed_transients_real.py
+        held = got["step_fp32_grad"] + (got["step_flat_bf16"] if stage < 3 else 2 * part)
+        assert held == plan["step_buffers"] - plan["straddle_step"] + 6 * (part - P / D)
 
 
 

@@ -21,56 +21,79 @@ SMALL = dict(model_type="deepseek_v3", hidden_size=64, intermediate_size=192, mo
              qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, vocab_size=1000, tie_word_embeddings=False)
 
 
-def _enumerated_dense(layers, p, k, chunks):
-    """Dense-first blocks per stage, block by block: contiguous stages of layers_on_stage (checked
-    against DeepSpeed's partition_uniform in test_memory), or chunk i of L/(p v) on stage i mod p."""
+def _enumerated_dense(layers, p, k, chunks, step=1):
+    """Dense blocks per stage, block by block: block i has the experts when i >= k and (i + 1) % step
+    == 0 (transformers Qwen2MoeDecoderLayer); contiguous stages of layers_on_stage (checked against
+    DeepSpeed's partition_uniform in test_memory), or chunk i of L/(p v) on stage i mod p."""
     owner = []
     if chunks > 1:
         owner = [(i // (layers // (p * chunks))) % p for i in range(layers)]
     else:
         for stage in range(p):
             owner += [stage] * int(pipeline.layers_on_stage(layers, p, stage))
-    return [sum(1 for i in range(k) if owner[i] == stage) for stage in range(p)]
+    dense = [i for i in range(layers) if i < k or (i + 1) % step]
+    return [sum(1 for i in dense if owner[i] == stage) for stage in range(p)]
 
 
-@pytest.mark.parametrize("layers, p, k, chunks", [(61, 16, 3, 1), (61, 61, 3, 1), (10, 4, 3, 1), (30, 4, 9, 1),
-                                                   (64, 4, 3, 2), (64, 4, 10, 2), (48, 4, 20, 3)])
-def test_dense_blocks_per_stage_match_enumeration(layers, p, k, chunks):
-    ours = [int(pipeline.dense_layers_on_stage(k, layers, p, chunks, s)) for s in range(p)]
-    assert ours == _enumerated_dense(layers, p, k, chunks)
+def _moe(layers, k, step=1):
+    return ModelSpec(layers=layers, hidden=64, heads=4, kv_heads=4, ffn=32, vocab=100, experts=4, experts_per_token=2,
+                     dense_layers=k, dense_ffn=96 if k or step > 1 else 0, moe_layer_step=step)
+
+
+@pytest.mark.parametrize("layers, p, k, chunks, step", [
+    (61, 16, 3, 1, 1), (61, 61, 3, 1, 1), (10, 4, 3, 1, 1), (30, 4, 9, 1, 1), (64, 4, 3, 2, 1), (64, 4, 10, 2, 1),
+    (48, 4, 20, 3, 1),
+    (48, 4, 0, 1, 2), (47, 5, 1, 1, 3), (48, 4, 2, 2, 2), (48, 4, 0, 3, 4),  # every step-th block routed
+])
+def test_dense_blocks_per_stage_match_enumeration(layers, p, k, chunks, step):
+    model = _moe(layers, k, step)
+    ours = [int(pipeline.dense_layers_on_stage(model, p, chunks, s)) for s in range(p)]
+    assert ours == _enumerated_dense(layers, p, k, chunks, step)
     # the first stage of routed blocks only: DeepSeek-V3 on 16 stages (4,4,...,3): stage 0 holds blocks 0-3
-    if chunks == 1:
+    if chunks == 1 and step == 1:
         expected = next((s for s, d in enumerate(ours) if d == 0), p - 1)
         assert int(pipeline.first_routed_stage(k, layers, p)) == expected
     if (layers, p, k) == (61, 16, 3):
         assert ours[:2] == [3, 0]
 
 
+# Qwen2-MoE with decoder_sparse_step 2: the experts on every second block, a dense MLP on the others
+SPARSE_STEP = dict(model_type="qwen2_moe", hidden_size=64, intermediate_size=192, moe_intermediate_size=32,
+                   num_hidden_layers=10, num_attention_heads=4, num_key_value_heads=4, num_experts=8,
+                   num_experts_per_tok=2, shared_expert_intermediate_size=64, decoder_sparse_step=2, vocab_size=1000,
+                   tie_word_embeddings=False)
+
+
+@pytest.mark.parametrize("config_dict", [SMALL, SPARSE_STEP], ids=["dense-first", "sparse-step"])
 @pytest.mark.parametrize("pp, ep", [(1, 1), (2, 2), (4, 4), (5, 8)])
-def test_stage_parameters_equal_transformers_layers(pp, ep):
+def test_stage_parameters_equal_transformers_layers(config_dict, pp, ep):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from planner.hf_config import from_hf_config
 
-    config = transformers.AutoConfig.for_model(**SMALL)
+    config = transformers.AutoConfig.for_model(**config_dict)
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(config)
-    spec = from_hf_config(SMALL)
+    spec = from_hf_config(config_dict)
     lay = layout.single(pp=pp, ep=ep, dp=ep)
     start = 0
     for stage in range(pp):
         n = int(pipeline.layers_on_stage(10, pp, stage))
-        held = {"dense": 0.0, "expert": 0.0}
+        held, flat = {"dense": 0.0, "expert": 0.0}, []
         for name, p in hf.named_parameters():
             index = int(name.split(".")[2]) if name.startswith("model.layers.") else None
             if index is None:  # embedding on the first stage, final norm and lm_head on the last
                 edge = name.startswith("model.embed") and stage == 0 or not name.startswith("model.embed") and stage == pp - 1
                 held["dense"] += p.numel() if edge else 0
+                flat += [p.numel()] if edge else []
             elif start <= index < start + n:
                 expert = ".mlp.experts." in name  # the routed experts' stacked tensors: 8 / ep of them per rank
                 held["expert" if expert else "dense"] += p.numel() / (ep if expert else 1)
+                flat.append(p.numel() / (ep if expert else 1))
         dense, expert = sharding.rank_params(spec, layout.Training(engine="deepspeed"), lay, stage)
         assert (dense[0], expert[0]) == (held["dense"], held["expert"])
+        # DeepSpeed's flat buffer: the stage's tensors in registration order, dense and routed blocks as they come
+        assert list(spec.flat_local_sizes(1, pp, stage, ep)) == flat
         start += n
 
 

@@ -196,12 +196,14 @@ def test_zero1_peak_is_the_boundary_reduction():
 
 
 def test_zero3_sub_group_fp32_gradient_chunk():
-    # stage3.py: the optimizer step holds an fp32 gradient of min(sub_group_size, partition) elements
+    # stage3.py _prepare_fp32_grad_for_sub_group: the optimizer step holds a flattened 16-bit copy of
+    # min(sub_group_size, partition) gradient elements and its fp32 conversion (2 + 4 B, bf16)
     m = lookup("llama-2-7b")
     small = layout.Training(zero_config=layout.ZeroConfig(sub_group_size=10_000_000))
     lay = layout.single(dp=8, zero=3)
-    assert memory.deepspeed_step_grad_copies(m, small, lay, 0)[0] == 4 * 10_000_000
-    assert memory.deepspeed_step_grad_copies(m, layout.Training(), lay, 0)[0] == pytest.approx(4 * m.params / 8)
+    assert small.precision.element_bytes == 2
+    assert memory.deepspeed_step_grad_copies(m, small, lay, 0)[0] == 6 * 10_000_000
+    assert memory.deepspeed_step_grad_copies(m, layout.Training(), lay, 0)[0] == pytest.approx(6 * m.params / 8)
 
 
 def test_zero3_default_reuse_keeps_whole_gathered_model():

@@ -606,11 +606,11 @@ def test_qwen2_moe_shared_expert_counts_like_transformers(hf):
 
 
 @pytest.mark.parametrize("model_type", ["qwen2_moe", "qwen3_moe"])
-@pytest.mark.parametrize("mixed", [{"decoder_sparse_step": 2}, {"mlp_only_layers": [1]}, {"mlp_only_layers": [0, 2]}])
-def test_moe_with_interleaved_dense_layers_is_refused(model_type, mixed, tmp_path):
+@pytest.mark.parametrize("mixed", [{"mlp_only_layers": [1]}, {"mlp_only_layers": [0, 2]}])
+def test_moe_with_scattered_dense_layers_is_refused(model_type, mixed, tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": model_type, **mixed}))
-    with pytest.raises(InputError, match="interleaves dense and MoE layers"):
+    with pytest.raises(InputError, match="has mlp_only_layers"):
         from_hf_config(path)
 
 
@@ -620,6 +620,11 @@ def test_moe_with_interleaved_dense_layers_is_refused(model_type, mixed, tmp_pat
            shared_expert_intermediate_size=128, mlp_only_layers=[0, 1]),
     _dense("qwen3_moe", 256, 384, 4, 4, 2, 1000, head_dim=64, moe_intermediate_size=64, num_experts=8,
            num_experts_per_tok=2, mlp_only_layers=[0]),
+    # decoder_sparse_step: the experts on blocks 1, 3, 5 (step 2), on 2, 5 (step 3), after a dense first one
+    _dense("qwen2_moe", 256, 384, 6, 4, 2, 1000, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+           shared_expert_intermediate_size=128, decoder_sparse_step=2),
+    _dense("qwen3_moe", 256, 384, 7, 4, 2, 1000, head_dim=64, moe_intermediate_size=64, num_experts=8,
+           num_experts_per_tok=2, decoder_sparse_step=3, mlp_only_layers=[0]),
     # DeepSeek-V2-Lite's shape class: no query compression (q_proj), dense first block, 2 shared experts
     dict(model_type="deepseek_v2", hidden_size=256, intermediate_size=640, moe_intermediate_size=64, num_hidden_layers=3,
          num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=2,
@@ -630,6 +635,8 @@ def test_dense_first_blocks_match_transformers(config, hf):
     model = hf.model(config)
     spec = from_hf_config(config)
     assert spec.dense_layers == len(config.get("mlp_only_layers", [0] * config.get("first_k_dense_replace", 0)))
+    step, k = config.get("decoder_sparse_step", 1), spec.dense_layers
+    assert spec.moe_layers == sum(1 for i in range(spec.layers) if i >= k and (i + 1) % step == 0)
     assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == \
         [(t.name, tuple(t.shape)) for t in spec.tensors() if not t.tied]
     assert spec.params == sum(p.numel() for p in model.parameters())
