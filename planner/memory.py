@@ -161,7 +161,7 @@ def deepspeed_straddle_bytes(model: ModelSpec, training: Training, lay: Layouts,
 
 
 def deepspeed_step_grad_copies(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
-    """Optimizer step, ZeRO-1/2: a flattened 16-bit copy of the gradient partition and its fp32
+    """Optimizer step, ZeRO disabled: FP16_Optimizer's fp32 gradients (below); ZeRO-1/2: a flattened 16-bit copy of the gradient partition and its fp32
     copy (step(): flatten(averaged_gradients) then .to(fp32)), 2 + 20/D B/param at the peak with
     the 2/D partition (measured); ZeRO-3 the same per optimizer sub-group of min(sub_group_size,
     partition) elements: DeepSpeed 0.19.8 stage3.py _prepare_fp32_grad_for_sub_group,
@@ -173,7 +173,14 @@ def deepspeed_step_grad_copies(model: ModelSpec, training: Training, lay: Layout
     w = training.precision.element_bytes
     stage12 = partition * (w + 4.0)
     stage3 = np.minimum(training.zero_config.sub_group_size, partition) * (w + 4.0)
-    held = np.select([lay.zero == 3, lay.zero >= 1], [stage3, stage12], 0.0)
+    # ZeRO disabled, mixed precision: FP16_Optimizer (the ds_config's AdamW is FusedAdam; DeepSpeed
+    # 0.19.8 runtime/fp16/fused_optimizer.py step) builds the list of every gradient cast to fp32,
+    # then _flatten_dense_tensors of it: 4 + 4 B/param at the flatten, beside the 16-bit gradients
+    # (a client torch optimizer gets FP16_UnfusedOptimizer, whose fp32 copies are 4 B/param:
+    # measured, tests/test_deepspeed_transients_real.py)
+    mixed = training.precision in (Precision.BF16, Precision.FP16)
+    stage0 = (dense + expert) * 8.0 * mixed
+    held = np.select([lay.zero == 3, lay.zero >= 1], [stage3, stage12], stage0)
     return np.where(lay.offload_optimizer > Offload.NONE, 0.0, held)
 
 

@@ -446,3 +446,15 @@ def test_torchtitan_context_parallel_keeps_the_gathered_kv():
     tt = layout.Training(seq_len=8192, engine="torchtitan")
     assert activations.cp_gathered_kv_bytes(m, tt, lay)[0] == 2048 * 3 * 2 * 2048
     assert activations.cp_gathered_kv_bytes(m, layout.Training(seq_len=8192, engine="megatron"), lay)[0] == 0
+
+
+def test_deepspeed_zero0_step_holds_fp32_gradients_twice():
+    # DeepSpeed 0.19.8 runtime/fp16/fused_optimizer.py FP16_Optimizer.step (ZeRO disabled, bf16, the ds_config's
+    # AdamW = FusedAdam): [p.grad.to(fp32) for p in group] then _flatten_dense_tensors of that list: the list and
+    # the flat buffer, 4 + 4 bytes per parameter, beside the bf16 gradients; Llama-2-7B on one rank
+    m = lookup("llama-2-7b")
+    lay = layout.single()
+    got = memory.deepspeed_step_grad_copies(m, layout.Training(engine="deepspeed"), lay, 0)[0]
+    assert got == 8 * 6_738_415_616
+    fp32 = memory.deepspeed_step_grad_copies(m, layout.Training(engine="deepspeed", precision="fp32"), lay, 0)[0]
+    assert fp32 == 0  # no 16-bit optimizer wrapper in fp32
