@@ -46,7 +46,9 @@ def saved_tensors(model: ModelSpec, training: Training, seq: float, routed, mbs)
     query (the attention scores per token), `routed` expert rows per token (planner/moe.py
     routed_per_token: k dropless; Hugging Face and torchtitan blocks are dropless) and `mbs`
     sequences a micro-batch (only GPT-NeoX's eager attention keeps a different list at 1)."""
-    if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "llama":
+    if training.engine.modules is Modules.HUGGING_FACE and model.architecture in ("llama", "llama4"):
+        # Llama 4's layers counted as Llama's (its L2 q/k norms, chunked-attention masks and sigmoid
+        # router not measured)
         return hf_llama_saved(model, training, seq)
     if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "deepseek_v3":
         return hf_deepseek_v3_saved(model, training, seq)
@@ -742,7 +744,8 @@ def head_input_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) 
     tokens = training.seq_len / lay.cp * lay.mbs
     sp = np.where(lay.sequence_parallel > 0, lay.tp, 1.0)
     e, h = training.precision.element_bytes, model.hidden
-    if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "llama":
+    if training.engine.modules is Modules.HUGGING_FACE and model.architecture in ("llama", "deepseek_v3", "llama4"):
+        # LlamaRMSNorm, DeepseekV3RMSNorm, Llama4TextRMSNorm: the same eager norm
         per_token = sum(x.bytes_per_token for x in hf_rms_norm_saved(e, h, "final")) + e * h
     elif training.engine.modules is Modules.HUGGING_FACE and model.architecture in ("gpt2", "gpt_neox"):
         # GPT2Model ln_f / GPTNeoXModel final_layer_norm (nn.LayerNorm) and lm_head's input (transformers 5)

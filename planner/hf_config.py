@@ -32,6 +32,9 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise InputError(f"--model: {where!r} must hold a JSON object")
     kind = str(cfg.get("model_type", "")).lower()
+    if kind == "llama4" and isinstance(cfg.get("text_config"), dict):  # Llama4Config: the language model's part
+        cfg = {**cfg["text_config"], "_name_or_path": cfg.get("_name_or_path")}
+        kind = "llama4_text"
 
     def integer(*keys, default=None):
         """First present, non-null field among `keys` (aliases) as an int; KeyError if required."""
@@ -182,6 +185,39 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
                 moe_layer_step=moe_layer_step,
                 architecture="llama",
             )
+        elif kind == "llama4_text":
+            # transformers 5 Llama4TextConfig and Llama4TextDecoderLayer: the experts on the blocks of
+            # moe_layers (default range(step - 1, L, step), step = interleave_moe_layer_step), a
+            # Llama4TextMLP of intermediate_size_mlp elsewhere; every MoE block has a shared expert
+            # of the experts' width; L2 q/k norms and NoPE layers hold no parameters
+            layers = integer("num_hidden_layers", default=48)
+            step = integer("interleave_moe_layer_step", default=1)
+            moe = cfg.get("moe_layers")
+            if moe is not None and list(moe) != list(range(step - 1, layers, step)):
+                raise InputError(f"--model: {where!r} has moe_layers {moe!r}; the planner models every "
+                                 "interleave_moe_layer_step-th block routed")
+            heads = integer("num_attention_heads", default=40)
+            ffn = integer("intermediate_size", default=8192)
+            spec = dict(
+                layers=layers,
+                hidden=integer("hidden_size", default=5120),
+                heads=heads,
+                kv_heads=integer("num_key_value_heads", default=8),
+                head_dim=integer("head_dim", default=128),
+                ffn=ffn,
+                vocab=integer("vocab_size", default=202048),
+                ffn_kind="swiglu",
+                norm="rmsnorm",
+                positions="rotary",
+                tied_embeddings=flag("tie_word_embeddings", False),
+                experts=integer("num_local_experts", default=16),
+                experts_per_token=integer("num_experts_per_tok", default=1),
+                shared_expert_ffn=ffn,
+                router_first=False,
+                moe_layer_step=step,
+                dense_ffn=integer("intermediate_size_mlp", default=16384) if step > 1 else 0,
+                architecture="llama4",
+            )
         elif kind in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
             # transformers 5 DeepseekV2/V3 and Glm4Moe configs and decoder layers: blocks before
             # first_k_dense_replace have a dense MLP of intermediate_size, the rest routed experts of
@@ -269,7 +305,7 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
             raise InputError(
                 f"--model: model_type {kind!r} in {where!r} is not supported; "
                 "supported: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3, "
-                "glm4_moe, gpt2, gpt_neox"
+                "glm4_moe, llama4, llama4_text, gpt2, gpt_neox"
             )
     except KeyError as exc:
         raise InputError(f"--model: {where!r} lacks the field {exc.args[0]!r} for model_type {kind!r}") from None

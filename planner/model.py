@@ -21,11 +21,11 @@ from planner.errors import InputError
 FFN_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rotary")
-ARCHITECTURES = ("llama", "gpt2", "gpt_neox", "deepseek_v3")
+ARCHITECTURES = ("llama", "gpt2", "gpt_neox", "deepseek_v3", "llama4")
 """Hugging Face module layouts (names and registration order): LlamaForCausalLM (also Mistral,
 Qwen2, and Mixtral's MoE block), GPT2LMHeadModel (Conv1D, fused c_attn), GPTNeoXForCausalLM,
 DeepseekV3ForCausalLM (multi-head latent attention, `shared_experts`; also Glm4MoeForCausalLM,
-whose attention is Llama's)."""
+whose attention is Llama's), Llama4ForCausalLM (`feed_forward`, input-major stacked experts)."""
 
 FIRST, BLOCK, LAST = "first", "block", "last"
 
@@ -172,14 +172,14 @@ class ModelSpec:
             raise InputError(f"--heads: must divide --hidden ({self.hidden}), got {self.heads}")
         if self.experts_per_token > self.experts:
             raise InputError("--experts-per-token: must not exceed the number of experts")
-        if self.shared_expert_ffn and (self.experts == 1 or self.architecture not in ("llama", "deepseek_v3")):
+        if self.shared_expert_ffn and (self.experts == 1 or self.architecture not in ("llama", "deepseek_v3", "llama4")):
             raise InputError("--shared-expert-ffn: needs --experts > 1 (a Llama/Qwen-style MoE)")
         if self.dense_layers and (self.experts == 1 or self.dense_ffn == 0 or self.dense_layers >= self.layers
-                                  or self.architecture not in ("llama", "deepseek_v3")):
+                                  or self.architecture not in ("llama", "deepseek_v3", "llama4")):
             raise InputError(f"--dense-layers: needs --experts > 1, --dense-ffn > 0 and fewer than --layers "
                              f"({self.layers}) blocks, got {self.dense_layers}")
         if self.moe_layer_step > 1 and (self.experts == 1 or self.dense_ffn == 0
-                                        or self.architecture not in ("llama", "deepseek_v3")):
+                                        or self.architecture not in ("llama", "deepseek_v3", "llama4")):
             raise InputError(f"--moe-layer-step: needs --experts > 1 and --dense-ffn > 0 (the other blocks' MLP), "
                              f"got {self.moe_layer_step}")
         if self.moe_layers == 0 and self.experts > 1:
@@ -273,7 +273,7 @@ class ModelSpec:
     def _tensors(self) -> tuple[Tensor, ...]:
         """First-stage tensors, one block (names with '{i}') and last-stage tensors, in order."""
         return tuple({"llama": _llama, "gpt2": _gpt2, "gpt_neox": _gpt_neox,
-                      "deepseek_v3": _llama}[self.architecture](self))
+                      "deepseek_v3": _llama, "llama4": _llama}[self.architecture](self))
 
     def block_tensors(self) -> tuple[Tensor, ...]:
         """One routed-expert block (a dense model's only kind; `dense_block` has the other)."""
@@ -442,8 +442,30 @@ def _norm(name, m: ModelSpec, place=BLOCK):
     return out + ([Tensor(f"{name}.bias", (m.hidden,), None, place=place)] if m.norm == "layernorm" else [])
 
 
+def _mlp_llama4(m: ModelSpec, p: str) -> list[Tensor]:
+    """transformers 5 Llama4TextMoe: feed_forward.experts (Llama4TextExperts: gate_up_proj (E, h, 2f),
+    down_proj (E, f, h), stored input-major), router, shared_expert (an ungated MLP of the expert
+    width); dense blocks a Llama4TextMLP (feed_forward.gate_proj, up_proj, down_proj)."""
+    h, f, E = m.hidden, m.ffn, m.experts
+    p = p + "feed_forward."
+    if E == 1:
+        return (_linear(p + "gate_proj", f, h, 0, False, "fc1") + _linear(p + "up_proj", f, h, 0, False, "fc1")
+                + _linear(p + "down_proj", h, f, 1, False, "fc2"))
+    fs = m.shared_expert_ffn
+    out = [Tensor(p + "experts.gate_up_proj", (E, h, 2 * f), 2, expert=True, gemm="fc1"),
+           Tensor(p + "experts.down_proj", (E, f, h), 1, expert=True, gemm="fc2"),
+           Tensor(p + "router.weight", (E, h), None, gemm="router")]
+    if fs:
+        out += (_linear(p + "shared_expert.gate_proj", fs, h, 0, False, "shared_fc1")
+                + _linear(p + "shared_expert.up_proj", fs, h, 0, False, "shared_fc1")
+                + _linear(p + "shared_expert.down_proj", h, fs, 1, False, "shared_fc2"))
+    return out
+
+
 def _mlp_llama(m: ModelSpec, p: str) -> list[Tensor]:
     h, f = m.hidden, m.ffn
+    if m.architecture == "llama4":
+        return _mlp_llama4(m, p)
     if m.experts > 1:  # transformers 5 MixtralSparseMoeBlock: router, then the stacked experts
         E = m.experts
         up = 2 * f if m.ffn_kind == "swiglu" else f

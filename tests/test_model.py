@@ -133,6 +133,13 @@ HF_CONFIGS = {
     "glm-4.5-air": _dense("glm4_moe", 4096, 10944, 46, 96, 8, 151552, head_dim=128, moe_intermediate_size=1408,
                           n_routed_experts=128, n_shared_experts=1, num_experts_per_tok=8, first_k_dense_replace=1,
                           attention_bias=True, use_qk_norm=False, tie_word_embeddings=False),
+    # config.json text_config of meta-llama/Llama-4-Scout-17B-16E and Llama-4-Maverick-17B-128E
+    "llama-4-scout": _dense("llama4_text", 5120, 8192, 48, 40, 8, 202048, head_dim=128, intermediate_size_mlp=16384,
+                            num_local_experts=16, num_experts_per_tok=1, interleave_moe_layer_step=1,
+                            tie_word_embeddings=False),
+    "llama-4-maverick": _dense("llama4_text", 5120, 8192, 48, 40, 8, 202048, head_dim=128, intermediate_size_mlp=16384,
+                               num_local_experts=128, num_experts_per_tok=1, interleave_moe_layer_step=2,
+                               tie_word_embeddings=False),
     "gpt3-175b": _gpt(12288, 96, 96, vocab=50257),
     "megatron-gpt-1.7b": _gpt(2304, 24, 24),
     "megatron-gpt-3.6b": _gpt(3072, 30, 32),
@@ -335,7 +342,7 @@ def test_from_hf_config_unreadable_paths(tmp_path):
 def test_from_hf_config_unsupported_message_lists_families(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(InputError, match="'bert'.*supported: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3, glm4_moe, gpt2, gpt_neox"):
+    with pytest.raises(InputError, match="'bert'.*supported: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3, glm4_moe, llama4, llama4_text, gpt2, gpt_neox"):
         from_hf_config(path)
 
 
@@ -656,6 +663,14 @@ def test_deepseek_v3_matches_its_report():
     # o 128 x 128 x 7168, and the two latent norms (DeepSeek-V2 paper section 2.1.2 shapes)
     attention = sum(t.numel for t in spec.block_tensors() if ".self_attn." in t.name)
     assert attention == 7168 * 576 + 512 + 512 * 128 * 256 + 7168 * 1536 + 1536 + 1536 * 128 * 192 + 128 * 128 * 7168
+
+
+def test_llama_4_matches_its_cards():
+    # model cards: Scout 17B active (109B total with its vision encoder), Maverick 17B active, 400B total
+    scout, maverick = lookup("llama-4-scout"), lookup("llama-4-maverick")
+    assert scout.active_params == pytest.approx(17e9, rel=0.02) and maverick.active_params == pytest.approx(17e9, rel=0.02)
+    assert maverick.params == pytest.approx(400e9, rel=0.005)
+    assert maverick.moe_layers == 24 and scout.moe_layers == 48  # every second block routed (1, 3, ..., 47)
 
 
 def test_glm_4_5_air_matches_its_card():
