@@ -46,10 +46,10 @@ def saved_tensors(model: ModelSpec, training: Training, seq: float, routed, mbs)
     query (the attention scores per token), `routed` expert rows per token (planner/moe.py
     routed_per_token: k dropless; Hugging Face and torchtitan blocks are dropless) and `mbs`
     sequences a micro-batch (only GPT-NeoX's eager attention keeps a different list at 1)."""
-    if training.engine.modules is Modules.HUGGING_FACE and model.architecture in ("llama", "llama4"):
-        # Llama 4's layers counted as Llama's (its L2 q/k norms, chunked-attention masks and sigmoid
-        # router not measured)
+    if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "llama":
         return hf_llama_saved(model, training, seq)
+    if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "llama4":
+        return hf_llama4_saved(model, training, seq, mbs)
     if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "deepseek_v3":
         return hf_deepseek_v3_saved(model, training, seq)
     if training.engine.modules is Modules.TORCHTITAN and training.flash_attention:
@@ -61,14 +61,18 @@ def saved_tensors(model: ModelSpec, training: Training, seq: float, routed, mbs)
     return megatron_saved(model, training, seq, routed)
 
 
-def hf_rms_norm_saved(e: float, h: int, where: str, split: str = SP) -> list[Saved]:
-    """transformers LlamaRMSNorm.forward (eager Python, the same on CPU and CUDA; DeepseekV3RMSNorm and
-    Glm4MoeRMSNorm are copies of it): the fp32 upcast of its input (kept by pow and mul), the fp32
-    rstd per token, and the normalized input cast back to the 16-bit dtype (kept by the weight's
-    mul). In fp32 both casts are no-ops and the two saved tensors are the input and the normalized
-    input."""
-    return [Saved(f"{where} norm input, fp32", 4.0 * h, split), Saved(f"{where} norm rstd, fp32", 4.0, split),
-            Saved(f"{where} norm normalized input", e * h, split)]
+def hf_rms_norm_saved(e: float, h: int, where: str, split: str = SP, rows: int = 1,
+                      weight: bool = True) -> list[Saved]:
+    """transformers LlamaRMSNorm.forward (eager Python, the same on CPU and CUDA; DeepseekV3RMSNorm,
+    Glm4MoeRMSNorm and Llama4TextRMSNorm are copies of it): the fp32 upcast of its input (kept by pow
+    and mul), the fp32 rstd per row, and the normalized input cast back to the 16-bit dtype (kept by
+    the weight's mul). In fp32 both casts are no-ops and the two saved tensors are the input and the
+    normalized input. `rows` norms of width `h` a token (a per-head norm: one a head, h the head
+    width); weight False: a weightless norm (Llama4TextL2Norm), whose 16-bit output only what reads it
+    keeps."""
+    out = [Saved(f"{where} norm input, fp32", 4.0 * rows * h, split),
+           Saved(f"{where} norm rstd, fp32", 4.0 * rows, split)]
+    return out + ([Saved(f"{where} norm normalized input", e * rows * h, split)] if weight else [])
 
 
 def hf_swiglu_mlp_saved(e: float, f: int, where: str) -> list[Saved]:
@@ -77,7 +81,8 @@ def hf_swiglu_mlp_saved(e: float, f: int, where: str) -> list[Saved]:
     return [Saved(f"{where}{name}", e * f, TP) for name in ("gate output", "up output", "act(gate)", "down input")]
 
 
-def hf_attention_core_saved(model: ModelSpec, training: Training, seq: float, v: Saved, q_from_cat: bool) -> list[Saved]:
+def hf_attention_core_saved(model: ModelSpec, training: Training, seq: float, v: Saved, q_from_cat: bool,
+                            fp32_softmax: bool = True) -> list[Saved]:
     """transformers 5.25 attention from q and k after rotary (heads x dim_per_head each, [b, a, s, d])
     to o_proj's input (heads x v head width), with the model's attention_implementation.
     'sdpa' (integrations/sdpa_attention.py sdpa_attention_forward): the kernel keeps q, k, v (`v`:
@@ -87,7 +92,8 @@ def hf_attention_core_saved(model: ModelSpec, training: Training, seq: float, v:
     sdpa_attention_forward's .transpose(1, 2).contiguous() makes o_proj's input a copy.
     'eager' (modeling_llama.py eager_attention_forward): q, k and v repeated to every head (torch.matmul
     folds q and k as views, v repeated or not a copy), the fp32 softmax and its 16-bit cast (a no-op in
-    fp32), and o_proj's contiguous input."""
+    fp32), and o_proj's contiguous input; fp32_softmax False (modeling_llama4.py eager_attention_forward:
+    softmax in the input's dtype): the one softmax output in that dtype."""
     e = training.precision.element_bytes
     q, kv, a, o = model.q_width, model.kv_width, model.heads, model.attention_out_width
     if training.flash_attention:
@@ -98,24 +104,34 @@ def hf_attention_core_saved(model: ModelSpec, training: Training, seq: float, v:
             out.append(Saved("o_proj input (contiguous copy)", e * o, TP))
         return out
     out = [Saved("q after rotary", e * q, TP), Saved("k repeated to every head", e * q, TP),
-           Saved("v repeated to every head", e * o, TP), Saved("softmax output (fp32)", 4.0 * a * seq, TP, core=True)]
-    if e != 4.0:  # .to(query.dtype) of the fp32 softmax
-        out.append(Saved("softmax output, 16-bit", e * a * seq, TP, core=True))
+           Saved("v repeated to every head", e * o, TP)]
+    if fp32_softmax:
+        out.append(Saved("softmax output (fp32)", 4.0 * a * seq, TP, core=True))
+        if e != 4.0:  # .to(query.dtype) of the fp32 softmax
+            out.append(Saved("softmax output, 16-bit", e * a * seq, TP, core=True))
+    else:
+        out.append(Saved("softmax output", e * a * seq, TP, core=True))
     return out + [Saved("o_proj input (contiguous)", e * o, TP)]
 
 
-def hf_llama_attention_saved(model: ModelSpec, training: Training, seq: float, q_from_cat: bool = False) -> list[Saved]:
+def hf_llama_attention_saved(model: ModelSpec, training: Training, seq: float, q_from_cat: bool = False,
+                             fp32_softmax: bool = True) -> list[Saved]:
     """LlamaDecoderLayer's input_layernorm and LlamaAttention (q_proj, k_proj, v_proj, rotary,
     attention, o_proj's input; Qwen3's per-head q_norm/k_norm): hf_llama_saved's first half."""
     e = training.precision.element_bytes
-    h, q, kv, a = model.hidden, model.q_width, model.kv_width, model.heads
+    h, kv = model.hidden, model.kv_width
     out = hf_rms_norm_saved(e, h, "attention") + [Saved("q/k/v input (norm output)", e * h, SP)]
     if model.qk_norm:  # Qwen3RMSNorm on q and k per head, eager like LlamaRMSNorm: one rstd per head
-        g = model.kv_heads
-        out += [Saved("q norm input, fp32", 4.0 * q, TP), Saved("q norm rstd, fp32", 4.0 * a, TP),
-                Saved("q norm normalized input", e * q, TP), Saved("k norm input, fp32", 4.0 * kv, TP),
-                Saved("k norm rstd, fp32", 4.0 * g, TP), Saved("k norm normalized input", e * kv, TP)]
-    return out + hf_attention_core_saved(model, training, seq, Saved("v", e * kv, TP), q_from_cat)
+        out += hf_qk_norms_saved(model, e, weight=True)
+    return out + hf_attention_core_saved(model, training, seq, Saved("v", e * kv, TP), q_from_cat, fp32_softmax)
+
+
+def hf_qk_norms_saved(model: ModelSpec, e: float, weight: bool) -> list[Saved]:
+    """An RMSNorm over each query and each key head (hf_rms_norm_saved, one row a head): Qwen3's
+    q_norm/k_norm (weight), Llama 4's weightless Llama4TextL2Norm."""
+    d = model.dim_per_head
+    return (hf_rms_norm_saved(e, d, "q", TP, model.heads, weight)
+            + hf_rms_norm_saved(e, d, "k", TP, model.kv_heads, weight))
 
 
 def hf_llama_mlp_saved(model: ModelSpec, training: Training) -> list[Saved]:
@@ -123,6 +139,8 @@ def hf_llama_mlp_saved(model: ModelSpec, training: Training) -> list[Saved]:
     hf_moe_mlp_saved where experts > 1): hf_llama_saved's second half."""
     e = training.precision.element_bytes
     out = hf_rms_norm_saved(e, model.hidden, "mlp") + [Saved("gate/up input (norm output)", e * model.hidden, SP)]
+    if model.experts > 1 and model.architecture == "llama4":  # Llama4TextMoe in place of Llama4TextMLP
+        return out + hf_llama4_moe_saved(model, training)
     if model.experts > 1:  # the sparse MoE block in place of LlamaMLP
         return out + hf_moe_mlp_saved(model, training)
     return out + hf_swiglu_mlp_saved(e, model.ffn, "")
@@ -232,8 +250,7 @@ def hf_moe_mlp_saved(model: ModelSpec, training: Training) -> list[Saved]:
         out.append(Saved("router input, fp32 copy", 4.0 * h, SP))
     # MixtralTopKRouter.forward softmax(router_logits.float()); Qwen2Moe/Qwen3MoeTopKRouter softmax(dtype=float);
     # DeepseekV3TopkRouter.forward router_logits.sigmoid()
-    out += [Saved("router scores (softmax or sigmoid output), fp32", 4.0 * n, SP),
-            Saved("router top-k indices, int64 (torch.topk)", 8.0 * k, SP)]  # same TopKRouter.forward
+    out += hf_router_saved(n, k)
     if renormalized:  # TopKRouter.forward router_top_value /= sum: div_ keeps a clone of its input and the sum
         out += [Saved("top-k weights before the in-place div, fp32", 4.0 * k, SP),
                 Saved("top-k weights' sum, fp32", 4.0, SP)]
@@ -244,8 +261,7 @@ def hf_moe_mlp_saved(model: ModelSpec, training: Training) -> list[Saved]:
             Saved("tokens gathered to their experts (gate_up input)", e * k * h, SP)]
     # grouped_mm_experts_forward: gate_up grouped_mm output (_default_apply_gate chunks it: silu keeps
     # gate, the product keeps up, both views of it), act(gate), act(gate) * up (down_proj's input)
-    out += [Saved("experts' gate_up output", e * 2 * k * f, TP), Saved("experts' act(gate)", e * k * f, TP),
-            Saved("experts' down input", e * k * f, TP)]
+    out += hf_experts_swiglu_saved(e, k, f)
     # grouped_mm_experts_forward: proj_out * sample_weights_g keeps both (Mixtral's and DeepSeek's stay fp32)
     out += [Saved("experts' down output", e * k * h, SP),
             Saved("routing weights of the sorted pairs", (4.0 if fp32_weights else e) * k, SP)]
@@ -254,6 +270,97 @@ def hf_moe_mlp_saved(model: ModelSpec, training: Training) -> list[Saved]:
     if fs and not deepseek:  # Qwen2MoeSparseMoeBlock.forward: sigmoid(shared_expert_gate(x)) * shared_expert(x)
         out += [Saved("shared expert output", e * h, SP), Saved("shared_expert_gate sigmoid output", e, SP)]
     return out  # DeepseekV3MoE.forward: experts(...) + shared_experts(residuals), an add that keeps nothing
+
+
+def hf_router_saved(n: int, k: int) -> list[Saved]:
+    """A router's fp32 scores (softmax or sigmoid output, all n experts) and torch.topk's int64 indices
+    (k), per token."""
+    return [Saved("router scores (softmax or sigmoid output), fp32", 4.0 * n, SP),
+            Saved("router top-k indices, int64 (torch.topk)", 8.0 * k, SP)]
+
+
+def hf_experts_swiglu_saved(e: float, rows: float, f: int) -> list[Saved]:
+    """Stacked experts run as one gate_up and one down product on `rows` (token, expert) rows a token:
+    the gate_up output (its chunk's gate and up are views of it), act(gate), and act(gate) * up, the
+    down product's input."""
+    return [Saved("experts' gate_up output", e * 2 * rows * f, TP), Saved("experts' act(gate)", e * rows * f, TP),
+            Saved("experts' down input", e * rows * f, TP)]
+
+
+LLAMA4_ATTENTION_CHUNK_SIZE = 8192
+"""Llama4TextConfig.attention_chunk_size (its default, and Scout's and Maverick's config.json); ModelSpec
+has no field for it."""
+
+LLAMA4_NO_ROPE_LAYER_INTERVAL = 4
+"""Llama4TextConfig.no_rope_layer_interval: with no_rope_layers empty (Scout's and Maverick's config.json)
+layer i is NoPE where (i + 1) % 4 == 0; ModelSpec has no field for it."""
+
+
+def hf_llama4_saved(model: ModelSpec, training: Training, seq: float, mbs) -> list[Saved]:
+    """transformers 5.25.0 Llama4TextDecoderLayer (models/llama4/modeling_llama4.py), counted with
+    saved_tensors_hooks (tests/test_activations_llama4.py): LlamaDecoderLayer's list
+    (hf_llama_attention_saved, hf_llama_mlp_saved: Llama4TextRMSNorm is LlamaRMSNorm) but for:
+    - Llama4TextAttention.forward: apply_rotary_emb's complex product cast back (type_as) is q and k
+      [b, s, a, d] in memory, so the SDPA output is too and o_proj reads a view of it, as Llama's; on
+      RoPE layers under use_qk_norm a weightless Llama4TextL2Norm per q and k head (fp32 input and rstd,
+      4q + 4a + 4kv + 4g: hf_qk_norms_saved); on NoPE layers (no rotary, no qk_norm) under
+      attn_temperature_tuning query_states * attn_scales keeps the (1, s, 1, 1) fp32 scales, 4 bytes a
+      position (4/mbs a token), the product cast back is q.
+    - eager_attention_forward (modeling_llama4.py) softmaxes in the input's dtype: e a s, no fp32 copy.
+    - SDPA on the chunked layers (the RoPE ones, layer_types 'chunked_attention') once seq reaches
+      attention_chunk_size: masking_utils.create_chunked_causal_mask then builds a [b, 1, s, s] bool
+      mask (below it, none and is_causal), so integrations/sdpa_attention.py use_gqa_in_sdpa is false
+      and repeat_kv copies k and v to every head (e q + e o in place of 2 e kv), and torch's SDPA
+      converts the mask (convert_boolean_attn_mask: where(mask, 0, -inf) in q's dtype), e s a token kept
+      per layer. CUDA runs the memory-efficient kernel there (flash takes no mask): it keeps the same q,
+      k, v, output (written [b, s, a, d]), fp32 logsumexp and that mask, as the CPU's flash kernel does
+      (seq a multiple of 32: no padding). NoPE layers attend in full (is_causal, no mask).
+    - Llama4TextMoe (hf_llama4_moe_saved): every token through every expert.
+    Per token, bf16, SDPA, seq below the chunk size, a RoPE layer with qk_norm: 16h + 8q + 8kv + 8a + 4g
+    + 8 before the MLP. Per-layer average: ModelSpec has no use_qk_norm, no_rope_layers or
+    attention_chunk_size, so every block is counted as the default config's average layer: use_qk_norm
+    on, one layer in LLAMA4_NO_ROPE_LAYER_INTERVAL NoPE (the RoPE terms times 3/4, the NoPE ones times
+    1/4), chunks of LLAMA4_ATTENTION_CHUNK_SIZE. The whole model's sum is then exact where the layers are
+    a multiple of 4 (Scout, Maverick: 48), a block kind's not where NoPE layers fall unevenly on dense
+    and routed blocks (Maverick: half its routed blocks NoPE, no dense one); Maverick's use_qk_norm
+    false makes each of its RoPE layers 4q + 4a + 4kv + 4g too high."""
+    e = training.precision.element_bytes
+    q, kv, o = model.q_width, model.kv_width, model.attention_out_width
+    nope = 1.0 / LLAMA4_NO_ROPE_LAYER_INTERVAL  # the fraction of NoPE layers
+    # Llama4TextAttention.qk_norm: Llama4TextL2Norm (Llama4TextWeightlessRMSNorm), RoPE layers only
+    out = [Saved(x.name + " (L2, RoPE layers)", (1 - nope) * x.bytes_per_token, x.split)
+           for x in hf_qk_norms_saved(model, e, weight=False)]
+    # Llama4TextAttention.forward attn_temperature_tuning: attn_scales (1, s, 1, 1) fp32 kept by the mul
+    out.append(Saved("NoPE temperature scales, fp32, one a position", nope * 4.0 / np.asarray(mbs, dtype=float), SP))
+    if training.flash_attention:  # seq >= attention_chunk_size: masking_utils.py create_chunked_causal_mask's
+        # mask, then sdpa_attention.py sdpa_attention_forward's repeat_kv and torch's convert_boolean_attn_mask
+        chunked = (1 - nope) * (np.asarray(seq) >= LLAMA4_ATTENTION_CHUNK_SIZE)
+        out += [Saved("k and v repeated to every head for a masked SDPA (beyond k and v)",
+                      chunked * e * (q + o - 2 * kv), TP),
+                Saved("chunked-attention mask in the 16-bit dtype (SDPA's convert_boolean_attn_mask)",
+                      chunked * e * seq, WHOLE, core=True)]
+    return (hf_llama_attention_saved(model, training, seq, fp32_softmax=False) + out
+            + hf_llama_mlp_saved(model, training))
+
+
+def hf_llama4_moe_saved(model: ModelSpec, training: Training) -> list[Saved]:
+    """transformers 5.25.0 Llama4TextMoe.forward (models/llama4/modeling_llama4.py) beyond its input:
+    Llama4Router (an nn.Linear: torch.topk of the logits keeps its int64 indices, scatter_ them into
+    -inf, sigmoid of the fp32 copy keeps its fp32 output, cast back to the 16-bit dtype: hf_router_saved);
+    routed_in = the input repeated to every expert (E T rows, kept by the product) times the scores
+    transposed (a reshape copy, E a token, kept too); Llama4TextExperts.forward, two torch.bmm over
+    every (expert, token) pair, the non-chosen scaled by sigmoid(-inf) = 0: the product (its input),
+    gate_up, act(gate), act(gate) * up (hf_experts_swiglu_saved with E rows a token, not k: no
+    grouped_mm, experts_implementation does not reach it); shared_expert, a Llama4TextMLP of the
+    expert width (hf_swiglu_mlp_saved); out.add_ keeps nothing. Per token, bf16: 4E + 8k + 2E + 4Eh +
+    8Ef + 8fs. Only the router's indices grow with k."""
+    e = training.precision.element_bytes
+    h, n, f, fs = model.hidden, model.experts, model.ffn, model.shared_expert_ffn
+    return (hf_router_saved(n, model.experts_per_token)
+            + [Saved("router scores transposed (a reshape copy)", e * n, SP),
+               Saved("input repeated to every expert", e * n * h, SP),
+               Saved("experts' input (repeated input x scores)", e * n * h, SP)]
+            + hf_experts_swiglu_saved(e, n, f) + hf_swiglu_mlp_saved(e, fs, "shared "))
 
 
 LAYER_NORM_STATS_BYTES_PER_TOKEN = 8.0

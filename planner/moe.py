@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.engines import MoeCapacity
+from planner.engines import Modules, MoeCapacity
 
 DEEPSPEED_MOE_CAPACITY_FACTOR = 1.0  # DeepSpeed 0.19.8 moe/layer.py MoE.__init__ capacity_factor=1.0
 DEEPSPEED_MOE_MIN_CAPACITY = 4  # DeepSpeed 0.19.8 moe/layer.py MoE.__init__ min_capacity=4
@@ -57,6 +57,11 @@ def routed_per_token(model, training, lay, tokens) -> np.ndarray:
     is E capacity rows-worth either way)."""
     factor, padded, minimum, dtype = capacity_settings(training)
     k = float(model.experts_per_token)
+    if model.architecture == "llama4" and training.engine.modules is Modules.HUGGING_FACE and model.experts > 1:
+        # transformers 5.25 Llama4TextMoe.forward: hidden_states.repeat(E, 1) scaled by the router's
+        # sigmoid scores (0 for the unchosen), then Llama4TextExperts' bmm over all E experts: every
+        # token runs through every expert (measured: tests/test_activations_llama4.py)
+        return float(model.experts)
     if model.experts == 1 or factor is None:  # a scalar: dense and dropless layouts cost no array work here
         return k
     router_tokens = tokens / np.where(lay.sequence_parallel > 0, lay.tp, 1).astype(np.float64)

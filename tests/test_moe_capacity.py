@@ -248,3 +248,20 @@ def test_megatron_all_to_all_carries_a_ranks_sequence_shard():
     # megatron-core refuses MoE with TP and without SP in training (moe_layer.py MoELayer.forward)
     with pytest.raises(InputError, match="--sequence-parallel"):
         check_single(m, clus, train, layout.single(tp=2, dp=8, ep=4))
+
+
+def test_transformers_llama4_runs_every_token_through_every_expert():
+    # transformers 5.25 Llama4TextMoe: hidden_states.repeat(E, 1) x the router's sigmoid scores, then a bmm
+    # over all E experts (measured in tests/test_activations_llama4.py): Scout's 16 experts a token under the
+    # Hugging Face engines, its top-1 under Megatron's dispatcher; the model FLOPs keep the useful one
+    from planner.compute import flops_per_step
+
+    scout, lay = lookup("llama-4-scout"), layout.single(dp=16, gas=1)
+    hf, megatron = layout.Training(seq_len=4096, engine="fsdp"), layout.Training(seq_len=4096, engine="megatron")
+    assert moe.routed_per_token(scout, hf, lay, 4096.0) == 16
+    assert moe.routed_per_token(scout, megatron, lay, 4096.0) == 1
+    f_hf, f_mg = flops_per_step(scout, hf, lay), flops_per_step(scout, megatron, lay)
+    assert f_hf["model_flops"][0] == f_mg["model_flops"][0]
+    # 15 more expert rows a token, forward and backward: 3 x 2 x 3 x 5120 x 8192 x 15 per token per routed block
+    extra = 3 * 2 * 3 * 5120 * 8192 * 15 * 48 * 16 * 4096
+    assert f_hf["hardware_flops"][0] - f_mg["hardware_flops"][0] == pytest.approx(extra, rel=1e-9)
