@@ -54,7 +54,7 @@ def dense_layers_on_stage(model, pp, chunks, stage, edge_layers: int = 0) -> np.
     contiguous = n - (model.routed_before(start + n) - model.routed_before(start))
     c = np.maximum(layers // np.maximum(pp * chunks, 1), 1)
     interleaved = 0 * n
-    for j in range(int(np.max(chunks))):  # the stage's j-th chunk: blocks c (stage + j p) on, c of them
+    for j in range(int(np.max(chunks, initial=1))):  # the stage's j-th chunk: blocks c (stage + j p) on, c of them
         first = c * (stage + j * pp)
         interleaved = interleaved + np.where(j < chunks, c - (model.routed_before(first + c) - model.routed_before(first)), 0)
     return np.where(chunks > 1, np.minimum(interleaved, n), contiguous)

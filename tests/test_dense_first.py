@@ -174,3 +174,21 @@ def test_megatron_mla_block_keeps_the_latents_and_mla_widths():
     mlp = 4 * h + 2 * 3 * 18432  # dense-first block: norm input, fc1 input, [gate|up] and fc2 input (fused SwiGLU)
     per_token = sum(x.bytes_per_token for x in activations.megatron_saved(model, training, 4096, 1))
     assert per_token == attention + mlp
+
+
+def test_an_empty_group_of_candidates_counts_no_dense_blocks():
+    # the search evaluates groups of candidates that can be empty (a regression: the per-chunk loop took
+    # np.max of an empty chunks array): every stage count is an empty array, not an error
+    import numpy as np
+
+    none = np.zeros(0, dtype=np.int64)
+    assert pipeline.dense_layers_on_stage(lookup("llama-4-maverick"), none, none, none).shape == (0,)
+
+
+def test_recommend_an_interleaved_moe_under_megatron_answers():
+    from planner import api
+
+    # Llama 4 Maverick (400.7e9 parameters, ~16 B each with Adam) on 64 H100 of 80 GB: nothing fits under
+    # Megatron, and the answer says what would (a regression: the search crashed on an empty group)
+    rec = api.recommend("llama-4-maverick", {"gpus": 64}, {"engine": "megatron"})
+    assert not rec.layouts and rec.suggestions
