@@ -42,7 +42,8 @@ TERMS = [
     # step time
     ("planner.compute", "flops_per_step"), ("planner.compute", "gemm_fwd_s"), ("planner.compute", "attention_core_s"),
     ("planner.compute", "elementwise_fwd_s"), ("planner.compute", "op_sac_recompute_s"), ("planner.compute", "elementwise_bwd_s"), ("planner.compute", "head_s"),
-    ("planner.collectives", "ring_time_s"), ("planner.collectives", "group_bus_bytes_per_s"),
+    ("planner.collectives", "nccl_time_s"), ("planner.collectives", "ring_latency_us"),
+    ("planner.collectives", "tree_latency_us"), ("planner.collectives", "group_bus_bytes_per_s"),
     ("planner.collectives", "p2p_bytes_per_s"),
     ("planner.timing", "tp_all_reduce_s"), ("planner.timing", "tp_pass_exposed_s"), ("planner.timing", "ep_all_to_all_s"), ("planner.timing", "cp_ring_exposed_s"),
     ("planner.timing", "pipeline_bubble_s"), ("planner.timing", "pipeline_p2p_s"), ("planner.timing", "grad_reduce_s"),

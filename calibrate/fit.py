@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from planner.calibration import coefficient_values
-from planner.collectives import ring_time_s
+from planner.collectives import nccl_time_s
 from planner.compute import gemm_s
 from planner.memory import reserved_bytes
 
@@ -24,7 +24,7 @@ BOUNDS = {
     ("time", "gemm_efficiency_max"): (0.01, 1.0),
     ("time", "gemm_half_efficiency_flops"): (1e3, 1e13),
     ("time", "bus_efficiency_intra_node"): (1e-4, 1.0),
-    ("time", "collective_latency_intra_node_s"): (1e-7, 1e-1),
+    ("time", "collective_latency_scale"): (1e-3, 1e5),
     ("time", "cpu_adam_params_per_s"): (1e5, 1e11),
     ("memory", "allocator_fragmentation"): (1e-4, 1.0),
     ("memory", "cuda_context_bytes"): (2**20, 4 * 2**30),
@@ -57,8 +57,9 @@ def _gemm(records, c, ref):
 def _collective(records, c, ref):
     m = [r["measurement"] for r in records]
     bus = ref["link_bytes_per_s"] * c["time"]["bus_efficiency_intra_node"]
-    return np.array([ring_time_s(x["bytes"], x["ranks"], bus, "all_reduce" if x["op"] == "all_reduce" else "all_gather",
-                                 c["time"]["collective_latency_intra_node_s"]) for x in m], dtype=float)
+    # one node: every rank on it (the harness's sweeps run on one machine)
+    return np.array([nccl_time_s(x["bytes"], x["ranks"], x["ranks"], bus, "all_reduce" if x["op"] == "all_reduce"
+                                 else "all_gather", c["time"]) for x in m], dtype=float)
 
 
 def _cpu_adam(records, c, ref):
@@ -88,7 +89,7 @@ def _recorded(quantity: str):
 GROUPS = (
     FitGroup("gemm", "gemm_s", (("time", "gemm_efficiency_max"), ("time", "gemm_half_efficiency_flops")), _gemm),
     FitGroup("collective", "collective_s", (("time", "bus_efficiency_intra_node"),
-                                            ("time", "collective_latency_intra_node_s")), _collective),
+                                            ("time", "collective_latency_scale")), _collective),
     FitGroup("cpu_adam", "adam_step_s", (("time", "cpu_adam_params_per_s"),), _cpu_adam),
     FitGroup("memory", "reserved_peak_bytes", (("memory", "allocator_fragmentation"),), _reserved, "peak_memory"),
     FitGroup("memory", "device_used_bytes", (("memory", "cuda_context_bytes"), ("memory", "nccl_bytes_per_group")),

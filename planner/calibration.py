@@ -30,7 +30,7 @@ BAND_QUANTITIES = ("peak_memory", "step_time")
 FITTABLE = {
     "memory": ("allocator_fragmentation", "cuda_context_bytes", "nccl_bytes_per_group"),
     "time": ("gemm_efficiency_max", "gemm_half_efficiency_flops", "bus_efficiency_intra_node",
-             "collective_latency_intra_node_s", "hbm_efficiency", "cpu_adam_params_per_s",
+             "collective_latency_scale", "hbm_efficiency", "cpu_adam_params_per_s",
              "dp_overlap_fraction_with_overlap"),
 }
 """The named coefficients of data/coefficients.json a profile may replace."""
@@ -82,9 +82,9 @@ def resolve_path(spec: str) -> Path:
     return CALIBRATION_DIR / f"{spec}.json"
 
 
-def read_profile(spec: str, flag: str = FLAG) -> dict:
-    """The profile's JSON, checked for schema and shape; any problem is one InputError naming
-    `flag`."""
+def read_profile(spec: str, flag: str = FLAG, check_fit: bool = True) -> dict:
+    """The profile's JSON, checked for schema and shape (and its fit unless a refit will replace
+    it); any problem is one InputError naming `flag`."""
     path = resolve_path(spec)
     if not path.exists() and "/" not in spec and not spec.endswith(".json"):
         known = sorted(p.stem for p in CALIBRATION_DIR.glob("*.json")) if CALIBRATION_DIR.is_dir() else []
@@ -100,7 +100,7 @@ def read_profile(spec: str, flag: str = FLAG) -> dict:
     if not isinstance(doc.get("runs"), list):
         raise InputError(f"{flag}: {where!r} has no runs list")
     fit = doc.get("fit")
-    if fit is not None:
+    if fit is not None and check_fit:
         _check_fit(fit, where, flag)
     return doc
 
@@ -113,8 +113,8 @@ def _check_fit(fit, where: str, flag: str) -> None:
             raise InputError(f"{flag}: {where!r} fits unknown section {section!r} (allowed: {', '.join(FITTABLE)})")
         for name, entry in names.items():
             if name not in FITTABLE[section]:
-                raise InputError(f"{flag}: {where!r} fits unknown coefficient {section}.{name} "
-                                 f"(allowed: {', '.join(FITTABLE[section])})")
+                raise InputError(f"{flag}: {where!r} fits unknown coefficient {section}.{name} (allowed: "
+                                 f"{', '.join(FITTABLE[section])}; refit it: planner calibrate fit PROFILE)")
             value = entry.get("value") if isinstance(entry, dict) else None
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise InputError(f"{flag}: {where!r}: {section}.{name} value must be a number >= 0, got {value!r}")

@@ -1,4 +1,11 @@
-"""Collective and point-to-point communication time on the cluster's topology."""
+"""Collective and point-to-point communication time on the cluster's topology.
+
+A collective's time is NCCL's own cost model (src/graph/tuning.cc ncclTopoTuneModel, NCCL 2.32.3):
+for each algorithm (ring; double binary tree for all-reduce) and protocol (LL, LL128, Simple) a
+latency (a base plus one hop latency per ring step or tree level, NVLink/PCIe hops inside a node,
+network hops between nodes) plus the bytes over that pair's bus bandwidth; NCCL runs the pair its
+model finds fastest for the message size (enqueue.cc topoGetAlgoInfo), and so does the planner.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +13,93 @@ import numpy as np
 
 from planner.hardware import Cluster
 
+PROTOCOLS = ("LL", "LL128", "Simple")
+# NCCL 2.32.3 src/graph/tuning.cc baseLat[algorithm][protocol] and hwLat[NVLINK|PCI|NET][algorithm]
+# [protocol], microseconds (the same since NCCL 2.12; read from libnccl.so.2 of the nvidia-nccl-cu12
+# 2.32.3 wheel, where they sit as doubles in .rodata)
+BASE_LATENCY_US = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4)}
+HOP_LATENCY_US = {"nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4)},
+                  "pci": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7)},
+                  "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0)}}
+NET_OVERHEAD_US = 1.0  # tuning.cc getNetOverhead: x86 Intel hosts (2 on AMD), x3 for Simple
 
-def ring_time_s(nbytes, n, bus_bytes_per_s, kind="all_reduce", latency_s=0.0, count=1):
-    """NCCL ring collective over n ranks (nccl-tests PERFORMANCE.md: busbw = algbw * 2(n-1)/n for
-    all-reduce, (n-1)/n for all-gather/reduce-scatter): steps*latency per call + bytes*factor/busbw."""
+
+def _ring_bus_factor(protocol: str, kind: str, nodes, per_node):
+    # tuning.cc "various model refinements": LL moves 8 B lines of 4 B data + 4 B flag; LL128 120 of 128 B
+    if protocol == "LL":
+        return np.where((nodes > 1) | (kind == "all_reduce"), 1.0 / 4.0, 1.0 / 3.0)
+    if protocol == "LL128":
+        return np.where(per_node < 2, 0.7, 0.92)
+    return 1.0
+
+
+def _tree_bus_factor(protocol: str, nodes):
+    # tuning.cc: busBw*.92 for Tree, then /3.8 for LL, x (nNodes == 1 ? 7/9 : 120/128) for LL128
+    if protocol == "LL":
+        return 0.92 / 3.8
+    if protocol == "LL128":
+        return 0.92 * np.where(nodes == 1, 7.0 / 9.0, 120.0 / 128.0)
+    return 0.92
+
+
+def ring_latency_us(protocol: int, steps, inter_steps, nodes, intra_hop_us) -> np.ndarray:
+    """tuning.cc ncclTopoTuneModel, ring: baseLat + the steps inside nodes at max(intra hop, net
+    overhead once the ring leaves the node) + the steps between nodes at the network hop."""
+    overhead = np.where(nodes > 1, NET_OVERHEAD_US * (3.0 if PROTOCOLS[protocol] == "Simple" else 1.0), 0.0)
+    return (BASE_LATENCY_US["ring"][protocol] + np.maximum(steps - inter_steps, 0.0)
+            * np.maximum(intra_hop_us["ring"][protocol], overhead) + inter_steps * HOP_LATENCY_US["net"]["ring"][protocol])
+
+
+def tree_latency_us(protocol: int, per_node, nodes, intra_hop_us) -> np.ndarray:
+    """tuning.cc ncclTopoTuneModel, tree (all-reduce): baseLat + up and down a chain of per_node
+    ranks inside the node and floor(log2 nodes) network levels."""
+    return BASE_LATENCY_US["tree"][protocol] + 2.0 * ((per_node - 1) * intra_hop_us["tree"][protocol]
+                                                     + np.floor(np.log2(np.maximum(nodes, 1.0))) * HOP_LATENCY_US["net"]["tree"][protocol])
+
+
+def nccl_time_s(nbytes, n, per_node, bus_bytes_per_s, kind, c: dict, count=1, nvlink=True):
+    """Seconds of `count` NCCL collectives of `nbytes` each (all-reduce: the buffer; all-gather and
+    reduce-scatter: the whole gathered buffer, as nccl-tests counts it) over n ranks, `per_node` of
+    them on each node, at the group's ring bus bandwidth (nccl-tests PERFORMANCE.md: busbw = algbw x
+    2(n-1)/n for all-reduce, (n-1)/n for all-gather/reduce-scatter). NCCL's latency model
+    (tuning.cc ncclTopoTuneModel), scaled by the calibrated collective_latency_scale:
+    ring: base + intra steps x max(intra hop, net overhead) + inter steps x net hop, with
+    2(n-1) steps of which 2 x nodes cross nodes for an all-reduce, n-1 and nodes-1 otherwise;
+    tree (all-reduce only): base + 2((per_node - 1) intra hop + floor(log2 nodes) net hop)."""
     n = np.asarray(n, dtype=np.float64)
+    per_node = np.minimum(np.asarray(per_node, dtype=np.float64), np.maximum(n, 1.0))
+    nodes = np.ceil(n / np.maximum(per_node, 1.0))
+    scale = c["collective_latency_scale"] * 1e-6
+    intra = HOP_LATENCY_US["nvlink" if nvlink else "pci"]
     steps = (2.0 if kind == "all_reduce" else 1.0) * (n - 1)
-    time = count * steps * latency_s + nbytes * steps / np.maximum(n, 1) / bus_bytes_per_s
-    return np.where((n > 1) & (np.asarray(nbytes) > 0), time, 0.0)
+    inter_steps = np.where(nodes > 1, 2.0 * nodes, 0.0) if kind == "all_reduce" else nodes - 1
+    best = np.inf
+    for i, protocol in enumerate(PROTOCOLS):
+        ring = ring_latency_us(i, steps, inter_steps, nodes, intra) * scale + nbytes * steps / np.maximum(n, 1.0) / (
+            bus_bytes_per_s * _ring_bus_factor(protocol, kind, nodes, per_node))
+        best = np.minimum(best, ring)
+        if kind == "all_reduce":  # tree: algbw = busbw / 2 (tuning.cc ratio .5)
+            tree = tree_latency_us(i, per_node, nodes, intra) * scale + 2.0 * nbytes / (
+                bus_bytes_per_s * _tree_bus_factor(protocol, nodes))
+            best = np.minimum(best, tree)
+    return np.where((n > 1) & (np.asarray(nbytes) > 0), count * best, 0.0)
+
+
+def has_nvlink(cluster: Cluster) -> bool:
+    """Whether GPUs of a node talk over NVLink/xGMI (NCCL's NVLINK hop latencies) or PCIe (its PCI
+    ones): a GPU-GPU link faster than the host link."""
+    return cluster.gpu.intra_node_bytes_per_s > cluster.gpu.pcie_bytes_per_s
+
+
+def ranks_per_node(cluster: Cluster, stride, n):
+    """Members of a group of n ranks spaced `stride` apart that share a node (ranks fill nodes in order)."""
+    return np.clip(cluster.gpus_per_node // np.maximum(stride, 1), 1, np.maximum(n, 1))
+
+
+def group_collective_s(cluster: Cluster, c: dict, kind: str, nbytes, n, stride=1, count=1, bus_bytes_per_s=None):
+    """nccl_time_s for a group of n ranks `stride` apart at its bus bandwidth (group_bus_bytes_per_s)."""
+    bus = group_bus_bytes_per_s(cluster, stride, n, c) if bus_bytes_per_s is None else bus_bytes_per_s
+    return nccl_time_s(nbytes, n, ranks_per_node(cluster, stride, n), bus, kind, c, count, has_nvlink(cluster))
 
 
 def intra_node_bus_bytes_per_s(cluster: Cluster, coef: dict) -> float:
@@ -25,17 +111,10 @@ def group_bus_bytes_per_s(cluster: Cluster, stride, n, coef: dict) -> np.ndarray
     """Achievable bus bandwidth of a group of n ranks spaced `stride` apart (Megatron rank order
     tp, cp, dp, pp: DP stride = t). Inside a node: NVLink busbw. Across nodes NCCL runs one ring per
     NIC (rail), so k members per node move k NICs' worth (hierarchical), capped by NVLink."""
-    gpu, G = cluster.gpu, cluster.gpus_per_node
+    gpu = cluster.gpu
     intra = intra_node_bus_bytes_per_s(cluster, coef)
-    members_per_node = np.clip(G // np.maximum(stride, 1), 1, np.maximum(n, 1))
-    inter = members_per_node * gpu.inter_node_bytes_per_s * coef["bus_efficiency_inter_node"]
-    return np.where(stride * n > G, np.minimum(intra, inter), intra)
-
-
-def group_latency_s(cluster: Cluster, stride, n, coef: dict) -> np.ndarray:
-    """Per-step ring latency: NVLink hop inside a node, network hop when the group spans nodes."""
-    spans = stride * n > cluster.gpus_per_node
-    return np.where(spans, coef["collective_latency_s"], coef["collective_latency_intra_node_s"])
+    inter = ranks_per_node(cluster, stride, n) * gpu.inter_node_bytes_per_s * coef["bus_efficiency_inter_node"]
+    return np.where(stride * n > cluster.gpus_per_node, np.minimum(intra, inter), intra)
 
 
 def p2p_bytes_per_s(cluster: Cluster, crosses_nodes, coef: dict) -> np.ndarray:

@@ -18,8 +18,7 @@ import numpy as np
 
 from planner import compute as C
 from planner.activations import checkpoint_partitions, checkpoints_on_host, recomputed_layers
-from planner.collectives import (group_bus_bytes_per_s, group_latency_s, intra_node_bus_bytes_per_s,
-                                 p2p_bytes_per_s, ring_time_s)
+from planner.collectives import group_collective_s, p2p_bytes_per_s, ranks_per_node
 from planner.compute import flops_per_step, peak_flops_per_s, tokens_per_microbatch
 from planner.engines import ExpertTP, GradBuckets, Modules, SelectivePolicy
 from planner.grouping import Lazy, grouped
@@ -44,8 +43,7 @@ def tp_all_reduce_s(model: ModelSpec, cluster: Cluster, training: Training, lay:
     backward; Shoeybi et al. 2019 section 3; with SP a reduce-scatter + all-gather move the same
     bytes, Korthikanti 2022 section 4.2.2)."""
     nbytes = tokens_per_microbatch(training, lay) * model.hidden * training.precision.element_bytes
-    return ring_time_s(nbytes, lay.tp, intra_node_bus_bytes_per_s(cluster, c), "all_reduce",
-                       c["collective_latency_intra_node_s"])
+    return group_collective_s(cluster, c, "all_reduce", nbytes, lay.tp)
 
 
 def checkpoint_restore_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
@@ -58,8 +56,7 @@ def checkpoint_restore_s(model: ModelSpec, cluster: Cluster, training: Training,
     nbytes = tokens_per_microbatch(training, lay) * model.hidden * training.precision.element_bytes
     nbytes = nbytes / np.where(lay.sequence_parallel > 0, lay.tp, 1)
     parts = checkpoint_partitions(training, lay)
-    gather = ring_time_s(nbytes, parts, intra_node_bus_bytes_per_s(cluster, c), "all_gather",
-                         c["collective_latency_intra_node_s"])
+    gather = group_collective_s(cluster, c, "all_gather", nbytes, parts)
     blocking = checkpoints_on_host(training) & (parts > 1)
     copies = np.where(blocking, 2.0 * nbytes / parts / cluster.gpu.pcie_bytes_per_s, 0.0)
     return gather + copies
@@ -123,7 +120,7 @@ def ep_all_to_all_s(model: ModelSpec, cluster: Cluster, training: Training, lay:
     # the EP group's ranks: etp apart where EP folds over TP (megatron-core, torchtitan), else the
     # data-parallel ranks, tp x cp apart; those sharing a node with this rank
     stride = np.where(expert_folds(training), expert_tp(training, lay), lay.tp * lay.cp)
-    on_node = np.clip(cluster.gpus_per_node // np.maximum(stride, 1), 1, ep)
+    on_node = ranks_per_node(cluster, stride, ep)
     per_rank = np.where(training.engine.modules is Modules.MEGATRON, lay.tp, 1).astype(np.float64)
     nbytes = T / per_rank * rows * model.hidden * training.precision.element_bytes
     intra = nbytes * (on_node - 1) / ep / p2p_bytes_per_s(cluster, False, c)
@@ -142,9 +139,9 @@ def cp_ring_exposed_s(model: ModelSpec, cluster: Cluster, training: Training, la
     T, t, e = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64), training.precision.element_bytes
     if training.engine.cp_gathers_kv:
         whole = lay.cp * T * (model.kv_width + model.v_width) / t * e  # K and V of the whole sequence
-        bw, lat = group_bus_bytes_per_s(cluster, lay.tp, lay.cp, c), group_latency_s(cluster, lay.tp, lay.cp, c)
-        gather = ring_time_s(whole, lay.cp, bw, "all_gather", lat, count=2)
-        return gather * (1.0 + (lay.recompute != Recompute.NONE)) + ring_time_s(whole, lay.cp, bw, "reduce_scatter", lat, count=2)
+        gather = group_collective_s(cluster, c, "all_gather", whole, lay.cp, lay.tp, count=2)
+        return gather * (1.0 + (lay.recompute != Recompute.NONE)) + group_collective_s(
+            cluster, c, "reduce_scatter", whole, lay.cp, lay.tp, count=2)
     bw = p2p_bytes_per_s(cluster, lay.tp * lay.cp > cluster.gpus_per_node, c)
     kv_pass = (lay.cp - 1) * (c["p2p_latency_s"] + T * (model.kv_width + model.v_width) / t * e / bw)
     recomputed = lay.recompute != Recompute.NONE
@@ -263,14 +260,14 @@ def _held_params(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
     return np.maximum(d0, rank_params(model, training, lay, lay.pp - 1)[0]), expert
 
 
-def _dp_groups(cluster: Cluster, training: Training, lay: Layouts, c: dict) -> tuple:
-    """(ranks, bus bandwidth) of the dense and the expert data-parallel groups, and the latency;
-    expert-data-parallel ranks are spaced etp x ep apart where EP folds over TP (megatron-core's
+def dp_collective_s(cluster: Cluster, training: Training, lay: Layouts, c: dict, kind: str, dense_bytes,
+                    expert_bytes, count=1) -> np.ndarray:
+    """One collective over the dense data-parallel group (tp apart) and one over the expert-data-
+    parallel group: its ranks are spaced etp x ep apart where EP folds over TP (megatron-core's
     expert rank order etp, ep, edp), tp x ep otherwise."""
-    n_dp, n_edp = lay.zero_ranks, expert_dp(training, lay)
     stride = np.where(expert_folds(training), expert_tp(training, lay), lay.tp) * lay.ep
-    return (n_dp, group_bus_bytes_per_s(cluster, lay.tp, n_dp, c), n_edp,
-            group_bus_bytes_per_s(cluster, stride, n_edp, c), group_latency_s(cluster, lay.tp, n_dp, c))
+    return (group_collective_s(cluster, c, kind, dense_bytes, lay.zero_ranks, lay.tp, count)
+            + group_collective_s(cluster, c, kind, expert_bytes, expert_dp(training, lay), stride, count))
 
 
 def grad_bucket_elements(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
@@ -306,17 +303,16 @@ def grad_reduce_s(model: ModelSpec, cluster: Cluster, training: Training, lay: L
     dp*cp, experts over dp*cp/ep; an all-reduce where the engine all-reduces (no ZeRO; DeepSpeed
     ZeRO-1/2 too), else a reduce-scatter."""
     dense, expert = _held_params(model, training, lay)
-    n_dp, bw_dp, n_edp, bw_edp, lat = _dp_groups(cluster, training, lay, c)
     g = state_bytes(training).grads
     bucket = grad_bucket_elements(model, training, lay)
     all_reduce = np.isin(lay.zero, training.engine.all_reduce_stages)
 
-    def reduce(elems, n, bw):
-        calls = np.ceil(elems / bucket)
-        return np.where(all_reduce, ring_time_s(elems * g, n, bw, "all_reduce", lat, calls),
-                        ring_time_s(elems * g, n, bw, "reduce_scatter", lat, calls))
+    def reduce(kind):  # whole buckets; dense and expert gradients in separate buckets
+        calls_dense, calls_expert = np.ceil(dense / bucket), np.ceil(expert / bucket)
+        return (dp_collective_s(cluster, training, lay, c, kind, dense / np.maximum(calls_dense, 1) * g, 0.0, calls_dense)
+                + dp_collective_s(cluster, training, lay, c, kind, 0.0, expert / np.maximum(calls_expert, 1) * g, calls_expert))
 
-    one = reduce(dense, n_dp, bw_dp) + reduce(expert, n_edp, bw_edp)
+    one = np.where(all_reduce, reduce("all_reduce"), reduce("reduce_scatter"))
     return one, np.maximum(np.ceil((dense + expert) / bucket), 1.0), grad_reductions_per_step(training, lay)
 
 
@@ -325,12 +321,10 @@ def param_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     updated 16-bit parameters after the step; DeepSpeed 0.19 runtime/utils.py all_gather_dp_groups
     makes one call per parameter group, Megatron one per DDP bucket."""
     dense, expert = _held_params(model, training, lay)
-    n_dp, bw_dp, n_edp, bw_edp, lat = _dp_groups(cluster, training, lay, c)
     w = state_bytes(training).weights
     calls = np.ceil((dense + expert) / grad_bucket_elements(model, training, lay)) \
         if training.engine.param_gather_per_bucket else 1.0
-    gather = ring_time_s(dense * w, n_dp, bw_dp, "all_gather", lat, calls) \
-        + ring_time_s(expert * w, n_edp, bw_edp, "all_gather", lat, calls)
+    gather = dp_collective_s(cluster, training, lay, c, "all_gather", dense * w / calls, expert * w / calls, calls)
     after_step = (lay.zero == 1) | ((lay.zero == 2) & (not training.engine.reshards_after_backward))
     return np.where(after_step, gather, 0.0), np.maximum(calls, 1.0) + 0 * lay.tp
 
@@ -364,13 +358,12 @@ def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     coalesced call per submodule (DeepSpeed fetch_sub_module) or per block (FSDP); prefetch hides a
     calibrated fraction."""
     dense, expert = _held_params(model, training, lay)
-    n_dp, bw_dp, n_edp, bw_edp, lat = _dp_groups(cluster, training, lay, c)
     w = state_bytes(training).weights
     n_layers = max_layers_on_stage(model.layers, lay.pp, training.engine.pipeline_edge_layers)
     per_block = 1 if training.engine.zero3_fetch_per_block else len(model.gemms(training.engine.fused_gemms))
     calls = n_layers * per_block + 2
-    gather = zero3_gathers_per_step(training, lay) * (ring_time_s(dense * w, n_dp, bw_dp, "all_gather", lat, calls)
-                                                      + ring_time_s(expert * w, n_edp, bw_edp, "all_gather", lat, calls))
+    gather = zero3_gathers_per_step(training, lay) * dp_collective_s(
+        cluster, training, lay, c, "all_gather", dense * w / calls, expert * w / calls, calls)
     hidden = c["zero3_gather_overlap_fraction"]
     return (1 - hidden) * gather, hidden * gather
 

@@ -168,10 +168,11 @@ def test_output_layer_time():
 
 def test_tp_all_reduce_is_a_ring_over_nvlink():
     # Korthikanti 22B layer (h 6144), b 4, s 2048, fp16, t 8 on DGX A100: T h e = 8192 x 6144 x 2 bytes;
-    # ring all-reduce moves 2(n-1)/n of it at 0.78 x 300 GB/s, 2(n-1) steps of 3.4 us
+    # ring all-reduce moves 2(n-1)/n of it at 0.78 x 300 GB/s; NCCL's tuning.cc latency of the Simple
+    # protocol it picks at 100 MB: baseLat 8.4 us + 2(n-1) NVLink steps of hwLat 3.4 us
     m = gpt(48, 6144, 64)
     got = timing.tp_all_reduce_s(m, node(), MEGATRON_FP16, layout.single(tp=8, mbs=4), C)[0]
-    assert got == pytest.approx(14 * 3.4e-6 + 8192 * 6144 * 2 * 1.75 / (300e9 * 0.78), rel=1e-12)  # 0.99 ms
+    assert got == pytest.approx(8.4e-6 + 14 * 3.4e-6 + 8192 * 6144 * 2 * 1.75 / (300e9 * 0.78), rel=1e-12)  # 0.81 ms
 
 
 def test_expert_all_to_all_sends_the_routed_tokens():
@@ -234,13 +235,14 @@ def test_torchtitan_context_parallel_gathers_kv_and_blocks(recompute, gathers):
     # forward's gathers rerun under op-level SAC (no all-gather in its save list). Llama-3-8B, s 8192 over
     # cp 16 on two H100 nodes: the whole K and V are 16 x 512 x (1024 + 1024) x 2 bytes; the CP group
     # has 8 members a node, 8 NICs' worth (8 x 50 GB/s x 0.85 = 340 GB/s, under NVLink's 0.78 x 450),
-    # 15 steps of the 20 us network latency per call, 2 calls (K, V) per collective
+    # 2 calls (K, V) per collective of 15 ring steps, 1 of them between the nodes; NCCL runs LL128 at
+    # 33.5 MB (tuning.cc: baseLat 14 us, hwLat 1.9 us NVLink / 4.0 us network, 0.92 of the bus bandwidth)
     m = lookup("llama-3-8b")
     training = layout.Training(seq_len=8192, engine="torchtitan")
     lay = layout.single(cp=16, recompute=recompute)
     got = timing.cp_ring_exposed_s(m, node(H100, 16), training, lay, C, 1.0, 1.0)[0]  # a long core hides nothing
     whole = 16 * 512 * 2048 * 2
-    collective = 2 * 15 * 2e-5 + whole * 15 / 16 / 340e9  # 0.69 ms
+    collective = 2 * (14e-6 + 14 * 1.9e-6 + 4.0e-6 + whole * 15 / 16 / (340e9 * 0.92))  # 0.29 ms
     assert got == pytest.approx((gathers + 1) * collective, rel=1e-9)
 
 
@@ -323,11 +325,11 @@ def test_gradient_reductions_per_step_follow_the_engines():
 def test_deepspeed_gradient_all_reduce():
     # Llama-2-7B, DeepSpeed ZeRO-2 on one DGX A100 (8 ranks, NVLink 0.78 x 300 GB/s): every bucket of
     # 5e8 elements is all-reduced (stage_1_and_2.py average_tensor, use_multi_rank_bucket_allreduce):
-    # 14 calls of 14 ring steps of 3.4 us, 2 bytes x Psi x 2(n-1)/n, once per micro-batch (gas 2);
+    # 14 calls of NCCL's 8.4 us + 14 ring steps of 3.4 us (Simple), 2 bytes x Psi x 2(n-1)/n, once per micro-batch (gas 2);
     # overlap_comm defaults to off for stage 2, so all of it is exposed
     lay = layout.single(dp=8, zero=2, gas=2)
     one, buckets, reductions = timing.grad_reduce_s(LLAMA7, node(), DS, lay, C)
-    expected = 14 * 14 * 3.4e-6 + 2 * PSI7 * 1.75 / (300e9 * 0.78)  # 0.101 s
+    expected = 14 * (8.4e-6 + 14 * 3.4e-6) + 2 * PSI7 * 1.75 / (300e9 * 0.78)  # 0.101 s
     assert one[0] == pytest.approx(expected, rel=1e-12) and buckets[0] == 14 and reductions[0] == 2
     assert not timing.grad_overlaps(DS, lay)[0]
     step = timing.step_time(LLAMA7, node(), DS, lay)
@@ -338,14 +340,14 @@ def test_deepspeed_gradient_all_reduce():
 def test_zero3_and_distributed_optimizer_reduce_scatter():
     # ZeRO-3 (stage3.py reduce_scatter_coalesced) and Megatron's distributed optimizer reduce-scatter:
     # (n-1)/n of the bytes; Megatron-LM reduces bf16 gradients in fp32 (4 B, --grad-reduce-in-bf16 off),
-    # in buckets of max(40M, 1M x 8) = 40M parameters: 169 calls of 7 steps
+    # in buckets of max(40M, 1M x 8) = 40M parameters: 169 calls of 8.4 us + 7 steps of 3.4 us (NCCL Simple)
     lay = layout.single(dp=8, zero=3)
     z3, buckets, _ = timing.grad_reduce_s(LLAMA7, node(), DS, lay, C)
-    assert z3[0] == pytest.approx(14 * 7 * 3.4e-6 + 2 * PSI7 * 0.875 / (300e9 * 0.78), rel=1e-12)
+    assert z3[0] == pytest.approx(14 * (8.4e-6 + 7 * 3.4e-6) + 2 * PSI7 * 0.875 / (300e9 * 0.78), rel=1e-12)
     assert buckets[0] == 14 and timing.grad_overlaps(DS, lay)[0]  # overlap_comm resolves to true for stage 3
     meg, buckets, _ = timing.grad_reduce_s(LLAMA7, node(), layout.Training(engine="megatron"),
                                            layout.single(dp=8, zero=1), C)
-    assert meg[0] == pytest.approx(169 * 7 * 3.4e-6 + 4 * PSI7 * 0.875 / (300e9 * 0.78), rel=1e-12)
+    assert meg[0] == pytest.approx(169 * (8.4e-6 + 7 * 3.4e-6) + 4 * PSI7 * 0.875 / (300e9 * 0.78), rel=1e-12)
     assert buckets[0] == 169
 
 
@@ -407,9 +409,9 @@ def test_parameter_all_gather_after_the_step():
     # ZeRO-1/2: the updated bf16 parameters are all-gathered once per step, 2 Psi x (n-1)/n bytes;
     # DeepSpeed in one call per group (runtime/utils.py all_gather_dp_groups), Megatron per bucket
     ds = timing.param_gather_s(LLAMA7, node(), DS, layout.single(dp=8, zero=1), C)[0][0]
-    assert ds == pytest.approx(7 * 3.4e-6 + 2 * PSI7 * 0.875 / (300e9 * 0.78), rel=1e-12)
+    assert ds == pytest.approx(8.4e-6 + 7 * 3.4e-6 + 2 * PSI7 * 0.875 / (300e9 * 0.78), rel=1e-12)
     meg = timing.param_gather_s(LLAMA7, node(), layout.Training(engine="megatron"), layout.single(dp=8, zero=1), C)[0][0]
-    assert meg == pytest.approx(169 * 7 * 3.4e-6 + 2 * PSI7 * 0.875 / (300e9 * 0.78), rel=1e-12)
+    assert meg == pytest.approx(169 * (8.4e-6 + 7 * 3.4e-6) + 2 * PSI7 * 0.875 / (300e9 * 0.78), rel=1e-12)
     assert timing.param_gather_s(LLAMA7, node(), DS, layout.single(dp=8, zero=3), C)[0] == 0
 
 
@@ -418,7 +420,7 @@ def test_zero3_gathers_parameters_twice_per_micro_step():
     # micro-batch (gas 3): 6 all-gathers of 2 Psi, one coalesced call per submodule (7 Linear modules per
     # block x 32 blocks + 2) each; stage3_prefetch hides half of it (prior)
     exposed, hideable = timing.zero3_gather_s(LLAMA7, node(), DS, layout.single(dp=8, zero=3, gas=3), C)
-    ag = 226 * 7 * 3.4e-6 + 2 * PSI7 * 0.875 / (300e9 * 0.78)
+    ag = 226 * (8.4e-6 + 7 * 3.4e-6) + 2 * PSI7 * 0.875 / (300e9 * 0.78)  # NCCL Simple at 60 MB a call
     assert exposed[0] == pytest.approx(0.5 * 6 * ag, rel=1e-12) and hideable[0] == pytest.approx(0.5 * 6 * ag)
 
 
@@ -451,16 +453,40 @@ def test_offload_pcie_traffic():
 
 def test_ring_all_reduce_matches_nccl_tests_bus_bandwidth():
     size, n, busbw = 2**30, 8, 230e9  # 1 GiB on 8 GPUs at DGX A100's ~230 GB/s bus bandwidth
-    t = collectives.ring_time_s(size, n, busbw, "all_reduce")
-    # PERFORMANCE.md: algbw = S / t, busbw = algbw * 2(n-1)/n  ->  t = S * 2 * 7/8 / busbw = 8.170 ms
-    assert float(t) == pytest.approx(2**30 * 1.75 / 230e9, rel=1e-12)
-    # all-gather / reduce-scatter: busbw = algbw * (n-1)/n -> half the all-reduce time
-    assert float(collectives.ring_time_s(size, n, busbw, "all_gather")) == pytest.approx(float(t) / 2)
+    t = collectives.nccl_time_s(size, n, 8, busbw, "all_reduce", C)
+    # PERFORMANCE.md: algbw = S / t, busbw = algbw * 2(n-1)/n  ->  t = S * 2 * 7/8 / busbw = 8.170 ms,
+    # + NCCL's Simple ring latency (tuning.cc): baseLat 8.4 us + 14 NVLink steps of 3.4 us
+    assert float(t) == pytest.approx(2**30 * 1.75 / 230e9 + 8.4e-6 + 14 * 3.4e-6, rel=1e-12)
+    # all-gather / reduce-scatter: busbw = algbw * (n-1)/n -> half the all-reduce's bytes, 7 steps
+    assert float(collectives.nccl_time_s(size, n, 8, busbw, "all_gather", C)) == pytest.approx(
+        2**30 * 0.875 / 230e9 + 8.4e-6 + 7 * 3.4e-6, rel=1e-12)
     # the A100 prior: 300 GB/s per direction x 0.78 = 234 GB/s, within 2% of the measured ~230
     assert float(collectives.group_bus_bytes_per_s(node(), 1, 8, C)) == pytest.approx(230e9, rel=0.02)
-    # latency: 2(n-1) ring steps per all-reduce call
-    assert float(collectives.ring_time_s(8, n, busbw, "all_reduce", latency_s=1e-5, count=3)) == pytest.approx(
-        3 * 14 * 1e-5 + 8 * 1.75 / 230e9)
+
+
+def test_nccl_latency_grows_with_ring_steps_and_tree_levels():
+    # An 8-byte all-reduce is all latency; NCCL picks the LL protocol (tuning.cc baseLat 6.6 us ring /
+    # 6.8 us tree, hwLat 0.6 us an NVLink hop, 2.7 us (ring) / 5.0 us (tree) a network hop, and at
+    # least the 1 us net overhead a ring step once the ring leaves the node). 3 calls on one node:
+    # ring 6.6 + 14 x 0.6 = 15.0 us beats tree 6.8 + 2 x 7 x 0.6 = 15.2 us
+    one_node = collectives.nccl_time_s(8, 8, 8, 230e9, "all_reduce", C, count=3)
+    assert float(one_node) == pytest.approx(3 * 15.0e-6, rel=1e-3)
+    # 192 nodes x 8 GPUs: a ring needs 2 x 1535 steps (384 of them between nodes): 6.6 + 2686 x 1
+    # + 384 x 2.7 = 3729 us; the double binary tree 2 (7 x 0.6 + floor(log2 192) x 5.0) + 6.8 = 85.2 us
+    at_scale = collectives.nccl_time_s(8, 1536, 8, 170e9, "all_reduce", C)
+    assert float(at_scale) == pytest.approx(85.2e-6, rel=1e-3)
+    # all-gathers have only rings: the hop count grows with the ranks. 8 MiB over 1535 steps (191
+    # between nodes) is still latency-bound: LL, 6.6 + 1344 x 1 + 191 x 2.7 = 1866 us at 1/4 of the bus
+    # bandwidth, beats LL128 (14 + 1344 x 1.9 + 191 x 4.0 = 3332 us) and Simple (~7.2 ms)
+    ag = collectives.nccl_time_s(2**23, 1536, 8, 170e9, "all_gather", C)
+    assert float(ag) == pytest.approx(1866.3e-6 + 2**23 * 1535 / 1536 / (170e9 / 4), rel=1e-3)
+    assert float(collectives.nccl_time_s(2**23, 768, 8, 170e9, "all_gather", C)) < 0.55 * float(ag)  # half the hops
+    # GPUs joined by PCIe (L40S: no NVLink) take NCCL's PCI hops: 6.6 + 14 x 1.0 us (LL ring)
+    l40s = hardware.Cluster(hardware.lookup_gpu("l40s"), 8, 8)
+    assert float(collectives.group_collective_s(l40s, C, "all_reduce", 8, 8)) == pytest.approx(20.6e-6, rel=1e-3)
+    # a calibrated scale multiplies NCCL's latencies
+    slow = dict(C, collective_latency_scale=10.0)
+    assert float(collectives.nccl_time_s(8, 8, 8, 230e9, "all_reduce", slow)) == pytest.approx(150e-6, rel=1e-3)
 
 
 def test_dp_group_across_nodes_uses_one_nic_per_member_on_the_node():
