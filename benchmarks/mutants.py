@@ -48,7 +48,7 @@ TERMS = [
     ("planner.timing", "tp_all_reduce_s"), ("planner.timing", "tp_pass_exposed_s"), ("planner.timing", "ep_all_to_all_s"), ("planner.timing", "cp_ring_exposed_s"),
     ("planner.timing", "pipeline_bubble_s"), ("planner.timing", "pipeline_p2p_s"), ("planner.timing", "grad_reduce_s"),
     ("planner.timing", "grad_reductions_per_step"), ("planner.timing", "param_gather_s"),
-    ("planner.timing", "zero3_gather_s"), ("planner.timing", "gpu_optimizer_step_s"), ("planner.timing", "cpu_adam_s"),
+    ("planner.timing", "zero3_gather_s"), ("planner.timing", "zero3_exposed_s"), ("planner.timing", "gpu_optimizer_step_s"), ("planner.timing", "cpu_adam_s"),
     ("planner.timing", "offload_s"), ("planner.timing", "overlapped_exposed_s"),
 ]
 

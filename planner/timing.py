@@ -353,19 +353,48 @@ def zero3_gathers_per_step(training: Training, lay: Layouts) -> np.ndarray:
     return np.where(deferred_reduction(training, lay) & (per_microbatch > 0), 1.0, per_microbatch * lay.gas)
 
 
-def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> tuple:
-    """(exposed, hideable) parameter all-gathers of sharded parameters (zero3_gathers_per_step), one
-    coalesced call per submodule (DeepSpeed fetch_sub_module) or per block (FSDP); prefetch hides a
-    calibrated fraction."""
+def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> dict:
+    """Parameter all-gathers of sharded parameters (zero3_gathers_per_step): one coalesced call per
+    submodule (DeepSpeed 0.19 partitioned_param_coordinator.py fetch_sub_module ->
+    __all_gather_params) or per block (FSDP2 unit). {"one": seconds of one pass's gathers, "calls"
+    a pass, "fwd"/"bwd": passes a step under forward/backward compute, "whole_step": the one
+    gather a pipeline keeps for the step, "prefetch": whether the next call is issued under the
+    current one's compute}. DeepSpeed prefetches the next parameters of its trace after waiting
+    for the current ones, up to stage3_prefetch_bucket_size elements and while fewer than
+    stage3_max_live_parameters are gathered (fetch_sub_module: max_params_to_prefetch, at least
+    one parameter once positive): none with a bucket of 0 or a live limit under a submodule. FSDP2
+    issues the next unit's all-gather one ahead in forward (implicit) and backward
+    (backward_prefetch)."""
     dense, expert = _held_params(model, training, lay)
     w = state_bytes(training).weights
     n_layers = max_layers_on_stage(model.layers, lay.pp, training.engine.pipeline_edge_layers)
     per_block = 1 if training.engine.zero3_fetch_per_block else len(model.gemms(training.engine.fused_gemms))
     calls = n_layers * per_block + 2
-    gather = zero3_gathers_per_step(training, lay) * dp_collective_s(
-        cluster, training, lay, c, "all_gather", dense * w / calls, expert * w / calls, calls)
-    hidden = c["zero3_gather_overlap_fraction"]
-    return (1 - hidden) * gather, hidden * gather
+    one = dp_collective_s(cluster, training, lay, c, "all_gather", dense * w / calls, expert * w / calls, calls)
+    per_step = zero3_gathers_per_step(training, lay)
+    whole_step = deferred_reduction(training, lay) & (per_step > 0)
+    passes = np.where(whole_step, 0.0, per_step / np.where(lay.zero == 3, 2.0, 1.0))
+    zc = training.zero_config
+    submodule_elements = (dense + expert) * lay.zero_ranks / calls  # unsharded, as ds_numel counts them
+    prefetch = training.engine.zero3_fetch_per_block | ((zc.stage3_prefetch_bucket_size > 0)
+                                                       & (zc.stage3_max_live_parameters > submodule_elements))
+    return {"one": one, "calls": calls + 0.0 * one, "fwd": passes, "bwd": np.where(lay.zero == 3, passes, 0.0),
+            "whole_step": whole_step, "prefetch": prefetch}
+
+
+def zero3_exposed_s(z3, fwd_window_s, bwd_window_s, step_window_s):
+    """Exposed seconds of the zero3_gather_s gathers of a step, each call one ahead of the compute
+    it feeds (overlapped_exposed_s): a pass's gathers under that pass's compute, a pipeline's one
+    gather under the whole step's; without prefetch every call shows."""
+    on = np.where(z3["prefetch"], 1.0, 0.0)
+    per_pass = z3["fwd"] * overlapped_exposed_s(z3["one"], z3["calls"], on * fwd_window_s) \
+        + z3["bwd"] * overlapped_exposed_s(z3["one"], z3["calls"], on * bwd_window_s)
+    return per_pass + np.where(z3["whole_step"], overlapped_exposed_s(z3["one"], z3["calls"], on * step_window_s), 0.0)
+
+
+def zero3_gather_total_s(z3) -> np.ndarray:
+    """All of a step's zero3_gather_s gathers."""
+    return z3["one"] * (z3["fwd"] + z3["bwd"] + z3["whole_step"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -437,6 +466,7 @@ def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
 
 PIPE_FIELDS = ACTIVATION_FIELDS  # the same grouping as memory's (computed once per candidate set)
 STEP_FIELDS = STATE_FIELDS
+Z3_KEYS = ("one", "calls", "fwd", "bwd", "whole_step", "prefetch")  # zero3_gather_s
 
 
 def _pipeline_terms(model, cluster, training, lay, c) -> dict:
@@ -459,13 +489,14 @@ def _step_terms(model, cluster, training, lay, c) -> dict:
     whatever the compute ("dp_fixed"), and the overlapped collectives with what they need to be
     priced against the compute that hides them (overlapped_dp_s)."""
     grad_one, grad_buckets, reductions = grad_reduce_s(model, cluster, training, lay, c)
-    gather_exposed, gather_hideable = zero3_gather_s(model, cluster, training, lay, c)
+    z3 = zero3_gather_s(model, cluster, training, lay, c)
     pg, pg_buckets = param_gather_s(model, cluster, training, lay, c)
     grad_overlap = grad_overlaps(training, lay)
     pg_overlap = grad_overlap & training.engine.param_gather_overlaps_forward
-    out = {"dp_fixed": gather_exposed + np.where(grad_overlap, 0.0, reductions * grad_one) + np.where(pg_overlap, 0.0, pg),
+    out = {"dp_fixed": np.where(grad_overlap, 0.0, reductions * grad_one) + np.where(pg_overlap, 0.0, pg),
            "grad_one": np.where(grad_overlap, grad_one, 0.0), "grad_buckets": grad_buckets, "reductions": reductions,
-           "pg": np.where(pg_overlap, pg, 0.0), "pg_buckets": pg_buckets, "gather_hideable": gather_hideable,
+           "pg": np.where(pg_overlap, pg, 0.0), "pg_buckets": pg_buckets,
+           **{"z3_" + k: v for k, v in z3.items()},
            "offload": offload_s(model, cluster, training, lay, c), "optimizer": optimizer_s(model, cluster, training, lay, c)}
     out["total"] = out["dp_fixed"] + out["offload"] + out["optimizer"]
     return out
@@ -475,15 +506,16 @@ def overlapped_dp_s(step, pipe, c: dict):
     """Exposed seconds of the overlapped data-parallel collectives: each reduction under one micro-
     batch's backward (the one whose gradients it carries: Megatron reduces in the last micro-batch,
     distributed_data_parallel.py no_sync; DeepSpeed ZeRO-2 in every one), the parameter gather under
-    the next step's first forward, ZeRO-3 gathers under the whole step's compute. Compute carrying
+    the next step's first forward, ZeRO-3 gathers under their pass (zero3_exposed_s). Compute carrying
     communication slows by contention for SMs and memory: it hides dp_overlap_fraction_with_overlap
     of its length. `step` and `pipe` map term names to arrays or to one candidate's values."""
     f = c["dp_overlap_fraction_with_overlap"]
     grads = step["reductions"] * overlapped_exposed_s(step["grad_one"], step["grad_buckets"], f * pipe["bwd_mb"])
     params = overlapped_exposed_s(step["pg"], step["pg_buckets"], f * pipe["fwd_mb"])
-    each = grads + params + np.maximum(step["gather_hideable"] - pipe["busy"], 0.0)
+    z3 = {k: step["z3_" + k] for k in Z3_KEYS}
+    each = grads + params + zero3_exposed_s(z3, f * pipe["fwd_mb"], f * pipe["bwd_mb"], f * pipe["busy"])
     # they share the rank's links: together they cannot hide more than the step's compute
-    together = step["reductions"] * step["grad_one"] + step["pg"] + step["gather_hideable"] - pipe["busy"]
+    together = step["reductions"] * step["grad_one"] + step["pg"] + zero3_gather_total_s(z3) - pipe["busy"]
     return np.maximum(each, together)
 
 
@@ -509,7 +541,7 @@ def step_time(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
         if i is None:
             return step["dp_fixed"] + overlapped
         one_step = {k: step.at(k, i) for k in ("reductions", "grad_one", "grad_buckets", "pg", "pg_buckets",
-                                               "gather_hideable")}
+                                               *("z3_" + k for k in Z3_KEYS))}
         one_pipe = {k: pipe.at(k, i) for k in ("bwd_mb", "fwd_mb", "busy")}
         return step.at("dp_fixed", i) + float(overlapped_dp_s(one_step, one_pipe, c))
 

@@ -417,11 +417,28 @@ def test_parameter_all_gather_after_the_step():
 
 def test_zero3_gathers_parameters_twice_per_micro_step():
     # ZeRO paper s.7: ZeRO-3 all-gathers the parameters in forward and again in backward, every
-    # micro-batch (gas 3): 6 all-gathers of 2 Psi, one coalesced call per submodule (7 Linear modules per
-    # block x 32 blocks + 2) each; stage3_prefetch hides half of it (prior)
-    exposed, hideable = timing.zero3_gather_s(LLAMA7, node(), DS, layout.single(dp=8, zero=3, gas=3), C)
-    ag = 226 * (8.4e-6 + 7 * 3.4e-6) + 2 * PSI7 * 0.875 / (300e9 * 0.78)  # NCCL Simple at 60 MB a call
-    assert exposed[0] == pytest.approx(0.5 * 6 * ag, rel=1e-12) and hideable[0] == pytest.approx(0.5 * 6 * ag)
+    # micro-batch (gas 3): 6 passes of 2 Psi, one coalesced call per submodule (7 Linear modules per
+    # block x 32 blocks + 2) each
+    z3 = timing.zero3_gather_s(LLAMA7, node(), DS, layout.single(dp=8, zero=3, gas=3), C)
+    one = 226 * (8.4e-6 + 7 * 3.4e-6) + 2 * PSI7 * 0.875 / (300e9 * 0.78)  # NCCL Simple at 60 MB a call
+    assert z3["one"][0] == pytest.approx(one, rel=1e-12) and z3["fwd"][0] == z3["bwd"][0] == 3
+    assert timing.zero3_gather_total_s(z3)[0] == pytest.approx(6 * one, rel=1e-12)
+    # DeepSpeed 0.19 fetch_sub_module prefetches the next submodule's parameters while the current one
+    # computes: with compute enough, one call a pass shows; with none, all of them
+    assert z3["prefetch"][0]
+    assert timing.zero3_exposed_s(z3, 1e3, 1e3, 1e3)[0] == pytest.approx(6 * one / 226, rel=1e-9)
+    assert timing.zero3_exposed_s(z3, 0.0, 0.0, 0.0)[0] == pytest.approx(6 * one, rel=1e-9)
+    # no prefetch with stage3_prefetch_bucket_size 0, nor when stage3_max_live_parameters is below a
+    # submodule's elements (max_params_to_prefetch <= 0; Llama-2-7B's submodules hold ~30M)
+    for knob in ({"stage3_prefetch_bucket_size": 0}, {"stage3_max_live_parameters": 20_000_000}):
+        training = layout.Training(seq_len=4096, engine="deepspeed", zero_config=layout.ZeroConfig(**knob))
+        off = timing.zero3_gather_s(LLAMA7, node(), training, layout.single(dp=8, zero=3, gas=3), C)
+        assert not off["prefetch"][0]
+        assert timing.zero3_exposed_s(off, 1e3, 1e3, 1e3)[0] == pytest.approx(6 * one, rel=1e-9)
+    # and the step shows it: the same layout, slower without prefetch
+    slow = layout.Training(seq_len=4096, engine="deepspeed", zero_config=layout.ZeroConfig(stage3_prefetch_bucket_size=0))
+    lay = layout.single(dp=8, zero=3, gas=3)
+    assert timing.step_time(LLAMA7, node(), slow, lay)["step_s"][0] > timing.step_time(LLAMA7, node(), DS, lay)["step_s"][0] + 3 * one
 
 
 def test_gpu_optimizer_step_is_memory_bound():
@@ -703,7 +720,8 @@ def test_fsdp_zero2_gathers_every_micro_batch_deepspeed_once_a_step():
 
     def gathers(training, gas):
         lay = layout.single(dp=16, zero=2, gas=gas)
-        return sum(timing.zero3_gather_s(m, clus, training, lay, c))[0], timing.param_gather_s(m, clus, training, lay, c)[0][0]
+        gathered = timing.zero3_gather_total_s(timing.zero3_gather_s(m, clus, training, lay, c))[0]
+        return gathered, timing.param_gather_s(m, clus, training, lay, c)[0][0]
 
     (f1, f1_after), (f4, f4_after) = gathers(fsdp, 1), gathers(fsdp, 4)
     assert f1 > 0 and f4 == pytest.approx(4 * f1) and f1_after == f4_after == 0  # m forward gathers, 4 = 4 x 1
