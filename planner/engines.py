@@ -201,6 +201,12 @@ class Engine:
     and reduce-scatter into tp chunks pipelined with their GEMM (Megatron-LM with TE)."""
     p2p_split_over_tp: bool
     """Pipeline sends split over the TP ranks' links (Megatron scatter/gather) even without SP."""
+    p2p_overlaps_interleaved: bool
+    """Under the interleaved schedule each chunk's send and receive run beside the next chunk's
+    compute (Megatron-LM 0.19.2 training/arguments.py: --no-overlap-p2p-communication, so
+    overlap_p2p_comm is on by default and forced off without interleaving; core/pipeline_parallel/
+    schedules.py forward_backward_pipelining_with_interleaving waits on the handles only when the
+    tensor is needed); otherwise every send blocks the stage."""
     selective_policy: SelectivePolicy
     """What --recompute selective keeps."""
     loss_chunks: int
@@ -290,12 +296,12 @@ _DS_COMMON = dict(
 
 DEEPSPEED = Engine(
     name="deepspeed", summary="DeepSpeed ZeRO 0-3 + offload on Hugging Face modules; 1F1B PipelineModule (ZeRO 0/1)",
-    tensor_parallel=False, fused_gemms=False, eager_elementwise=True, p2p_split_over_tp=False,
+    tensor_parallel=False, fused_gemms=False, eager_elementwise=True, p2p_split_over_tp=False, p2p_overlaps_interleaved=False,
     modules=Modules.HUGGING_FACE, launcher=Launcher.DEEPSPEED, expert_tp=ExpertTP.SPLIT, **_DS_COMMON)
 
 MEGATRON_DEEPSPEED = Engine(
     name="megatron-deepspeed", summary="Megatron TP/SP/CP and fused kernels + DeepSpeed ZeRO, offload and pipeline",
-    tensor_parallel=True, fused_gemms=True, eager_elementwise=False, p2p_split_over_tp=False,
+    tensor_parallel=True, fused_gemms=True, eager_elementwise=False, p2p_split_over_tp=False, p2p_overlaps_interleaved=False,
     modules=Modules.MEGATRON, launcher=Launcher.MEGATRON_DEEPSPEED,
     # Megatron-DeepSpeed --deepspeed-activation-checkpointing: deepspeed.checkpointing.configure(mpu, ...)
     # makes its checkpoint DeepSpeed's (runtime/activation_checkpointing/checkpointing.py CheckpointFunction)
@@ -353,6 +359,7 @@ MEGATRON = Engine(
     tp_comm_overlap=True,  # training/arguments.py --tp-comm-overlap (needs --sequence-parallel and TE)
     # Narayanan et al. 2021 section 4.1: scatter/gather over the TP ranks' NICs
     p2p_split_over_tp=True,
+    p2p_overlaps_interleaved=True,
     selective_policy=SelectivePolicy.CORE_ATTENTION,  # transformer_config.py recompute_modules ['core_attn']
     loss_chunks=1,
     launcher=Launcher.MEGATRON,
@@ -402,7 +409,7 @@ FSDP = Engine(
     reshards_after_backward=True,  # measured: tests/test_fsdp_real.py test_fsdp2_gathers_every_micro_batch
     expert_tp=ExpertTP.SPLIT,  # FSDP2 on Hugging Face modules has no TP
     tp_comm_overlap=False,
-    p2p_split_over_tp=False,
+    p2p_split_over_tp=False, p2p_overlaps_interleaved=False,
     selective_policy=SelectivePolicy.CORE_ATTENTION,
     loss_chunks=1,
     launcher=Launcher.FSDP,

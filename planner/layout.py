@@ -82,6 +82,10 @@ class Training:
     tp_comm_overlap: bool = False
     """Megatron --tp-comm-overlap: sequence-parallel TP collectives pipelined with their GEMMs
     (where a layout has sequence parallelism)."""
+    overlap_p2p: bool = True
+    """Pipeline sends run beside the next chunk's compute where the engine does so under the
+    interleaved schedule (Engine.p2p_overlaps_interleaved); False: Megatron-LM with
+    --no-overlap-p2p-communication, as its releases before 2023 ran (batch_isend_irecv waited at once)."""
     moe_capacity_factor: float | None = None
     """Expert capacity factor C of an MoE (None: the engine's default, planner/moe.py
     capacity_settings: DeepSpeed-MoE 1.0 under megatron-deepspeed, dropless elsewhere)."""
@@ -97,6 +101,8 @@ class Training:
         object.__setattr__(self, "engine", engine_lookup(self.engine))
         if not isinstance(self.flash_attention, bool):
             raise InputError(f"--no-flash-attention: must be true or false, got {self.flash_attention!r}")
+        if not isinstance(self.overlap_p2p, bool):
+            raise InputError(f"overlap_p2p: must be true or false, got {self.overlap_p2p!r}")
         if self.tp_comm_overlap and not self.engine.tp_comm_overlap:
             raise InputError(f"--tp-comm-overlap: --engine {self.engine.name} has no TP communication overlap "
                              "(Megatron-LM with TransformerEngine has: --engine megatron)")

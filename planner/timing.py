@@ -27,7 +27,8 @@ from planner.layout import Layouts, Training
 from planner.memory import ACTIVATION_FIELDS, STATE_FIELDS, coefficients, deferred_reduction
 from planner.model import ModelSpec
 from planner.options import Offload, Recompute
-from planner.pipeline import blocks_on_stage, bubble_s, first_routed_stage, max_layers_on_stage, p2p_transfers
+from planner.pipeline import (blocks_on_stage, bubble_s, chunks_per_stage, first_routed_stage, max_layers_on_stage,
+                              p2p_transfers)
 from planner.sharding import block_params, expert_dp, expert_folds, expert_tp, rank_params, state_bytes
 
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble", "offload", "optimizer", "other")
@@ -235,15 +236,25 @@ def pipeline_bubble_s(lay: Layouts, slot_s, weight_grad_s=0.0) -> np.ndarray:
     return bubble_s(lay.pp, lay.vpp, lay.schedule, slot_s, weight_grad_s)
 
 
-def pipeline_p2p_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+def pipeline_p2p_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict,
+                   fwd_chunk_s=0.0, bwd_chunk_s=0.0) -> np.ndarray:
     """Point-to-point sends on the critical path: T*h activations (or their gradients) per transfer,
     split over t under SP or Megatron's scatter/gather over the TP ranks' NICs (Narayanan 2021
-    section 4.1), through the GPU's NIC when the pipeline spans nodes."""
+    section 4.1), through the GPU's NIC when the pipeline spans nodes. 2 (v m + p - 1) of them
+    (pipeline.p2p_transfers); where the engine overlaps them with the interleaved schedule
+    (Engine.p2p_overlaps_interleaved), the fill and drain's 2 (p - 1) still wait, and each of the
+    v m forward and v m backward ones shows only by what it takes beyond a chunk's forward
+    (`fwd_chunk_s`) or backward (`bwd_chunk_s`) compute that carries it."""
     split = (lay.sequence_parallel > 0) | training.engine.p2p_split_over_tp
     nbytes = tokens_per_microbatch(training, lay) * model.hidden * training.precision.element_bytes
     nbytes = nbytes / np.where(split, lay.tp, 1)
     one = c["p2p_latency_s"] + nbytes / p2p_bytes_per_s(cluster, lay.world > cluster.gpus_per_node, c)
-    return p2p_transfers(lay.pp, lay.vpp, lay.gas, lay.schedule) * one
+    transfers = p2p_transfers(lay.pp, lay.vpp, lay.gas, lay.schedule)
+    v = chunks_per_stage(lay.vpp, lay.schedule)
+    overlaps = training.engine.p2p_overlaps_interleaved & training.overlap_p2p & (v > 1) & (lay.pp > 1)
+    f = c["dp_overlap_fraction_with_overlap"]
+    steady = v * lay.gas * (np.maximum(one - f * fwd_chunk_s, 0.0) + np.maximum(one - f * bwd_chunk_s, 0.0))
+    return np.where(overlaps, 2.0 * (lay.pp - 1) * one + steady, transfers * one)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -474,9 +485,10 @@ def _pipeline_terms(model, cluster, training, lay, c) -> dict:
     m = lay.gas.astype(np.float64)
     mb = microbatch_s(model, cluster, training, lay, c)
     flops = flops_per_step(model, training, lay)
+    bwd_mb, v = mb["compute"] - mb["fwd_mb"] + mb["recompute"], chunks_per_stage(lay.vpp, lay.schedule)
     out = {"compute": m * mb["compute"], "recompute": m * mb["recompute"], "tp_comm": m * mb["tp_comm"],
-           "fwd_mb": mb["fwd_mb"], "bwd_mb": mb["compute"] - mb["fwd_mb"] + mb["recompute"],
-           "pp_bubble": pipeline_bubble_s(lay, mb["slot"], mb["weight_grad_s"]), "pp_comm": pipeline_p2p_s(model, cluster, training, lay, c),
+           "fwd_mb": mb["fwd_mb"], "bwd_mb": bwd_mb, "pp_bubble": pipeline_bubble_s(lay, mb["slot"], mb["weight_grad_s"]),
+           "pp_comm": pipeline_p2p_s(model, cluster, training, lay, c, mb["fwd_mb"] / v, bwd_mb / v),
            "model_flops_per_gpu": flops["model_flops"] / lay.world,
            "hardware_flops_per_gpu": flops["hardware_flops"] / lay.world}
     out["busy"] = out["compute"] + out["recompute"]  # what overlapped communication can hide behind

@@ -40,8 +40,10 @@ def run_setup(run: dict):
     # Megatron-LM of 2021 all-reduced gradients after the backward pass (megatron/model/distributed.py
     # DistributedDataParallel.allreduce_gradients); --overlap-grad-reduce came with Megatron-core
     overlap = None if engine != "megatron" else False
+    # nor did its pipeline sends overlap compute (p2p_communication.py of 2021-22 waited on
+    # batch_isend_irecv at once; overlap_p2p_comm came with Megatron-core in 2023)
     training = layout.Training(seq_len=run["seq_len"], gbs=run["gbs"], precision="fp16", engine=engine,
-                               flash_attention=bool(run["flash_attention"]),
+                               flash_attention=bool(run["flash_attention"]), overlap_p2p=False,
                                zero_config=layout.ZeroConfig(overlap_comm=overlap))
     mbs = run["mbs"] or ASSUMED_MBS
     vpp = run["vpp"] or 1

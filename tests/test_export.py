@@ -375,6 +375,12 @@ def test_launch_sh_tp_pp_layout(tmp_path):
               "--untie-embeddings-and-output-weights", "--attention-dropout 0.0", "--hidden-dropout 0.0"]:
         assert a in margs, a
     assert "--qk-layernorm" not in margs and "--add-qkv-bias" not in margs
+    # interleaved sends overlap compute by default (Megatron-LM arguments.py overlap_p2p_comm); planned
+    # without it, the launch says so
+    assert "--no-overlap-p2p-communication" not in margs
+    blocking = Training(engine="megatron", seq_len=8192, overlap_p2p=False)
+    again = files(emit(tmp_path / "blocking", MODEL, cluster(16), blocking, row))
+    assert "--no-overlap-p2p-communication" in args_of(again["megatron_args.txt"].read_text())
 
 
 def test_launch_sh_megatron_deepspeed(tmp_path):

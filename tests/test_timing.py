@@ -305,6 +305,23 @@ def test_pipeline_sends_on_the_critical_path():
     got = timing.pipeline_p2p_s(m, node(H100), layout.Training(engine="megatron"), layout.single(pp=4, gas=8), C)[0]
     assert got == pytest.approx(22 * one, rel=1e-12)  # 4.4 ms
     assert pipeline.p2p_transfers(1, 1, 8, 0) == 0  # no pipeline, no sends
+    # interleaved (vpp 2): Megatron-LM overlaps each chunk's sends with the next chunk's compute
+    # (arguments.py overlap_p2p_comm, on by default with interleaving): the fill and drain's
+    # 2 (p - 1) = 6 still wait; the 2 v m = 32 steady ones hide under a chunk carrying them
+    # (dp_overlap_fraction_with_overlap 0.7 of it) and show by the excess
+    inter = layout.single(pp=4, vpp=2, gas=8)
+    megatron = layout.Training(engine="megatron")
+    assert timing.pipeline_p2p_s(m, node(H100), megatron, inter, C, 1.0, 1.0)[0] == pytest.approx(6 * one, rel=1e-12)
+    assert timing.pipeline_p2p_s(m, node(H100), megatron, inter, C, 0.0, 0.0)[0] == pytest.approx(38 * one, rel=1e-12)
+    fwd = 0.1e-3  # a chunk's forward shorter than a send: 0.20 - 0.7 x 0.1 ms of each forward send shows
+    assert timing.pipeline_p2p_s(m, node(H100), megatron, inter, C, fwd, 1.0)[0] == pytest.approx(
+        6 * one + 16 * (one - 0.7 * fwd), rel=1e-12)
+    # --no-overlap-p2p-communication (and Megatron-LM before 2023): every send waits
+    blocking = layout.Training(engine="megatron", overlap_p2p=False)
+    assert timing.pipeline_p2p_s(m, node(H100), blocking, inter, C, 1.0, 1.0)[0] == pytest.approx(38 * one, rel=1e-12)
+    # DeepSpeed's pipeline engine blocks on every send (no interleaving to hide them under)
+    ds = layout.Training(engine="megatron-deepspeed")
+    assert timing.pipeline_p2p_s(m, node(H100), ds, layout.single(pp=4, gas=8), C, 1.0, 1.0)[0] == pytest.approx(22 * one)
 
 
 # ---------------------------------------------------------------------------------------------
