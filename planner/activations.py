@@ -879,7 +879,7 @@ def logits_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, byte
 def stage_host_activation_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
     """Host bytes of one rank of `stage`: its checkpointed inputs in flight under cpu_checkpointing."""
     in_flight = microbatches_in_flight(lay.pp, lay.vpp, lay.gas, lay.schedule, stage)
-    blocks = blocks_on_stage(model, lay, stage, training.engine.pipeline_edge_layers)
+    blocks = blocks_on_stage(model, lay, stage, training.pipeline_edge_layers)
     return sum(host_checkpoint_bytes(block, training, lay, n) for block, n in blocks) * in_flight
 
 
@@ -890,7 +890,7 @@ def stage_activation_bytes(model: ModelSpec, training: Training, lay: Layouts, s
     routed blocks are each counted as what they are (--recompute-layers then applies to each kind
     apart, an approximation where a stage holds both)."""
     in_flight = microbatches_in_flight(lay.pp, lay.vpp, lay.gas, lay.schedule, stage)
-    blocks = blocks_on_stage(model, lay, stage, training.engine.pipeline_edge_layers)
+    blocks = blocks_on_stage(model, lay, stage, training.pipeline_edge_layers)
     kept = sum(kept_bytes(block, training, lay, n) for block, n in blocks) * in_flight
     if training.engine.pipeline_p2p_buffers:
         kept = kept + p2p_buffers(lay.pp, lay.vpp, lay.gas, lay.schedule, stage) * boundary_bytes(model, training, lay)

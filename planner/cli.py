@@ -142,6 +142,12 @@ def add_training_flags(p):
                    help="DeepSpeed data_types.grad_accum_dtype fp32 (bf16 + ZeRO-1: BF16_Optimizer)")
     g.add_argument("--tp-comm-overlap", action="store_true", default=None,
                    help="Megatron --tp-comm-overlap (TransformerEngine): SP collectives pipelined with their GEMMs")
+    g.add_argument("--no-overlap-p2p", dest="overlap_p2p", action="store_false", default=None,
+                   help="Megatron --no-overlap-p2p-communication: interleaved pipeline sends wait (default: they run "
+                        "beside the next chunk's compute)")
+    g.add_argument("--pp-edge-layers", type=int, choices=(0, 1), default=None,
+                   help="blocks' worth the first and last pipeline stages give up for the embedding and the loss "
+                        "(Megatron --account-for-embedding/loss-in-pipeline-split: 1; default: the engine's)")
     g.add_argument("--no-partition-activations", dest="partition_activations", action="store_false", default=None,
                    help="DeepSpeed activation_checkpointing.partition_activations off: every TP rank keeps each "
                         "checkpointed layer input whole (default on, split over TP)")
@@ -268,6 +274,7 @@ def training_input(args):
                          flash_attention=not args.no_flash_attention, engine=args.engine,
                          overlap_comm=args.overlap_comm, contiguous_gradients=False if args.no_contiguous_gradients else None,
                          fp32_grad_accum=args.fp32_grad_accum, tp_comm_overlap=args.tp_comm_overlap,
+                         overlap_p2p=args.overlap_p2p, pipeline_edge_layers=args.pp_edge_layers,
                          partition_activations=args.partition_activations, cpu_checkpointing=args.cpu_checkpointing,
                          moe_capacity_factor=args.moe_capacity_factor, moe_pad_to_capacity=args.moe_pad_to_capacity,
                          tokens=args.tokens, price_per_gpu_hour=args.price_per_gpu_hour,

@@ -126,7 +126,12 @@ class Engine:
     pipeline_schedules: tuple
     """Schedules its pipeline engine runs."""
     pipeline_edge_layers: int
-    """Blocks' worth the first and last stages give up for the embedding and the output layer."""
+    """Blocks' worth the first and last stages give up for the embedding and the output layer
+    (the default; Training.pipeline_edge_layers)."""
+    pipeline_edge_choice: bool
+    """Whether a user may set it to 0 or 1: Megatron-LM 0.19.2 --account-for-embedding-in-pipeline-split
+    and --account-for-loss-in-pipeline-split (training/arguments.py: num_layers + 1 each must divide
+    by the stages), torchtitan pipeline_parallel_first/last_stage_less_layers."""
     pipeline_defers_grad_reduction: bool
     """With pp > 1, gradients stay unsharded (in the reduce dtype) and parameters gathered across
     the micro-batches, reduced once after the schedule (torch.distributed.pipelining stage.py
@@ -249,7 +254,7 @@ _DS_COMMON = dict(
     # with pipeline parallelism"; runtime/pipe/schedule.py TrainSchedule is 1F1B (no interleaving)
     pipeline_zero_stages=(0, 1),
     pipeline_schedules=(Schedule.ONE_F_ONE_B,),
-    pipeline_edge_layers=0,
+    pipeline_edge_layers=0, pipeline_edge_choice=False,
     pipeline_defers_grad_reduction=False,  # pipe/engine.py reduces after the schedule, counted as ZeRO-0/1 grads
     pipeline_p2p_buffers=False,  # pipe/schedule.py TrainSchedule.num_pipe_buffers: min(p - i, m), the in-flight ones
     # runtime/zero/offload_config.py: offload_optimizer device cpu|nvme (stages 1-3), offload_param stage 3
@@ -319,6 +324,7 @@ MEGATRON = Engine(
     # core/pipeline_parallel/schedules.py: 1F1B and interleaved 1F1B (no GPipe schedule of its own)
     pipeline_schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE),
     pipeline_edge_layers=0,  # account_for_embedding_in_pipeline_split is off by default
+    pipeline_edge_choice=True,
     pipeline_defers_grad_reduction=False,  # Megatron's grad buffer is full-size anyway
     pipeline_p2p_buffers=False,  # p2p_communication.py allocates each received tensor when it arrives
     # megatron-core 0.16.1 model_parallel_config.py: expert_tensor_parallel_size defaults to the TP size
@@ -375,7 +381,7 @@ FSDP = Engine(
     tensor_parallel=True,
     pipeline_zero_stages=(),
     pipeline_schedules=(),
-    pipeline_edge_layers=0,
+    pipeline_edge_layers=0, pipeline_edge_choice=False,
     pipeline_defers_grad_reduction=False,
     pipeline_p2p_buffers=False,
     # torch/distributed/fsdp/_fully_shard/_fsdp_api.py CPUOffloadPolicy: params, grads and the
@@ -427,7 +433,7 @@ TORCHTITAN = replace(
     # ZB1P, which with one stage per rank is ZB-H1)
     pipeline_zero_stages=(0, 2, 3),
     pipeline_schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.GPIPE, Schedule.ZB_H1),
-    pipeline_edge_layers=1,
+    pipeline_edge_layers=1, pipeline_edge_choice=True,
     pipeline_defers_grad_reduction=True,
     pipeline_p2p_buffers=True,
     # models/llama3: separate wq, wk, wv and w1, w3, w2 (fused_gemms False as Hugging Face's); no

@@ -471,6 +471,8 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
             a.append("--use-distributed-optimizer")  # Megatron's ZeRO-1-like optimizer-state sharding
         # the overlaps the planner's step time assumes (timing.py overlapped_dp_s); Megatron-LM
         # training/arguments.py: --overlap-param-gather needs --use-distributed-optimizer
+        if training.pipeline_edge_layers and row["pp"] > 1:  # the embedding and the loss count as a block each
+            a += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
         if not training.overlap_p2p and row["pp"] > 1 and row["vpp"] > 1:
             a.append("--no-overlap-p2p-communication")  # on by default with interleaving
         if training.tp_comm_overlap and row["sequence_parallel"]:

@@ -82,6 +82,11 @@ class Training:
     tp_comm_overlap: bool = False
     """Megatron --tp-comm-overlap: sequence-parallel TP collectives pipelined with their GEMMs
     (where a layout has sequence parallelism)."""
+    pipeline_edge_layers: int | None = None
+    """Blocks' worth the first and last pipeline stages give up for the embedding and the loss
+    (None: the engine's default, Engine.pipeline_edge_layers; 1 under Megatron plans
+    --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split, which lets 126
+    blocks interleave over 16 stages as (126 + 2)/(16 v))."""
     overlap_p2p: bool = True
     """Pipeline sends run beside the next chunk's compute where the engine does so under the
     interleaved schedule (Engine.p2p_overlaps_interleaved); False: Megatron-LM with
@@ -103,10 +108,21 @@ class Training:
             raise InputError(f"--no-flash-attention: must be true or false, got {self.flash_attention!r}")
         if not isinstance(self.overlap_p2p, bool):
             raise InputError(f"overlap_p2p: must be true or false, got {self.overlap_p2p!r}")
+        self._check_edge_layers()
         if self.tp_comm_overlap and not self.engine.tp_comm_overlap:
             raise InputError(f"--tp-comm-overlap: --engine {self.engine.name} has no TP communication overlap "
                              "(Megatron-LM with TransformerEngine has: --engine megatron)")
         self._check_moe_capacity()
+
+    def _check_edge_layers(self) -> None:
+        edge = self.pipeline_edge_layers
+        if edge is None:
+            object.__setattr__(self, "pipeline_edge_layers", self.engine.pipeline_edge_layers)
+        elif isinstance(edge, bool) or edge not in (0, 1):
+            raise InputError(f"--pp-edge-layers: must be 0 or 1, got {edge!r}")
+        elif edge != self.engine.pipeline_edge_layers and not self.engine.pipeline_edge_choice:
+            raise InputError(f"--pp-edge-layers: --engine {self.engine.name} splits blocks evenly over its stages "
+                             "(--engine megatron or torchtitan take 0 or 1)")
 
     def _check_moe_capacity(self) -> None:
         """--moe-capacity-factor where the engine's MoE layer has a capacity; --moe-pad-to-capacity
@@ -131,6 +147,8 @@ class Training:
         --moe-capacity-factor, --moe-pad-to-capacity): the search's comparisons across engines."""
         other = engine_lookup(engine)
         return replace(self, engine=other, tp_comm_overlap=self.tp_comm_overlap and other.tp_comm_overlap,
+                       pipeline_edge_layers=self.pipeline_edge_layers if other.pipeline_edge_choice
+                       and self.pipeline_edge_layers != self.engine.pipeline_edge_layers else None,
                        moe_capacity_factor=None if other.moe_capacity is MoeCapacity.DROPLESS else self.moe_capacity_factor,
                        moe_pad_to_capacity=self.moe_pad_to_capacity and other.moe_capacity is MoeCapacity.MEGATRON)
 

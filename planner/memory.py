@@ -279,7 +279,7 @@ def _stage(where, model: ModelSpec, training: Training, lay: Layouts):
     """'first' / 'last' / 'routed' (pipeline.first_routed_stage) stage of each candidate, or an
     explicit stage array."""
     if isinstance(where, str) and where == "routed":
-        return first_routed_stage(model.dense_layers, model.layers, lay.pp, training.engine.pipeline_edge_layers)
+        return first_routed_stage(model.dense_layers, model.layers, lay.pp, training.pipeline_edge_layers)
     return {"first": 0 * lay.pp, "last": lay.pp - 1}.get(where, where) if isinstance(where, str) else where
 
 

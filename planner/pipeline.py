@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.engines import Modules
 from planner.options import Schedule
 
 
@@ -21,6 +22,14 @@ def layers_on_stage(layers: int, pp, stage, edge_layers: int = 0) -> np.ndarray:
     effective = layers + 2 * edge_layers
     n = effective // pp + (stage < effective % pp)
     return n - edge_layers * ((stage == 0) + (stage == pp - 1))
+
+
+def interleaved_layers(model, training) -> int:
+    """Layer slots an interleaved split divides over p x v chunks: the blocks, plus one each for the
+    embedding and the loss where Megatron counts them (Megatron-LM 0.19.2 training/arguments.py
+    --account-for-embedding/loss-in-pipeline-split: num_layers += 1 each before the division);
+    torchtitan cuts its stages by weight instead (rules.py vpp_stages_by_weight)."""
+    return model.layers + 2 * training.pipeline_edge_layers * (training.engine.modules is Modules.MEGATRON)
 
 
 def max_layers_on_stage(layers: int, pp, edge_layers: int = 0) -> np.ndarray:
@@ -52,11 +61,12 @@ def dense_layers_on_stage(model, pp, chunks, stage, edge_layers: int = 0) -> np.
         return 0 * n
     start = first_layer_on_stage(layers, pp, stage, edge_layers)
     contiguous = n - (model.routed_before(start + n) - model.routed_before(start))
-    c = np.maximum(layers // np.maximum(pp * chunks, 1), 1)
+    c = np.maximum((layers + 2 * edge_layers) // np.maximum(pp * chunks, 1), 1)
     interleaved = 0 * n
-    for j in range(int(np.max(chunks, initial=1))):  # the stage's j-th chunk: blocks c (stage + j p) on, c of them
-        first = c * (stage + j * pp)
-        interleaved = interleaved + np.where(j < chunks, c - (model.routed_before(first + c) - model.routed_before(first)), 0)
+    for j in range(int(np.max(chunks, initial=1))):  # the stage's j-th chunk: slots c (stage + j p) on, c of them,
+        slot = c * (stage + j * pp)                 # the embedding's edge slots first (get_transformer_layer_offset)
+        first, end = np.maximum(slot - edge_layers, 0), np.minimum(slot + c - edge_layers, layers)
+        interleaved = interleaved + np.where(j < chunks, (end - first) - (model.routed_before(end) - model.routed_before(first)), 0)
     return np.where(chunks > 1, np.minimum(interleaved, n), contiguous)
 
 

@@ -16,6 +16,7 @@ from planner.layout import Layouts, Training
 from planner.model import ModelSpec
 from planner.sharding import expert_folds, expert_tp
 from planner.options import Offload, Precision, Recompute, RecomputeMethod, Schedule
+from planner.pipeline import interleaved_layers
 
 DIVISIBILITY, TOPOLOGY, ENGINE_RULE = "divisibility", "topology", "engine rule"
 """Rejection groups the search counts."""
@@ -103,11 +104,13 @@ RULES: tuple[Rule, ...] = (
     Rule("pp_layers", DIVISIBILITY, lambda m, cl, tr, l: l.pp * l.vpp > m.layers,
          lambda m, cl, tr: f"--pp*--vpp: must not exceed the layer count {m.layers}"),
     Rule("vpp_divides", DIVISIBILITY,
-         lambda m, cl, tr, l: (l.vpp > 1) & ((m.layers % np.maximum(l.pp * l.vpp, 1) != 0) | (l.pp < 2)),
-         lambda m, cl, tr: f"--vpp: interleaving needs --pp > 1 and --pp*--vpp dividing the layer count {m.layers}"),
+         lambda m, cl, tr, l: (l.vpp > 1) & ((interleaved_layers(m, tr) % np.maximum(l.pp * l.vpp, 1) != 0) | (l.pp < 2)),
+         lambda m, cl, tr: "--vpp: interleaving needs --pp > 1 and --pp*--vpp dividing the layer count "
+                           f"{interleaved_layers(m, tr)}" + (" (blocks + 2 edge layers)" if interleaved_layers(m, tr) != m.layers
+                                                             else "")),
     Rule("vpp_stages_by_weight", ENGINE_RULE,
-         lambda m, cl, tr, l: (tr.engine.pipeline_edge_layers > 0) & (l.vpp > 2)
-                              & ~stages_by_weight_exist(m.layers + 2 * tr.engine.pipeline_edge_layers, l.pp * l.vpp),
+         lambda m, cl, tr, l: (tr.pipeline_edge_layers > 0) & (l.vpp > 2)
+                              & ~stages_by_weight_exist(m.layers + 2 * tr.pipeline_edge_layers, l.pp * l.vpp),
          lambda m, cl, tr: f"--vpp: {tr.engine.name} cuts its {m.layers} layers and 2 edge weights into stages of "
                            "pipeline_parallel_layers_per_stage each, and no such size gives --pp x --vpp stages"),
     Rule("cp_seq", DIVISIBILITY, lambda m, cl, tr, l: (tr.seq_len % (2 * l.cp) != 0) & (l.cp > 1),

@@ -17,7 +17,7 @@ from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
 from planner.options import Offload, Recompute, Schedule
-from planner.pipeline import max_layers_on_stage
+from planner.pipeline import interleaved_layers, max_layers_on_stage
 from planner.rules import DIVISIBILITY, first_violation
 
 VPP_CHOICES = (1, 2, 3, 4, 6, 8)
@@ -114,7 +114,7 @@ def _divisible(model: ModelSpec, training: Training, struct: np.ndarray, space: 
     distinct-dp index)."""
     pp, dp = struct[:, 1], struct[:, 3]
     vpp = np.array(space.vpp, dtype=np.int64)
-    vpp_ok = (vpp == 1) | ((pp[:, None] > 1) & (model.layers % (pp[:, None] * vpp) == 0))
+    vpp_ok = (vpp == 1) | ((pp[:, None] > 1) & (interleaved_layers(model, training) % (pp[:, None] * vpp) == 0))
     dps, dp_index = np.unique(dp, return_inverse=True)
     mbs_ok = (training.gbs // dps[:, None]) % np.array(space.mbs, dtype=np.int64) == 0  # mbs * dp divides the batch
     return vpp_ok, mbs_ok, dp_index.ravel()
@@ -283,7 +283,7 @@ def partial_recompute_variants(model: ModelSpec, training: Training, valid: Layo
     best = np.max(np.where(ev["fits"], tokens_per_s, -np.inf))
     parents = np.flatnonzero(full & (bound > best))
     parents = parents[np.argsort(-bound[parents], kind="stable")[:REFINED_PARENTS]]
-    chunk = max_layers_on_stage(model.layers, valid.pp[parents], training.engine.pipeline_edge_layers) // valid.vpp[parents]
+    chunk = max_layers_on_stage(model.layers, valid.pp[parents], training.pipeline_edge_layers) // valid.vpp[parents]
     counts = np.maximum(chunk - 1, 0)
     out = valid.take(np.repeat(parents, counts))
     starts = np.repeat(np.cumsum(counts) - counts, counts)

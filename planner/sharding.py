@@ -27,7 +27,7 @@ def rank_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> tu
     s = model.sums
     t, p = lay.tp, lay.pp
     dense, expert = 0.0, 0.0
-    for block, n in blocks_on_stage(model, lay, stage, training.engine.pipeline_edge_layers):
+    for block, n in blocks_on_stage(model, lay, stage, training.pipeline_edge_layers):
         block_dense, block_expert = _block_params(block, training, lay)
         dense, expert = dense + n * block_dense, expert + n * block_expert
     first, last = stage == 0, stage == p - 1
@@ -85,7 +85,7 @@ def persistent_params(model: ModelSpec, training: Training, lay: Layouts, thresh
     rank: ZeRO-3 keeps them whole on every rank (deepspeed/runtime/zero/parameter_offload.py
     mark_persistent_parameters: ds_numel <= param_persistence_threshold)."""
     total = 0.0 * lay.tp
-    for block, n in blocks_on_stage(model, lay, stage, training.engine.pipeline_edge_layers):
+    for block, n in blocks_on_stage(model, lay, stage, training.pipeline_edge_layers):
         for t in block.block_tensors():
             split = expert_tp(training, lay) if t.expert else lay.tp
             local = t.numel / split if t.tp_dim is not None else t.numel + 0 * lay.tp

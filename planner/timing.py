@@ -175,7 +175,7 @@ def _slowest_stage_blocks(model: ModelSpec, training: Training, lay: Layouts) ->
     """(block kind, count) lists of the stages that can be slowest: the most loaded one; with
     dense-first blocks also the first, second and last, the one where they end and its neighbours
     (stages after it hold only routed blocks, as many as it or fewer; planner/pipeline.py)."""
-    edge = training.engine.pipeline_edge_layers
+    edge = training.pipeline_edge_layers
     if model.moe_layers == model.layers:
         return [[(model, max_layers_on_stage(model.layers, lay.pp, edge))]]
     end = first_routed_stage(model.dense_layers, model.layers, lay.pp, edge)
@@ -266,7 +266,7 @@ def _held_params(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
     first stage of routed blocks only where dense-first blocks leave the first with fewer."""
     d0, expert = rank_params(model, training, lay, 0 * lay.pp)
     if model.dense_layers:
-        edge = training.engine.pipeline_edge_layers
+        edge = training.pipeline_edge_layers
         expert = rank_params(model, training, lay, first_routed_stage(model.dense_layers, model.layers, lay.pp, edge))[1]
     return np.maximum(d0, rank_params(model, training, lay, lay.pp - 1)[0]), expert
 
@@ -378,7 +378,7 @@ def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     (backward_prefetch)."""
     dense, expert = _held_params(model, training, lay)
     w = state_bytes(training).weights
-    n_layers = max_layers_on_stage(model.layers, lay.pp, training.engine.pipeline_edge_layers)
+    n_layers = max_layers_on_stage(model.layers, lay.pp, training.pipeline_edge_layers)
     per_block = 1 if training.engine.zero3_fetch_per_block else len(model.gemms(training.engine.fused_gemms))
     calls = n_layers * per_block + 2
     one = dp_collective_s(cluster, training, lay, c, "all_gather", dense * w / calls, expert * w / calls, calls)

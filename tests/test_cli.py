@@ -117,6 +117,8 @@ def test_estimate_per_stage_table_text():
       "uniform", "--recompute-layers", "33"], "--recompute-layers"),  # 32 layers in one chunk
     (["estimate", "--model", "llama-2-7b", "--recompute-method", "sideways"], "--recompute-method"),
     (["recommend", "--params", "70e9", "--gpus", "8", "--recompute-method", "uniform"], "--recompute-method"),
+    (["estimate", "--model", "llama-2-7b", "--pp-edge-layers", "1"], "--pp-edge-layers"),  # DeepSpeed: even split
+    (["estimate", "--model", "llama-2-7b", "--engine", "megatron", "--pp-edge-layers", "2"], "--pp-edge-layers"),
     (["recommend", "--params", "70e9"], "--gpus"),
     (["recommend", "--params", "70e9", "--gpus", "0"], "--gpus"),
 ])
@@ -202,6 +204,9 @@ for command in ("estimate", "recommend"):
 # MoE expert capacity factor (issue 10), with the other training flags
 for command in ("estimate", "recommend"):
     FROZEN[command] = FROZEN[command] + ["--moe-capacity-factor", "--moe-pad-to-capacity"]
+# Megatron's pipeline-split and p2p-overlap switches (issue 8), with the other training flags
+for command in ("estimate", "recommend"):
+    FROZEN[command] = FROZEN[command] + ["--no-overlap-p2p", "--pp-edge-layers"]
 FROZEN = {command: sorted(flags) for command, flags in FROZEN.items()}
 
 

@@ -68,6 +68,30 @@ def test_torchtitan_pipeline_split_gives_the_edges_fewer_layers():
     assert int(pipeline.max_layers_on_stage(32, np.array([4]), 1)[0]) == 9
 
 
+def test_megatron_accounts_for_embedding_and_loss_in_the_pipeline_split():
+    # Llama 3 405B (126 blocks) on 16 stages as Meta ran it (Dubey et al. 2024, "The Llama 3 Herd of
+    # Models", section 3.3.2: one block fewer on the first and on the last stage): Megatron-LM 0.19.2
+    # --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split count the
+    # embedding and the loss as a block each, (126 + 2)/16 = 8 slots a stage: 7, 8 x 14, 7
+    m = lookup("llama-3.1-405b")
+    edges = layout.Training(seq_len=8192, engine="megatron", pipeline_edge_layers=1)
+    assert [int(pipeline.layers_on_stage(126, 16, i, edges.pipeline_edge_layers)) for i in range(16)] == [7] + [8] * 14 + [7]
+    # and lets them interleave: 128 slots over 16 x 2 chunks of 4, where 126 blocks alone do not divide
+    lay = layout.single(tp=8, pp=16, dp=64, vpp=2, zero=1, sequence_parallel=True, gas=32)
+    check_single(m, hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 8192, 8), edges, lay)
+    with pytest.raises(InputError, match="--vpp"):
+        check_single(m, hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 8192, 8),
+                     layout.Training(seq_len=8192, engine="megatron"), lay)
+    # stage 0 holds 7 blocks, a middle stage 8: its parameters are 8/7 of stage 0's blocks'
+    p0 = sharding.rank_params(m, edges, lay, 0)[0]
+    p1 = sharding.rank_params(m, edges, lay, 1)[0]
+    block = m.layer_params / 8  # a block's parameters over the 8 TP ranks
+    assert p1 - (p0 - m.embedding_params / 8) == pytest.approx(block, rel=0.01)  # one more block, no embedding
+    # engines that split blocks evenly refuse the switch, in one line naming it
+    with pytest.raises(InputError, match="--pp-edge-layers"):
+        layout.Training(engine="deepspeed", pipeline_edge_layers=1)
+
+
 def test_torchtitan_op_sac_keeps_inputs_and_every_other_matmul():
     # Llama-3-8B block, s 8192, b 1, bf16, no TP: SelectiveAC saves the block input (2h), the fused
     # wqkv's output (2(q + 2kv)), FlexAttention's output (2q) with its fp32 logsumexp and max_scores

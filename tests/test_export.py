@@ -381,6 +381,11 @@ def test_launch_sh_tp_pp_layout(tmp_path):
     blocking = Training(engine="megatron", seq_len=8192, overlap_p2p=False)
     again = files(emit(tmp_path / "blocking", MODEL, cluster(16), blocking, row))
     assert "--no-overlap-p2p-communication" in args_of(again["megatron_args.txt"].read_text())
+    assert "--account-for-embedding-in-pipeline-split" not in margs
+    edges = Training(engine="megatron", seq_len=8192, pipeline_edge_layers=1)
+    two = single(tp=2, pp=2, dp=4, cp=1, zero=1, mbs=1, gas=8, sequence_parallel=True).row(0)  # (32 + 2)/2 a stage
+    split = args_of(files(emit(tmp_path / "edges", MODEL, cluster(16), edges, two))["megatron_args.txt"].read_text())
+    assert "--account-for-embedding-in-pipeline-split" in split and "--account-for-loss-in-pipeline-split" in split
 
 
 def test_launch_sh_megatron_deepspeed(tmp_path):
