@@ -206,6 +206,7 @@ def test_partial_recompute_fills_the_memory_that_full_recompute_leaves():
                 "--cp", str(lay["cp"]), "--zero", str(lay["zero"]), "--mbs", str(lay["mbs"]), "--gbs", str(lay["gbs"])]
         argv += ["--sequence-parallel"] if lay["sequence_parallel"] else []
         argv += ["--recompute-layers", str(n)] if n else []
+        argv += ["--pp-edge-layers", str(d["assumptions"]["pp_edge_layers"])]  # the split recommend searched
         out = io.StringIO()
         assert cli.main(argv, out=out) == 0
         return json.loads(out.getvalue())
@@ -227,3 +228,20 @@ def test_recompute_layers_pin_and_its_contradictions(capsys):
         code, _ = recommend("--model", "llama-3-70b", "--gpus", "64", *argv)
         err = capsys.readouterr().err.strip()
         assert code == 2 and len(err.splitlines()) == 1 and err.startswith(f"planner: error: {flag}")
+
+
+def test_recommend_searches_megatrons_edge_accounting():
+    # Llama 3 405B's 126 blocks interleave over 16 stages only with the embedding and the loss counted
+    # as a block each ((126 + 2)/(16 x 2) = 4 a chunk; Dubey et al. 2024 section 3.3.2 ran 7, 8 x 14, 7):
+    # pinned to pp 16 vpp 2, recommend finds it by searching Megatron's --account-for-* split
+    from planner import api
+
+    rec = api.recommend("llama-3.1-405b", {"gpus": 8192}, {"engine": "megatron", "seq_len": 8192, "gbs": 2048},
+                        pinned={"tp": 8, "pp": 16, "vpp": 2}, top=1)
+    assert rec.layouts and rec.assumptions["pp_edge_layers"] == 1 and rec.defaults["pp_edge_layers"] == 1
+    assert rec.layouts[0]["layout"]["vpp"] == 2
+    # told not to, it cannot: 126 % 32 != 0
+    with pytest.raises(Exception, match="--vpp"):
+        api.recommend("llama-3.1-405b", {"gpus": 8192},
+                      {"engine": "megatron", "seq_len": 8192, "gbs": 2048, "pipeline_edge_layers": 0},
+                      pinned={"tp": 8, "pp": 16, "vpp": 2}, top=1)
