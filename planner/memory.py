@@ -276,11 +276,12 @@ ACTIVATION_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "gas", "mbs", "recompu
 
 
 def _stage(where, model: ModelSpec, training: Training, lay: Layouts):
-    """'first' / 'last' / 'routed' (pipeline.first_routed_stage) stage of each candidate, or an
+    """'first' / 'second' / 'last' / 'routed' (pipeline.first_routed_stage) stage of each candidate, or an
     explicit stage array."""
     if isinstance(where, str) and where == "routed":
         return first_routed_stage(model.dense_layers, model.layers, lay.pp, training.pipeline_edge_layers)
-    return {"first": 0 * lay.pp, "last": lay.pp - 1}.get(where, where) if isinstance(where, str) else where
+    named = {"first": 0 * lay.pp, "last": lay.pp - 1, "second": np.minimum(1, lay.pp - 1)}
+    return named.get(where, where) if isinstance(where, str) else where
 
 
 def _states_part(model, cluster, training, lay, where) -> dict:
@@ -378,9 +379,11 @@ def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
         return Lazy({**{k: (lambda i, k=k: column(one, k, i)) for k in RANK_COLUMNS},
                      **{k: (lambda i, k=k: one.part(k, i)) for k in BREAKDOWN_KEYS}})
     codes = lay.codes()
-    # with dense-first blocks the first all-routed stage may hold the most (first_routed_stage)
-    stages = [_Stage(model, cluster, training, lay, where, codes)
-              for where in ("first", "last") + (("routed",) if model.dense_layers else ())]
+    # with dense-first blocks the first all-routed stage may hold the most (first_routed_stage); where
+    # the first and last stage give blocks up to the embedding and the loss, the second may
+    # (pipeline.max_layers_on_stage: Maverick on 32 stages, one dense block on stage 0, a routed one on 1)
+    more = (("second",) if training.pipeline_edge_layers else ()) + (("routed",) if model.dense_layers else ())
+    stages = [_Stage(model, cluster, training, lay, where, codes) for where in ("first", "last") + more]
     pick = np.argmax(np.stack([s.total for s in stages]), axis=0)  # the first largest wins
 
     def choose(f, i):

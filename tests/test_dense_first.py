@@ -190,5 +190,20 @@ def test_recommend_an_interleaved_moe_under_megatron_answers():
 
     # Llama 4 Maverick (400.7e9 parameters, ~16 B each with Adam) on 64 H100 of 80 GB: nothing fits under
     # Megatron, and the answer says what would (a regression: the search crashed on an empty group)
-    rec = api.recommend("llama-4-maverick", {"gpus": 64}, {"engine": "megatron"})
+    rec = api.recommend("llama-4-maverick", {"gpus": 64}, {"engine": "megatron"})  # either pipeline split
     assert not rec.layouts and rec.suggestions
+
+
+@pytest.mark.parametrize("engine, edges, pp", [("megatron", 1, 32), ("megatron", 0, 32), ("torchtitan", 1, 16)])
+def test_the_peak_is_the_fullest_stage(engine, edges, pp):
+    # Llama 4 Maverick (every 2nd block routed) with the embedding and the loss counted as a block each:
+    # on 32 stages stage 0 keeps only dense block 0, stage 1 a routed and a dense block, so the peak
+    # is stage 1's, not the first's or the last's (a regression: recommend called stage 0's 27 GiB a fit
+    # where stage 1 needs 169); the summary must be the largest stage of the per-stage table
+    m = lookup("llama-4-maverick")
+    training = layout.Training(engine=engine, pipeline_edge_layers=edges)
+    lay = layout.single(pp=pp, cp=2, ep=2, zero=1 if engine == "megatron" else 3, gas=8)
+    cluster = hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 64, 8)
+    peak = float(memory.rank_memory(m, cluster, training, lay)["total"][0])
+    stages = [s["total"] for s in memory.per_stage(m, cluster, training, lay)]
+    assert peak == pytest.approx(max(stages), rel=1e-12)
