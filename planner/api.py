@@ -14,7 +14,7 @@ answer's `defaults`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 
 from planner import memory, rules, search
@@ -194,7 +194,7 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     pins = _pin_codes(pinned or {}, clus.num_gpus)
     train, result = _search_edges(spec, clus, train, headroom, max_mbs, pins, tin.pipeline_edge_layers is None)
     if tin.pipeline_edge_layers is None and train.pipeline_edge_layers != train.engine.pipeline_edge_layers:
-        defaults["pp_edge_layers"] = train.pipeline_edge_layers  # the faster split, searched
+        defaults["pp_edge_layers"] = train.pipeline_edge_layers  # chosen: search.edge_layers_choice
     if pins and result["valid"].size == 0:
         _raise_contradiction(spec, clus, train, max_mbs, pins, pinned)
     assumptions = {
@@ -226,35 +226,19 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
                           records, hints, result["elapsed_s"], points, others)
 
 
-def _fastest_tokens_per_s(result: dict) -> float:
-    order = result["order"]
-    return float(result["eval"]["time"]["throughput"]["tokens_per_s"][order[0]]) if order.size else -1.0
-
-
 def _search_edges(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, free: bool) -> tuple:
-    """(training, search result): where the engine lets the embedding and the loss count as a block
-    each in the pipeline split or not (Engine.pipeline_edge_choice: Megatron-LM's
-    --account-for-embedding/loss-in-pipeline-split, torchtitan's first/last_stage_less_layers) and
-    the user left it `free`, both splits are searched and the one with the faster best layout kept
-    (ties: the engine's default)."""
-    result = search.search(spec, clus, train, headroom, max_mbs, pinned=pins)
-    if not (free and train.engine.pipeline_edge_choice and clus.num_gpus > 1):
-        return train, result
-    other = replace(train, pipeline_edge_layers=1 - train.pipeline_edge_layers)
-    other_result = search.search(spec, clus, other, headroom, max_mbs, pinned=pins)
-    faster = _fastest_tokens_per_s(other_result) > _fastest_tokens_per_s(result) * (1 + 1e-9)
-    (train, kept), dropped = ((other, other_result), result) if faster else ((train, result), other_result)
-    kept["candidates"] += dropped["candidates"]
-    kept["elapsed_s"] += dropped["elapsed_s"]
-    return train, kept
+    """(training, search result) with the pipeline split search.edge_layers_choice picks where the
+    engine has the choice and the user left it `free`."""
+    if free:
+        train = search.edge_layers_choice(spec, clus, train)
+    return train, search.search(spec, clus, train, headroom, max_mbs, pinned=pins)
 
 
 def _engine_best(spec, clus, training: Training, engine: str, headroom: float, max_mbs: int, pins: dict,
                  best_tokens_per_s: float | None, free_edges: bool) -> dict:
     """The fastest fitting layout of the same model, cluster, batch and pins under another engine
-    (the settings it does not take dropped: Training.for_engine; both pipeline splits where it has
-    the choice and the user did not make it, as its own recommend would), with its speed relative
-    to the recommended one (> 1: faster)."""
+    (the settings it does not take dropped: Training.for_engine; its pipeline split chosen as its
+    own recommend would), with its speed relative to the recommended one (> 1: faster)."""
     _, result = _search_edges(spec, clus, training.for_engine(engine), headroom, max_mbs, pins, free_edges)
     if not result["order"].size:
         why = "nothing fits"

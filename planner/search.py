@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner import memory, timing
-from planner.engines import ENGINES, ExpertTP
+from planner.engines import ENGINES, ExpertTP, Modules
 from planner.errors import InputError
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
@@ -220,6 +220,29 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, training: Training, ma
                   sequence_parallel=sp, schedule=np.where(vpp > 1, Schedule.INTERLEAVED, flat_schedule(training)),
                   etp=etp)
     return lay, dropped, space.coarsened
+
+
+def edge_layers_choice(model: ModelSpec, cluster: Cluster, training: Training) -> Training:
+    """`training` with the pipeline split that lets more of the searched interleavings divide, where
+    the engine lets the embedding and the loss count as a block each and its interleaving divides
+    the layer slots (Megatron-LM --account-for-embedding/loss-in-pipeline-split: pipeline.
+    interleaved_layers): the number of (pp, vpp > 1) pairs, pp dividing the GPUs, whose pp x vpp
+    divides the slots, with and without; more wins, a tie keeps the engine's default. Llama 3
+    405B's 126 blocks become 128 slots (pp 16 x vpp 2 as Meta ran it, Dubey et al. 2024 section
+    3.3.2); Llama 3 70B's 80 stay 80. A rule on divisibility, not a second search: both splits
+    cost the same otherwise (one block moved between the edge stages and the embedding's)."""
+    engine = training.engine
+    if not engine.pipeline_edge_choice or engine.modules is not Modules.MEGATRON:
+        return training
+    pps = [p for p in divisors(cluster.num_gpus) if 1 < p <= model.layers]
+
+    def pairs(edges):
+        slots = model.layers + 2 * edges
+        return sum(slots % (p * v) == 0 for p in pps for v in VPP_CHOICES if v > 1 and p * v <= slots)
+
+    default = engine.pipeline_edge_layers
+    best = 1 - default if pairs(1 - default) > pairs(default) else default
+    return training if best == training.pipeline_edge_layers else replace(training, pipeline_edge_layers=best)
 
 
 def flat_schedule(training: Training) -> Schedule:

@@ -233,13 +233,17 @@ def test_recompute_layers_pin_and_its_contradictions(capsys):
 def test_recommend_searches_megatrons_edge_accounting():
     # Llama 3 405B's 126 blocks interleave over 16 stages only with the embedding and the loss counted
     # as a block each ((126 + 2)/(16 x 2) = 4 a chunk; Dubey et al. 2024 section 3.3.2 ran 7, 8 x 14, 7):
-    # pinned to pp 16 vpp 2, recommend finds it by searching Megatron's --account-for-* split
+    # pinned to pp 16 vpp 2, recommend finds it: Megatron's --account-for-* split lets more pipelines
+    # interleave evenly (search.edge_layers_choice), for 80 blocks it does not (80 divides, 82 = 2 x 41)
     from planner import api
 
     rec = api.recommend("llama-3.1-405b", {"gpus": 8192}, {"engine": "megatron", "seq_len": 8192, "gbs": 2048},
                         pinned={"tp": 8, "pp": 16, "vpp": 2}, top=1)
     assert rec.layouts and rec.assumptions["pp_edge_layers"] == 1 and rec.defaults["pp_edge_layers"] == 1
     assert rec.layouts[0]["layout"]["vpp"] == 2
+    training = layout.Training(engine="megatron")
+    h100 = hardware.lookup_gpu("h100-sxm")
+    assert search.edge_layers_choice(lookup("llama-3-70b"), hardware.Cluster(h100, 64, 8), training).pipeline_edge_layers == 0
     # told not to, it cannot: 126 % 32 != 0
     with pytest.raises(Exception, match="--vpp"):
         api.recommend("llama-3.1-405b", {"gpus": 8192},
