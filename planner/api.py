@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 
 from planner import memory, rules, search
 from planner.calibration import prior_band, verdict
@@ -24,7 +25,7 @@ from planner.errors import InputError
 from planner.hardware import Cluster
 from planner.inputs import (DEFAULTS, ClusterInput, LayoutInput, ModelInput, TrainingInput, coerce, model_input,
                             resolve_model, with_gpus)
-from planner.layout import Layouts, Training, single
+from planner.layout import Layouts, Training, ZeroConfig, single
 from planner.model import ModelSpec
 from planner.timing import time_to_train
 
@@ -195,6 +196,11 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     train, result = _search_edges(spec, clus, train, headroom, max_mbs, pins, tin.pipeline_edge_layers is None)
     if tin.pipeline_edge_layers is None and train.pipeline_edge_layers != train.engine.pipeline_edge_layers:
         defaults["pp_edge_layers"] = train.pipeline_edge_layers  # chosen: search.edge_layers_choice
+    knobs_free = tin.stage3_max_live_parameters is None and tin.stage3_max_reuse_distance is None
+    train, result = _search_zero3_knobs(spec, clus, train, headroom, max_mbs, pins, result, knobs_free)
+    if knobs_free and train.zero_config.stage3_max_live_parameters != ZeroConfig().stage3_max_live_parameters:
+        defaults["stage3_max_live_parameters"] = train.zero_config.stage3_max_live_parameters  # searched
+        defaults["stage3_max_reuse_distance"] = train.zero_config.stage3_max_reuse_distance
     if pins and result["valid"].size == 0:
         _raise_contradiction(spec, clus, train, max_mbs, pins, pinned)
     assumptions = {
@@ -232,6 +238,28 @@ def _search_edges(spec, clus, train: Training, headroom: float, max_mbs: int, pi
     if free:
         train = search.edge_layers_choice(spec, clus, train)
     return train, search.search(spec, clus, train, headroom, max_mbs, pinned=pins)
+
+
+def _search_zero3_knobs(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, result: dict,
+                        free: bool) -> tuple:
+    """(training, search result): where a faster layout than the best did not fit and the user left
+    DeepSpeed's live-parameter knobs alone, the search again with them lowered
+    (search.lean_zero3_training), kept if its best layout is faster."""
+    lean = search.lean_zero3_training(spec, train) if free else None
+    if lean is None:
+        return train, result
+    ev = result["eval"]
+    speed = np.asarray(ev["time"]["throughput"]["tokens_per_s"])
+    blocked = speed[~np.asarray(ev["fits"])]
+    if blocked.size == 0 or (result["order"].size and blocked.max() <= speed[result["order"][0]]):
+        return train, result
+    other = search.search(spec, clus, lean, headroom, max_mbs, pinned=pins)
+    best = float(speed[result["order"][0]]) if result["order"].size else -1.0
+    if other["order"].size and float(other["eval"]["time"]["throughput"]["tokens_per_s"][other["order"][0]]) > best:
+        other["candidates"] += result["candidates"]
+        other["elapsed_s"] += result["elapsed_s"]
+        return lean, other
+    return train, result
 
 
 def _engine_best(spec, clus, training: Training, engine: str, headroom: float, max_mbs: int, pins: dict,

@@ -313,14 +313,13 @@ class ModelSpec:
         """Parameters of the largest module (its own tensors): DeepSpeed's `largest_layer_params`
         (stage3.py estimate_zero3_model_states_mem_needs_all_live: max over model.modules() of
         sum(p.numel() for p in m.parameters(recurse=False)))."""
-        def largest(tensors):
-            per_module: dict[str, int] = {}
-            for t in tensors:
-                if not t.tied:
-                    per_module[t.module] = per_module.get(t.module, 0) + t.numel
-            return max(per_module.values())
+        return max(_largest_module(self._tensors), _largest_module(self.dense_block.block_tensors()))
 
-        return max(largest(self._tensors), largest(self.dense_block.block_tensors()))
+    @property
+    def largest_block_module_params(self) -> int:
+        """Parameters of the largest module inside a transformer block (what ZeRO-3 fetches per
+        submodule there; the embedding and the output layer left out)."""
+        return max(_largest_module(self.block_tensors()), _largest_module(self.dense_block.block_tensors()))
 
     def gemms(self, fused: bool) -> list[Gemm]:
         """A block's forward GEMMs as the engine runs them: one per weight matrix (Hugging Face
@@ -369,6 +368,14 @@ class ModelSpec:
         d = asdict(self)
         d["params"] = self.params
         return d
+
+
+def _largest_module(tensors) -> int:
+    per_module: dict[str, int] = {}
+    for t in tensors:
+        if not t.tied:
+            per_module[t.module] = per_module.get(t.module, 0) + t.numel
+    return max(per_module.values())
 
 
 def local_numel(t: Tensor, tp, experts: int = 1, ep=1):

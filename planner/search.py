@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner import memory, timing
-from planner.engines import ENGINES, ExpertTP, Modules
+from planner.engines import ENGINES, Buffers, ExpertTP, Modules
 from planner.errors import InputError
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
@@ -243,6 +243,25 @@ def edge_layers_choice(model: ModelSpec, cluster: Cluster, training: Training) -
     default = engine.pipeline_edge_layers
     best = 1 - default if pairs(1 - default) > pairs(default) else default
     return training if best == training.pipeline_edge_layers else replace(training, pipeline_edge_layers=best)
+
+
+def lean_zero3_training(model: ModelSpec, training: Training) -> Training | None:
+    """`training` with DeepSpeed's ZeRO-3 live-parameter knobs lowered to what keeps one submodule
+    prefetched beside the one computing: stage3_max_live_parameters = stage3_max_reuse_distance =
+    2 x the largest block submodule, in tens of millions (DeepSpeed 0.19 zero/config.py: "Smaller
+    values use less memory, but perform more communication"; partitioned_param_coordinator.py
+    fetch_sub_module prefetches only under max_live_parameters). The step time does not change in
+    the planner (it counts every gather of a submodule in forward and again in backward either way,
+    timing.zero3_gather_s); memory falls to the current block and the prefetch bucket
+    (memory.zero3_live_param_bytes). None where the engine has no such knobs or they are not lower."""
+    zc = training.zero_config
+    if training.engine.buffers is not Buffers.DEEPSPEED or 3 not in training.engine.zero_stages:
+        return None
+    lean = -(-2 * model.largest_block_module_params // 10_000_000) * 10_000_000
+    lean = max(lean, zc.stage3_prefetch_bucket_size)
+    if lean >= min(zc.stage3_max_live_parameters, zc.stage3_max_reuse_distance):
+        return None
+    return replace(training, zero_config=replace(zc, stage3_max_live_parameters=lean, stage3_max_reuse_distance=lean))
 
 
 def flat_schedule(training: Training) -> Schedule:
