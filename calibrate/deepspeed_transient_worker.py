@@ -99,6 +99,26 @@ def _stats(tagged: list) -> dict:
             "peak_only": only}
 
 
+def profiled_allocations(fn, with_stack: bool, mark: str = "") -> tuple:
+    """(allocation and free events of fn() in time order as (time_ns, signed bytes, ptr, event), the
+    last profiled event named `mark` or None), from torch.profiler's memory events."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=with_stack) as prof:
+        fn()
+    todo, events, marked = list(prof.profiler.kineto_results.experimental_event_tree()), [], None
+    while todo:
+        e = todo.pop()
+        todo.extend(e.children)
+        if e.tag == _EventType.Allocation:
+            events.append((e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.ptr, e))
+        elif mark and _name(e) == mark:
+            marked = e
+    events.sort(key=lambda x: x[0])
+    return events, marked
+
+
 def transient(fn, mark: str = "") -> dict:
     """calibrate.saved.transient_peak_bytes of `fn` (profiled with Python frames), and what is live at
     the peak: {"peak", "end" (net bytes when fn returns), "by": {category: bytes made during fn and
@@ -106,20 +126,8 @@ def transient(fn, mark: str = "") -> dict:
     category, where], ...] largest first, "peak_only": {category: the peak of the running sum of that
     category's allocations and their frees alone}}; with `mark`, the same for the part
     of fn from the start of the record_function(mark) range on under key mark."""
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=True) as prof:
-        fn()
-    todo, events, since = list(prof.profiler.kineto_results.experimental_event_tree()), [], None
-    while todo:
-        e = todo.pop()
-        todo.extend(e.children)
-        if e.tag == _EventType.Allocation:
-            events.append((e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.ptr, e))
-        elif mark and _name(e) == mark:
-            since = e.start_time_ns
-    events.sort(key=lambda x: x[0])
+    events, marked = profiled_allocations(fn, with_stack=True, mark=mark)
+    since = marked.start_time_ns if marked is not None else None
     tagged, owner = [], {}  # (signed bytes, category of the allocation, where, ptr)
     for _, size, ptr, e in events:
         if size > 0:

@@ -30,7 +30,8 @@ class Buffers(Word):
     DEEPSPEED = "deepspeed"
     """ZeRO reduce buckets, step-time gradient copies, ZeRO-3 live parameters (memory.py)."""
     FSDP = "fsdp"
-    """The unsharded parameters of the current and the prefetched FSDP unit."""
+    """FSDP2's unsharded units, all-gather outputs, unsharded gradients and reduce-scatter inputs
+    (memory.fsdp_unsharded_unit_bytes, measured on 2 gloo ranks)."""
     NONE = "none"
     """Megatron: gradients live in the contiguous grad buffer (counted as gradients)."""
 

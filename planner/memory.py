@@ -200,20 +200,83 @@ def zero3_live_param_bytes(model: ModelSpec, training: Training, lay: Layouts, s
     return np.where(lay.zero == 3, (working + persistent) * w, 0.0)
 
 
-def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
-    """FSDP2 with reshard_after_forward (--zero 3): the all-gathered current block and the
-    prefetched next one (fully_shard's default forward/backward prefetch of one unit; one unit per
-    block); none when every block stays gathered from forward to backward (--zero 2, or a pipeline
-    keeping the stage gathered), which is counted as whole weights."""
-    units = 2 * block_params(model, training, lay) * training.precision.element_bytes
-    return np.where((lay.zero >= 3) & ~deferred_reduction(training, lay), units, 0.0)
+def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts, stage,
+                              moment: str = "peak") -> np.ndarray:
+    """What FSDP2 (torch 2.13 fully_shard, one unit per block, and the root unit where fully_shard(model)
+    keeps a Hugging Face model's embedding, final norm and output layer) holds beyond the model states:
+    unsharded parameters, flat all-gather outputs, autograd's unsharded gradients and the
+    reduce-scatter buffers, at the largest instant of `moment`: 'forward', 'backward' (autograd
+    running), 'peak' (the larger: what engine_buffers books beside the activations) or 'reduction'
+    (the root unit's post_backward in the final callback, after autograd: reduction_copy_bytes). Each
+    is the exact peak measured on 2 gloo ranks, buffer by buffer (tests/test_fsdp_transients_real.py,
+    3 blocks: the middle one shows the steady state; with 2 blocks the backward measured 566,656 B of
+    the 658,944 this books). --zero 2 (reshard_after_forward False): what exceeds every unit gathered,
+    which weight_bytes books for the whole step. None for --zero 0 and where a pipeline keeps the
+    stage gathered (not measured). torchtitan wraps the embedding and
+    [norm, output] as units of their own and its root holds nothing: its root terms are left out
+    (not measured), its blocks are FSDP2's as measured."""
+    s, t = model.sums, lay.tp
+    w = training.precision.element_bytes  # torch 2.13 _fsdp_api.py MixedPrecisionPolicy.param_dtype (unsharded)
+    g = w  # torch 2.13 _fsdp_param.py unsharded_grad_data: autograd's gradient, in the parameter's dtype
+    r = state_bytes(training).grads  # torch 2.13 _fsdp_api.py MixedPrecisionPolicy.reduce_dtype (fp32, as torchtitan)
+    shards = lay.zero_ranks
+    block = block_params(model, training, lay)
+    dense, expert = rank_params(model, training, lay, stage)
+    rank = dense + expert
+    hf_root = training.engine.modules is Modules.HUGGING_FACE
+    tied = s.tied & (lay.pp == 1)
+    # torch 2.13 _fully_shard.py fully_shard(model): the root unit is what no block unit took (the edges)
+    root = hf_root * (s.first_split / t + s.first_replicated + s.last_replicated + np.where(tied, 0, s.output / t))
+    # torch 2.13 _fsdp_state.py _root_post_backward_final_callback: the root's first gradients (final norm,
+    # output layer; tied: the embedding, by reading, autograd's InputBuffer, not measured) stay to the end
+    root_out = hf_root * (s.last_replicated + np.where(tied, s.first_split, s.output) / t)
+    # torch 2.13 _fsdp_collectives.py foreach_reduce: its loop variable keeps the unit's last unsharded
+    # gradient (the output layer, registered last; the final norm when tied) until it returns
+    root_last = hf_root * np.where(tied, s.last_replicated, s.output / t)
+    # forward, torch 2.13 _fsdp_param_group.py wait_for_unshard: the previous unit's all-gather output
+    # lives until this unit's copy-out is done (prev_all_gather_state), the root unit gathered for the
+    # whole forward; the first block's copy-out (beside the root's all-gather output) or a later block's
+    fwd = w * np.maximum(2 * (root + block), root + 3 * block)
+    # backward, torch 2.13 _fsdp_param_group.py post_backward: at a middle block's, the root unit and its
+    # first gradients, the block's parameters and gradients, the next block prefetched (_backward_prefetch)
+    # and the previous unit's reduce_scatter_input (_fsdp_collectives.py foreach_reduce; kept in
+    # comm_ctx.reduce_scatter_states until this unit's post_backward)
+    bwd = w * root + g * root_out + (2 * w + g + r) * block
+    # torch 2.13 _fsdp_state.py _root_post_backward_final_callback, the root's post_backward: first its
+    # gathered parameters, all its gradients and the last block's reduce_scatter_input; then
+    # (_fsdp_collectives.py foreach_reduce) its reduce_scatter_input in reduce_dtype beside its gradients,
+    # or beside its reduce_output and the last gradient
+    red = np.maximum(w * root + g * root + r * block,
+                     r * root + np.maximum(g * root, r * root / shards + g * root_last))
+    red = np.where(hf_root, red, 0.0)  # torchtitan's embedding unit: not measured
+    # --zero 2, torch 2.13 _fsdp_param_group.py reshard (after backward only), beyond every unit gathered:
+    # forward, the last two blocks' all-gather outputs (or the first block's copy-out beside the root's
+    # all-gather output); backward, a block's gradients beside the root's first ones and the previous
+    # block's reduce_scatter_input, that block resharded (g B = w B); the reduction, only the root gathered
+    fwd2 = w * np.maximum(2 * block, 2 * (root + block) - rank)
+    bwd2 = g * root_out + r * block
+    red2 = np.maximum(0.0, red - w * rank)
+    zero3 = lay.zero >= 3
+    by_moment = {"forward": np.where(zero3, fwd, fwd2), "backward": np.where(zero3, bwd, bwd2),
+                 "reduction": np.where(zero3, red, red2)}
+    by_moment["peak"] = np.maximum(by_moment["forward"], by_moment["backward"])
+    on = (lay.zero >= 2) & ~deferred_reduction(training, lay)
+    return np.where(on, np.ceil(by_moment[moment]), 0.0)
 
 
 def reduction_copy_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple:
     """(gradients, buffers) at the accumulation boundary's reduction where the engine copies reduced
     gradients into a new partition while the full ones are still held (DeepSpeed ZeRO-1: the full
     16-bit gradient, the new grads_in_partition with its straddling parameters, the reduce buckets;
-    measured: the worst rank's transient equals it to the byte); zeros elsewhere."""
+    measured: the worst rank's transient equals it to the byte); FSDP2: the root unit's reduce-scatter
+    after autograd has finished, beside the sharded gradients (fsdp_unsharded_unit_bytes 'reduction');
+    zeros elsewhere."""
+    if training.engine.buffers is Buffers.FSDP:
+        # torch 2.13 _fsdp_state.py _root_post_backward_final_callback: the root's post_backward runs after
+        # the last autograd node, the activations freed (measured: tests/test_fsdp_transients_real.py)
+        buffers = fsdp_unsharded_unit_bytes(model, training, lay, stage, moment="reduction")
+        sharded = grad_bytes(model, training, lay, stage, at_step=True)
+        return np.where(buffers > 0, sharded, 0.0), buffers
     on = np.isin(lay.zero, training.engine.reduction_copy) & (lay.offload_optimizer == Offload.NONE) \
         & ~deepspeed_bf16_optimizer(training, lay)
     grads = grad_bytes(model, training, lay, stage) + grad_bytes(model, training, lay, stage, at_step=True)
@@ -237,6 +300,8 @@ def engine_buffers(model: ModelSpec, training: Training, lay: Layouts, stage) ->
         bf16_opt = deepspeed_bf16_optimizer(training, lay)
         return np.where(bf16_opt, 0.0, fwd), np.where(bf16_opt, 0.0, step)
     if kind is Buffers.FSDP:
+        # optimizer step: FSDP2 allocates nothing (torch 2.13 fully_shard has no optimizer hook; measured 0 B
+        # beside AdamW's own temporaries, tests/test_fsdp_transients_real.py)
         return fsdp_unsharded_unit_bytes(model, training, lay, stage), 0.0 * lay.tp
     return 0.0 * lay.tp, 0.0 * lay.tp  # Megatron's grads live in its contiguous grad buffer (counted in grads)
 

@@ -233,12 +233,16 @@ def test_zero3_persistent_parameters_are_the_small_tensors():
                                       100_000, 0)[0] == 96 * (4608 + 6144 + 6 * 12288)  # 96 blocks
 
 
-def test_fsdp_holds_the_current_and_the_prefetched_block():
-    # FSDP2 fully_shard per block: the all-gathered block (Llama-2-7B: 202,383,360 params, 2 B in bf16)
-    # and the next one prefetched
+def test_fsdp_holds_the_root_and_a_blocks_unsharded_buffers():
+    # FSDP2 fully_shard per block and at the root, bf16 params, fp32 reduce (measured on 2 gloo ranks,
+    # tests/test_fsdp_transients_real.py): a middle block's backward holds the root unit gathered
+    # (R = 2 x 32000 x 4096 + 4096 = 262,148,096 params, 2 B), its first gradients (lm_head + norm,
+    # 131,076,096 x 2 B), and of the blocks (202,383,360 params) its parameters and gradients (2 + 2 B),
+    # the next one prefetched (2 B) and the previous one's fp32 reduce-scatter input (4 B)
     m = lookup("llama-2-7b")
     fsdp = layout.Training(engine="fsdp")
-    assert memory.fsdp_unsharded_unit_bytes(m, fsdp, layout.single(dp=8, zero=3), 0)[0] == 2 * 2 * 202_383_360
+    backward = 2 * 262_148_096 + 2 * 131_076_096 + (2 + 2 + 2 + 4) * 202_383_360
+    assert memory.fsdp_unsharded_unit_bytes(m, fsdp, layout.single(dp=8, zero=3), 0)[0] == backward
     assert memory.fsdp_unsharded_unit_bytes(m, fsdp, layout.single(dp=8, zero=0), 0)[0] == 0
 
 
