@@ -138,6 +138,13 @@ def training_from_sidebar() -> dict:
                 "flash_attention": sb.checkbox("FlashAttention", True, key="flash_attention")}
     if training["engine"] == "megatron" and sb.checkbox("TP comm overlap (--tp-comm-overlap)", key="tp_comm_overlap"):
         training["tp_comm_overlap"] = True
+    if training["engine"] == "megatron":
+        if not sb.checkbox("Interleaved pipeline sends overlap compute", True, key="overlap_p2p"):
+            training["overlap_p2p"] = False  # --no-overlap-p2p-communication
+        split = sb.selectbox("Embedding and loss as a pipeline block each", ("searched", "yes", "no"), key="edges",
+                             help="--account-for-embedding/loss-in-pipeline-split (--pp-edge-layers)")
+        if split != "searched":
+            training["pipeline_edge_layers"] = int(split == "yes")
     if sb.radio("Batch given as", ("tokens per step", "sequences"), horizontal=True, key="batch_kind") == "sequences":
         training["gbs"] = int(sb.number_input("Global batch (sequences)", 1, 100_000_000, 1024, key="gbs"))
     else:
@@ -382,8 +389,11 @@ def main() -> None:
                 return
             chosen = show_recommendation(rec)
             # estimate takes the recommended global batch and engine, so its numbers are the row's
+            # and the pipeline split and ZeRO-3 knobs it chose
             fixed = {**{k: v for k, v in training.items() if k != "tokens_per_step"}, "gbs": rec["gbs"],
-                     "engine": rec["engine"]}
+                     "engine": rec["engine"], "pipeline_edge_layers": rec["assumptions"]["pp_edge_layers"],
+                     **{k: rec["assumptions"][k] for k in ("stage3_max_live_parameters", "stage3_max_reuse_distance")
+                        if k in rec["assumptions"]}}
             est = estimate_answer(model, cluster, fixed, layout_input(rec["layouts"][chosen]["layout"]))
             show_layout(est)
             st.subheader("All fitting layouts: speed against memory")

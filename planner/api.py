@@ -211,6 +211,9 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
         "calibration": clus.calibration.name if clus.calibration else None,
         "peak_memory_band": clus.calibration.band("peak_memory") if clus.calibration else prior_band("peak_memory"),
     }
+    for knob in ("stage3_max_live_parameters", "stage3_max_reuse_distance"):
+        if knob in defaults:  # lowered by _search_zero3_knobs: estimate needs them to agree
+            assumptions[knob] = defaults[knob]
     if pins:
         assumptions["pinned"] = {k: pinned[k] for k in search.PINNABLE if k in pinned}
     if result["coarsened"]:  # the space was larger than one search materializes
