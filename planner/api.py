@@ -197,7 +197,7 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     if tin.pipeline_edge_layers is None and train.pipeline_edge_layers != train.engine.pipeline_edge_layers:
         defaults["pp_edge_layers"] = train.pipeline_edge_layers  # chosen: search.edge_layers_choice
     knobs_free = tin.stage3_max_live_parameters is None and tin.stage3_max_reuse_distance is None
-    train, result = _search_zero3_knobs(spec, clus, train, headroom, max_mbs, pins, result, knobs_free)
+    train, result, lean = _search_zero3_knobs(spec, clus, train, headroom, max_mbs, pins, result, knobs_free)
     if knobs_free and train.zero_config.stage3_max_live_parameters != ZeroConfig().stage3_max_live_parameters:
         defaults["stage3_max_live_parameters"] = train.zero_config.stage3_max_live_parameters  # searched
         defaults["stage3_max_reuse_distance"] = train.zero_config.stage3_max_reuse_distance
@@ -218,11 +218,17 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
         assumptions["pinned"] = {k: pinned[k] for k in search.PINNABLE if k in pinned}
     if result["coarsened"]:  # the space was larger than one search materializes
         assumptions["search_coarsened"] = list(result["coarsened"])
-    valid, ev = result["valid"], result["eval"]
+    # with lowered ZeRO-3 knobs, the ZeRO-3 rows are the lean search's, the others the first search's
+    sources = [(result, result["valid"].zero != 3 if lean else None)] + ([(lean, None)] if lean else [])
+    ranked = []
+    for res, keep in sources:
+        for i in search.distinct_top(res, top if keep is None else top + int(np.count_nonzero(~keep))):
+            if keep is None or keep[i]:
+                ranked.append((-float(res["eval"]["time"]["throughput"]["tokens_per_s"][i]), len(ranked), res, i))
     records = []
-    for i in search.distinct_top(result, top):
-        rec = layout_record(clus, valid, ev, i)
-        rec["binding_constraint"] = search.binding_constraint(result, i, rec["time"]["breakdown"], rec["time"]["step_s"])
+    for _, _, res, i in sorted(ranked, key=lambda r: r[:2])[:top]:
+        rec = layout_record(clus, res["valid"], res["eval"], i)
+        rec["binding_constraint"] = search.binding_constraint(res, i, rec["time"]["breakdown"], rec["time"]["step_s"])
         if tin.tokens:
             rec["time_to_train"] = _time_to_train(rec["time"]["step_s"], gbs * train.seq_len, tin, clus)
         records.append(rec)
@@ -245,24 +251,25 @@ def _search_edges(spec, clus, train: Training, headroom: float, max_mbs: int, pi
 
 def _search_zero3_knobs(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, result: dict,
                         free: bool) -> tuple:
-    """(training, search result): where a faster layout than the best did not fit and the user left
-    DeepSpeed's live-parameter knobs alone, the search again with them lowered
-    (search.lean_zero3_training), kept if its best layout is faster."""
-    lean = search.lean_zero3_training(spec, train) if free else None
+    """(training, search result, lean ZeRO-3 search result or None): where a faster layout than the
+    best did not fit and the user left DeepSpeed's live-parameter knobs alone, the ZeRO-3 layouts
+    are searched again with them lowered (search.lean_zero3_training; no other layout reads them),
+    and the lowered knobs kept if their best layout beats the first search's."""
+    lean = search.lean_zero3_training(spec, train) if free and pins.get("zero", 3) == 3 else None
     if lean is None:
-        return train, result
+        return train, result, None
     ev = result["eval"]
     speed = np.asarray(ev["time"]["throughput"]["tokens_per_s"])
-    blocked = speed[~np.asarray(ev["fits"])]
-    if blocked.size == 0 or (result["order"].size and blocked.max() <= speed[result["order"][0]]):
-        return train, result
-    other = search.search(spec, clus, lean, headroom, max_mbs, pinned=pins)
+    blocked = speed[~np.asarray(ev["fits"]) & (result["valid"].zero == 3)]
     best = float(speed[result["order"][0]]) if result["order"].size else -1.0
+    if blocked.size == 0 or blocked.max() <= best:
+        return train, result, None
+    other = search.search(spec, clus, lean, headroom, max_mbs, pinned={**pins, "zero": 3})
     if other["order"].size and float(other["eval"]["time"]["throughput"]["tokens_per_s"][other["order"][0]]) > best:
-        other["candidates"] += result["candidates"]
-        other["elapsed_s"] += result["elapsed_s"]
-        return lean, other
-    return train, result
+        result["candidates"] += other["candidates"]
+        result["elapsed_s"] += other["elapsed_s"]
+        return lean, result, other
+    return train, result, None
 
 
 def _engine_best(spec, clus, training: Training, engine: str, headroom: float, max_mbs: int, pins: dict,
