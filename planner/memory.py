@@ -294,6 +294,21 @@ def engine_buffers(model: ModelSpec, training: Training, lay: Layouts, stage) ->
         fwd = np.where(zero3, zero3_live_param_bytes(model, training, lay, stage),
                        deepspeed_straddle_bytes(model, training, lay, stage, at_step=False))
         fwd = fwd + deepspeed_reduce_buckets(training, lay)
+        # ZeRO-2, DeepSpeed 0.19.8 stage_1_and_2.py average_tensor -> allreduce_and_scatter -> allreduce_bucket:
+        # self.flatten (torch.cat) of a bucket whose slices go to >= 2 partitions (one holding a partition
+        # edge; one slice is a view), w x the bucket's elements beside grads_in_partition and the buckets
+        # (a bucket is full to within one parameter; measured full: tests/test_deepspeed_transients_real.py)
+        dense, expert = rank_params(model, training, lay, stage)
+        rank = dense + expert
+        w = training.precision.element_bytes
+        contiguous = training.zero_config.contiguous_gradients | (lay.offload_optimizer > Offload.NONE)
+        bucket = training.zero_config.reduce_bucket_size
+        # bucket >= the model: one reduction (backward epilogue), its w x P flat copy made before
+        # grads_in_partition exists: only what exceeds the partition and its straddle shows (measured)
+        single = np.maximum(0.0, w * rank - grad_bytes(model, training, lay, stage)
+                            - deepspeed_straddle_bytes(model, training, lay, stage, at_step=False))
+        flat = np.where(bucket < rank, w * bucket, single)
+        fwd = fwd + np.where((lay.zero == 2) & contiguous & (lay.zero_ranks > 1), flat, 0.0)
         step = deepspeed_step_grad_copies(model, training, lay, stage) \
             + np.where(zero3, 0.0, deepspeed_straddle_bytes(model, training, lay, stage, at_step=True))
         # BF16_Optimizer all-reduces its flat gradient buffer in place: no ZeRO buckets or copies
