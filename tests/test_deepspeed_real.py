@@ -242,7 +242,10 @@ def test_reduce_buckets_match_planner(engine, twin, stage):
         assert got["buckets"] == plan["buckets"]
         if stage < 3:
             # fwd buffers = bucket(s) + the straddle where the backward gradient is a partition (ZeRO-2)
-            assert got["buckets"] == plan["fwd_buffers"] - plan["straddle_bwd"]
+            # + ZeRO-2's allreduce_bucket flat copy of a bucket, 2 B x BUCKET (measured in
+            # tests/test_deepspeed_transients_real.py; this model is larger than the bucket)
+            flat = 2 * BUCKET if stage == 2 else 0
+            assert got["buckets"] + flat == plan["fwd_buffers"] - plan["straddle_bwd"]
         else:
             no_bucket = _planner(twin, 3, dataclasses.replace(ZERO, contiguous_gradients=False))
             assert got["buckets"] == plan["fwd_buffers"] - no_bucket["fwd_buffers"]
