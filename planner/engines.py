@@ -437,6 +437,10 @@ TORCHTITAN = replace(
     pipeline_edge_layers=1, pipeline_edge_choice=True,
     pipeline_defers_grad_reduction=True,
     pipeline_p2p_buffers=True,
+    # torch 2.13 pipelining/schedules.py: ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble are
+    # _PipelineScheduleRuntime schedules: SEND_F/SEND_B actions issued and waited at the step's end,
+    # RECV_F/RECV_B posted as early as the order allows (_add_send_recv) and waited when consumed
+    p2p_overlaps_interleaved=True,
     # models/llama3: separate wq, wk, wv and w1, w3, w2 (fused_gemms False as Hugging Face's); no
     # torch.compile by default (CompileConfig.enable = False), so elementwise kernels run eagerly
     modules=Modules.TORCHTITAN,

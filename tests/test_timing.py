@@ -319,6 +319,10 @@ def test_pipeline_sends_on_the_critical_path():
     # --no-overlap-p2p-communication (and Megatron-LM before 2023): every send waits
     blocking = layout.Training(engine="megatron", overlap_p2p=False)
     assert timing.pipeline_p2p_s(m, node(H100), blocking, inter, C, 1.0, 1.0)[0] == pytest.approx(38 * one, rel=1e-12)
+    # torchtitan's interleaved schedule too (torch 2.13 ScheduleInterleaved1F1B is a _PipelineScheduleRuntime:
+    # sends waited at the step's end, receives posted early)
+    titan = layout.Training(engine="torchtitan")
+    assert timing.pipeline_p2p_s(m, node(H100), titan, inter, C, 1.0, 1.0)[0] == pytest.approx(6 * one, rel=1e-12)
     # DeepSpeed's pipeline engine blocks on every send (no interleaving to hide them under)
     ds = layout.Training(engine="megatron-deepspeed")
     assert timing.pipeline_p2p_s(m, node(H100), ds, layout.single(pp=4, gas=8), C, 1.0, 1.0)[0] == pytest.approx(22 * one)
