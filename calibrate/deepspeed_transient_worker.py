@@ -19,9 +19,12 @@ Usage: ... -m calibrate.deepspeed_transient_worker '{"runs": [{"name": "z2", "ze
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import torch  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported
@@ -33,39 +36,82 @@ SEQ = 16
 STEPS = 2
 
 
-def _category(e) -> tuple:
-    """(category, where) of the allocation event `e`, from the innermost enclosing frame that is an
-    autograd node ("autograd"), torch's optimizer ("optimizer"), DeepSpeed's Python code ("deepspeed")
-    or the model's (transformers, torch.nn: "model"); with_stack=True records Python frames as events.
+def _frame_category(frame) -> tuple:
+    """(category, where) of an op called from `frame`: the innermost Python frame that is torch's
+    optimizer ("optimizer"), DeepSpeed's code ("deepspeed") or the model's (transformers, torch.nn:
+    "model"); "autograd" where the walk first reaches the autograd engine's entry (torch 2.13
+    autograd/graph.py _engine_run_backward): an op of a node's backward, or of a Python backward.
     ZeRO-3's LinearFunctionForZeroStage3 (zero/linear.py) is the model's own matmul, not DeepSpeed's."""
+    f = frame
+    while f is not None:
+        path, fn = f.f_code.co_filename, f.f_code.co_name
+        where = f"{path.split('/')[-1]}({f.f_lineno}): {fn}"
+        if "torch/optim/" in path:
+            return "optimizer", where
+        if "deepspeed/" in path and "zero/linear.py" not in path:
+            return "deepspeed", where
+        if "transformers/" in path or "torch/nn/" in path:
+            return "model", where
+        if fn == "_engine_run_backward" and path.endswith("torch/autograd/graph.py"):
+            node = torch._C._current_autograd_node()
+            return "autograd", node.name() if node is not None else "?"
+        f = f.f_back
+    return "model", "?"
+
+
+_RANGE = "category::"
+
+
+def _attributed_call(func, args, kwargs):
+    """func(*args, **kwargs) inside record_function("category::<category>::<where>") of its Python
+    caller (_frame_category: two frames up, past the mode's handler); record_function's own
+    enter/exit ops (profiler::) as they are: wrapped, their ranges would mis-nest."""
+    if str(getattr(func, "_qualified_op_name", getattr(func, "namespace", ""))).startswith("profiler"):
+        return func(*args, **(kwargs or {}))
+    category, where = _frame_category(sys._getframe(2))
+    with torch.profiler.record_function(f"{_RANGE}{category}::{where}"):
+        return func(*args, **(kwargs or {}))
+
+
+class _AttributedOps(TorchDispatchMode):
+    """Every op dispatched on this thread (c10d's too) runs inside its caller's category range, so
+    that an allocation's category is read from the profiler's op ranges alone. Not from with_stack's
+    Python-frame events: with torch 2.13 on 2 gloo ranks those came back, in a run or two out of
+    five, with a name that was not UTF-8, or nested so that a few KB changed category
+    (tests/test_*_transients_real.py failed at random)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return _attributed_call(func, args, kwargs)
+
+
+class _AttributedCalls(TorchFunctionMode):
+    """The same around each torch call made from Python, for what it allocates before it dispatches
+    an op. A Python scalar operand wrapped as a tensor (8 B: AdamW's `exp_avg_sq.sqrt() /
+    bias_correction2_sqrt` on FSDP2's DTensors) is made before even this: it is "unattributed"."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return _attributed_call(func, args, kwargs)
+
+
+def _category(e) -> tuple:
+    """(category, where) of the allocation event `e`: its innermost category range; else an
+    autograd node's evaluation ("autograd": ops not dispatched from Python); else "model" and the
+    op; "unattributed" outside every op (_AttributedCalls)."""
     op, p = None, e.parent
     while p is not None:
-        name = _name(p)
+        name = p.name
         if op is None and name.startswith("aten::"):
             op = name
+        if name.startswith(_RANGE):
+            category, where = name[len(_RANGE):].split("::", 1)
+            return category, where
         if name.startswith("autograd::engine::evaluate_function"):
             return "autograd", name.split(": ")[-1]
-        if ".py(" in name:
-            if "torch/optim/" in name:
-                return "optimizer", name.split("/")[-1]
-            if "deepspeed/" in name and "zero/linear.py" not in name:
-                return "deepspeed", name.split("/")[-1]
-            if "transformers/" in name or "torch/nn/" in name:
-                return "model", name.split("/")[-1]
         p = p.parent
-    return "model", op or "?"
+    return ("model", op) if op else ("unattributed", "?")
 
 
-def _name(e) -> str:
-    """The profiler event's name ("" where torch.profiler hands back bytes that are not UTF-8: seen
-    once on a Python-frame event)."""
-    try:
-        return e.name
-    except UnicodeDecodeError:
-        return ""
-
-
-CATEGORIES = ("autograd", "deepspeed", "optimizer", "model")
+CATEGORIES = ("autograd", "deepspeed", "optimizer", "model", "unattributed")
 
 
 def _stats(tagged: list) -> dict:
@@ -99,39 +145,47 @@ def _stats(tagged: list) -> dict:
             "peak_only": only}
 
 
-def profiled_allocations(fn, with_stack: bool, mark: str = "") -> tuple:
-    """(allocation and free events of fn() in time order as (time_ns, signed bytes, ptr, event), the
-    last profiled event named `mark` or None), from torch.profiler's memory events."""
+def profiled_allocations(fn, classify, mark: str = "") -> tuple:
+    """(allocation and free events of fn() in time order as (time_ns, signed bytes, ptr, label), the
+    (start_time_ns, start_tid) of the last profiled event named `mark` or None), from torch.profiler's
+    memory events; label = classify(event) for an allocation, None for a free. The event tree's nodes
+    point into the profiler's results, which die with `prof`: read them only here (read after, their
+    parents came back None, and once a name as undecodable bytes)."""
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=with_stack) as prof:
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     todo, events, marked = list(prof.profiler.kineto_results.experimental_event_tree()), [], None
     while todo:
         e = todo.pop()
         todo.extend(e.children)
         if e.tag == _EventType.Allocation:
-            events.append((e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.ptr, e))
-        elif mark and _name(e) == mark:
-            marked = e
+            size = e.extra_fields.alloc_size
+            events.append((e.start_time_ns, size, e.extra_fields.ptr, classify(e) if size > 0 else None))
+        elif mark and e.name == mark:
+            marked = (e.start_time_ns, e.start_tid)
     events.sort(key=lambda x: x[0])
     return events, marked
 
 
 def transient(fn, mark: str = "") -> dict:
-    """calibrate.saved.transient_peak_bytes of `fn` (profiled with Python frames), and what is live at
+    """calibrate.saved.transient_peak_bytes of `fn` (its ops and torch calls in category ranges), and what is live at
     the peak: {"peak", "end" (net bytes when fn returns), "by": {category: bytes made during fn and
     alive at the peak}, "freed_before": bytes of earlier tensors freed by the peak, "live": [[bytes,
     category, where], ...] largest first, "peak_only": {category: the peak of the running sum of that
     category's allocations and their frees alone}}; with `mark`, the same for the part
     of fn from the start of the record_function(mark) range on under key mark."""
-    events, marked = profiled_allocations(fn, with_stack=True, mark=mark)
-    since = marked.start_time_ns if marked is not None else None
+    def attributed():
+        with _AttributedCalls(), _AttributedOps():
+            fn()
+
+    events, marked = profiled_allocations(attributed, classify=_category, mark=mark)
+    since = marked[0] if marked is not None else None
     tagged, owner = [], {}  # (signed bytes, category of the allocation, where, ptr)
-    for _, size, ptr, e in events:
+    for _, size, ptr, label in events:
         if size > 0:
-            owner[ptr] = _category(e)
+            owner[ptr] = label
             tagged.append((size, *owner[ptr], ptr))
         else:
             tagged.append((size, *owner.pop(ptr, ("pre", "")), ptr))

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from calibrate.deepspeed_transient_worker import _micro, _name, profiled_allocations, transient
+from calibrate.deepspeed_transient_worker import _micro, profiled_allocations, transient
 from calibrate.deepspeed_worker import run_and_leave
 from calibrate.fsdp_worker import LLAMA, storage_bytes
 from calibrate.worker_io import device, rank, write_result
@@ -219,21 +219,24 @@ def private_copy_comms():
 def cpu_only_peak(fn) -> dict:
     """Peak of the running sum, in time order, of the allocations gloo (c10d ops, its worker thread) and
     the CPU aten::_chunk_cat make while `fn` runs (torch.profiler events, record_function ranges as
-    parents without with_stack), by kind: what NCCL and CUDA's _chunk_cat do not allocate."""
-    events, marked = profiled_allocations(fn, with_stack=False, mark="backward")
-    main_tid = marked.start_tid if marked is not None else None
+    parents), by kind: what NCCL and CUDA's _chunk_cat do not allocate."""
+    def classify(e) -> tuple:  # (kind from the enclosing ops or None, the allocating thread)
+        p = e.parent
+        while p is not None:
+            if p.name.startswith("c10d::"):
+                return "gloo_copy", e.start_tid
+            if p.name == "aten::_chunk_cat":
+                return "chunk_cat_cpu", e.start_tid
+            p = p.parent
+        return None, e.start_tid
+
+    events, marked = profiled_allocations(fn, classify=classify, mark="backward")
+    main_tid = marked[1] if marked is not None else None
     live, peak, owner = {}, {}, {}
-    for _, size, ptr, e in events:
+    for _, size, ptr, label in events:
         if size > 0:
-            kind, p = None, e.parent
-            while p is not None and kind is None:
-                name = _name(p)
-                if name.startswith("c10d::"):
-                    kind = "gloo_copy"
-                elif name == "aten::_chunk_cat":
-                    kind = "chunk_cat_cpu"
-                p = p.parent
-            if kind is None and e.start_tid != main_tid:
+            kind, tid = label
+            if kind is None and tid != main_tid:
                 kind = "gloo_copy"  # ProcessGroupGloo's worker thread
             if kind is None:
                 continue

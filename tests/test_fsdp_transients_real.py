@@ -283,7 +283,9 @@ def test_optimizer_step(measured, name):
     for run in measured[name]:
         step = run["step"]
         assert step["by"]["model"] == step["by"]["deepspeed"] == step["by"]["autograd"] == 0
-        assert step["peak"] == step["peak_only"]["optimizer"]
+        # the rest alive at the peak: Python scalars wrapped as 8-B tensors outside any op
+        assert step["peak"] == step["by"]["optimizer"] + step["by"]["unattributed"]
+        assert step["by"]["unattributed"] <= 8
         assert 2 * 4 * LM_HEAD // D <= step["peak"] <= 2 * 4 * LM_HEAD // D + SCALARS
     assert _plan(name)["step_buffers"] == 0
 
