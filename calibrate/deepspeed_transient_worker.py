@@ -230,7 +230,7 @@ def run(cfg: dict, ids) -> dict:
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
     ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": cfg["gas"], "bf16": {"enabled": True},
           "zero_allow_untested_optimizer": True, "steps_per_print": 10**9,
-          "zero_optimization": {"stage": cfg["zero"], **cfg.get("zero_optimization", {})}}
+          "zero_optimization": {"stage": cfg["zero"], **cfg.get("zero_optimization", {})}, **cfg.get("ds", {})}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds)
     rows = []

@@ -48,7 +48,8 @@ class Outcome:
                 "error": self.error, "log_tail": self.log_tail}
 
 
-def command(module: str, args: list, nproc: int, launcher: str = "torchrun", hostfile: str | None = None) -> list:
+def command(module: str, args: list, nproc: int, launcher: str = "torchrun", hostfile: str | None = None,
+            master_port: int | None = None) -> list:
     """The command line a user would type for `nproc` processes per node."""
     if launcher == "torchrun":
         # torch/distributed/run.py: --standalone picks a free rendezvous port on localhost
@@ -56,7 +57,8 @@ def command(module: str, args: list, nproc: int, launcher: str = "torchrun", hos
                 "-m", module, *map(str, args)]
     if launcher == "deepspeed":
         # deepspeed/launcher/runner.py: --num_gpus per node (CPU accelerator too), --module, --hostfile
-        base = [sys.executable, "-m", "deepspeed.launcher.runner", f"--num_gpus={nproc}", "--master_port", str(_free_port())]
+        base = [sys.executable, "-m", "deepspeed.launcher.runner", f"--num_gpus={nproc}", "--master_port",
+                str(master_port or _free_port())]
         if hostfile:
             base += ["--hostfile", hostfile]
         return [*base, "--module", module, *map(str, args)]
@@ -69,6 +71,15 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _remove_shm_buffers(port: int) -> None:
+    """Remove the shared-memory allreduce buffers DeepSpeed's CPU accelerator left for the run on
+    `port`: ops/csrc/cpu/comm/shm.cpp shm_initialize creates /dev/shm/deepspeed_allreduce_buffer_
+    <uid>_<addr>_<port>_<rank> (69 MB each in 0.19.8) and nothing unlinks it, so every launch would
+    leave them in memory (CI: 2 x 69 MB a launch)."""
+    for path in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"):
+        path.unlink(missing_ok=True)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -107,7 +118,8 @@ def launch(module: str, args: list = (), nproc: int = 2, timeout_s: float = 300.
            hostfile: str | None = None, env: dict | None = None, tail_lines: int = 40) -> Outcome:
     """Run `module` on `nproc` ranks under `launcher`; return its Outcome (never raises for a failed
     run; Ctrl-C kills the ranks and re-raises KeyboardInterrupt)."""
-    cmd = command(module, list(args), nproc, launcher, hostfile)
+    port = _free_port() if launcher == "deepspeed" else None
+    cmd = command(module, list(args), nproc, launcher, hostfile, port)
     with tempfile.TemporaryDirectory(prefix="calibrate-") as out:
         run_env = {**os.environ, **(env or {}), "CALIBRATE_OUT": out}
         run_env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default; keeps 2-core hosts responsive
@@ -127,6 +139,9 @@ def launch(module: str, args: list = (), nproc: int = 2, timeout_s: float = 300.
                 raise
             else:
                 _kill_group(proc)  # a launcher that exited early may leave ranks in its group
+            finally:
+                if port is not None:
+                    _remove_shm_buffers(port)
         wall_s = time.perf_counter() - start
         text = log_path.read_text(errors="replace")
         ranks = []

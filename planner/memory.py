@@ -277,11 +277,17 @@ def reduction_copy_bytes(model: ModelSpec, training: Training, lay: Layouts, sta
         buffers = fsdp_unsharded_unit_bytes(model, training, lay, stage, moment="reduction")
         sharded = grad_bytes(model, training, lay, stage, at_step=True)
         return np.where(buffers > 0, sharded, 0.0), buffers
-    on = np.isin(lay.zero, training.engine.reduction_copy) & (lay.offload_optimizer == Offload.NONE) \
-        & ~deepspeed_bf16_optimizer(training, lay)
+    bf16_opt = deepspeed_bf16_optimizer(training, lay)
+    on = np.isin(lay.zero, training.engine.reduction_copy) & (lay.offload_optimizer == Offload.NONE) & ~bf16_opt
     grads = grad_bytes(model, training, lay, stage) + grad_bytes(model, training, lay, stage, at_step=True)
     buffers = deepspeed_straddle_bytes(model, training, lay, stage, at_step=True) + deepspeed_reduce_buckets(training, lay)
-    return np.where(on, grads, 0.0), np.where(on, buffers, 0.0)
+    # BF16_Optimizer at the boundary (DeepSpeed 0.19.8 engine.py buffered_allreduce_fallback ->
+    # allreduce_bucket): each param group's whole fp32 gradient buffer is cast to the bf16
+    # communication_data_type for the all-reduce, 2 B/param beside the gradients (measured exact:
+    # tests/test_deepspeed_transients_real.py); none when it accumulates in bf16 (no cast)
+    cast = np.where(bf16_opt & training.zero_config.fp32_grad_accum, 2.0 * sum(rank_params(model, training, lay, stage)), 0.0)
+    return np.where(on, grads, np.where(cast > 0, grad_bytes(model, training, lay, stage), 0.0)), \
+        np.where(on, buffers, cast)
 
 
 def engine_buffers(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple:

@@ -24,7 +24,7 @@ from planner.engines import ExpertTP, GradBuckets, Modules, SelectivePolicy
 from planner.grouping import Lazy, grouped
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
-from planner.memory import ACTIVATION_FIELDS, STATE_FIELDS, coefficients, deferred_reduction
+from planner.memory import ACTIVATION_FIELDS, STATE_FIELDS, coefficients, deepspeed_bf16_optimizer, deferred_reduction
 from planner.model import ModelSpec
 from planner.options import Offload, Recompute
 from planner.pipeline import (blocks_on_stage, bubble_s, chunks_per_stage, first_routed_stage, max_layers_on_stage,
@@ -305,8 +305,11 @@ def grad_overlaps(training: Training, lay: Layouts) -> np.ndarray:
     """Whether the gradient reduction runs under backward: the engine's default (DeepSpeed
     overlap_comm None -> stage 3; FSDP always; Megatron as the planner launches it) or the user's
     --overlap-comm; never where a pipeline engine reduces after its schedule (DeepSpeed
-    pipe/engine.py _exec_reduce_grads)."""
-    return training.overlaps_grad_reduce(lay.zero) & ~deferred_reduction(training, lay)
+    pipe/engine.py _exec_reduce_grads), nor under DeepSpeed's BF16_Optimizer, which has no
+    gradient hooks (0.19.8 engine.py allreduce_gradients: buffered_allreduce_fallback at the
+    accumulation boundary, after backward)."""
+    return training.overlaps_grad_reduce(lay.zero) & ~deferred_reduction(training, lay) \
+        & ~deepspeed_bf16_optimizer(training, lay)
 
 
 def grad_reduce_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> tuple:
@@ -315,8 +318,13 @@ def grad_reduce_s(model: ModelSpec, cluster: Cluster, training: Training, lay: L
     ZeRO-1/2 too), else a reduce-scatter."""
     dense, expert = _held_params(model, training, lay)
     g = state_bytes(training).grads
-    bucket = grad_bucket_elements(model, training, lay)
-    all_reduce = np.isin(lay.zero, training.engine.all_reduce_stages)
+    # BF16_Optimizer hands the engine each param group's whole flat gradient buffer (0.19.8
+    # bf16_optimizer.py get_grads_for_reduction -> fp32_groups_gradients_flat): one all-reduce per
+    # group, in communication_data_type (bf16 unless set: engine.py communication_data_type); one
+    # group taken (the no-decay group of norms and biases is a small second call)
+    bucket = np.where(deepspeed_bf16_optimizer(training, lay), np.maximum(dense + expert, 1.0),
+                      grad_bucket_elements(model, training, lay))
+    all_reduce = np.isin(lay.zero, training.engine.all_reduce_stages) | deepspeed_bf16_optimizer(training, lay)
 
     def reduce(kind):  # whole buckets; dense and expert gradients in separate buckets
         calls_dense, calls_expert = np.ceil(dense / bucket), np.ceil(expert / bucket)

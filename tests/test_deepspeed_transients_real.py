@@ -44,6 +44,9 @@ RUNS = {  # name: (zero, gas, zero_optimization); overlap_comm at DeepSpeed's de
     "z2-mid-bucket": (2, 1, {"reduce_bucket_size": MID}),  # P/4 < bucket < P/D: the flat copy is large
     "z3": (3, 1, Z3),
     "z3-gas2": (3, 2, Z3),
+    # bf16 + ZeRO-1 + data_types.grad_accum_dtype fp32: BF16_Optimizer (engine.py _do_optimizer_sanity_check)
+    "bf16opt": (1, 1, {"fp32_grad_accum": True}),
+    "bf16opt-gas2": (1, 2, {"fp32_grad_accum": True}),
 }
 
 
@@ -53,7 +56,9 @@ def measured():
     pytest.importorskip("deepspeed")
     from calibrate.launch import launch
 
-    runs = [{"name": n, "zero": z, "gas": g, "zero_optimization": zo} for n, (z, g, zo) in RUNS.items()]
+    runs = [{"name": n, "zero": z, "gas": g, "zero_optimization": {k: v for k, v in zo.items() if k != "fp32_grad_accum"},
+             "ds": {"data_types": {"grad_accum_dtype": "fp32"}} if zo.get("fp32_grad_accum") else {}}
+            for n, (z, g, zo) in RUNS.items()]
     out = launch("calibrate.deepspeed_transient_worker", [json.dumps({"runs": runs})], nproc=D, timeout_s=300,
                  launcher="deepspeed", env={"DS_ACCELERATOR": "cpu"})
     print(f"\n[deepspeed_transients] {D} ranks x {len(runs)} runs: {out.wall_s:.1f} s")
@@ -148,6 +153,28 @@ def test_zero1_boundary_reduction_transient(measured):
     assert expected == 2 * P + 2 * P / D + 8128 + 2 * BUCKET
     got = _worst(measured, "z1", 0, "micro_step", key=lambda x: x["peak"])
     assert expected <= got <= expected + SCALARS
+
+
+def test_bf16_optimizer_boundary_cast(measured):
+    """BF16_Optimizer at the accumulation boundary (DeepSpeed 0.19.8 engine.py allreduce_gradients ->
+    buffered_allreduce_fallback -> allreduce_bucket): the param group's whole fp32 gradient buffer
+    (get_grads_for_reduction) is flattened as itself (one tensor: no copy) and cast to the bf16
+    communication_data_type, 2 B x P beside the gradients = planner reduction_copy_bytes' buffers.
+    The micro-step's whole transient is then the 16-bit gradients autograd made (2P; with gas 2, in
+    the first micro-step) + that cast (2P); the fp32 buffer (4P, planner grads) was allocated at init. Before the boundary only
+    _update_hp_grad's fp32 copy of one 16-bit gradient shows (4 B x lm_head's 32,768 elements)."""
+    plan = _plan("bf16opt")
+    assert plan["reduce_buffers"] == 2 * P  # 316,032
+    assert plan["reduce_grads"] == (2 + 4) * P  # bf16 param.grad + the fp32 accumulation buffer
+    for name, boundary in (("bf16opt", 0), ("bf16opt-gas2", 1)):
+        assert {run["optimizer"] for run in measured[name]} == {"BF16_Optimizer"}
+        got = _worst(measured, name, boundary, "micro_step")
+        assert plan["reduce_buffers"] <= got <= plan["reduce_buffers"] + SCALARS
+        total = _worst(measured, name, boundary, "micro_step", key=lambda x: x["peak"])
+        # gas 2: the 16-bit gradients of micro-step 0 were zeroed, not freed (_update_hp_grad: lp.grad.zero_())
+        new = plan["reduce_grads"] - 4 * P - 2 * P * boundary + plan["reduce_buffers"]  # 2P + 2P = 632,064; 2P
+        assert new <= total <= new + SCALARS
+    assert _worst(measured, "bf16opt-gas2", 0, "micro_step") <= 4 * 32_768 + SCALARS < plan["reduce_buffers"]
 
 
 @pytest.mark.parametrize("name,micro", [("z1", 0), ("z2", 0), ("z2-gas2", 1), ("z3", 0), ("z3-gas2", 1)])

@@ -358,6 +358,24 @@ def test_deepspeed_gradient_all_reduce():
     assert step["breakdown"].at("dp_comm", 0) == pytest.approx(2 * expected + gather, rel=1e-12)
 
 
+def test_bf16_optimizer_all_reduces_each_group_once_after_backward():
+    # bf16 + ZeRO-1 + fp32 accumulation: BF16_Optimizer. DeepSpeed 0.19.8 engine.py allreduce_gradients ->
+    # buffered_allreduce_fallback(get_grads_for_reduction): the group's whole flat gradient buffer in one
+    # all-reduce, in the bf16 communication_data_type (2 B), at the boundary after backward: one call of
+    # NCCL's 8.4 us + 14 ring steps of 3.4 us (Simple) + 2 bytes x Psi x 2(n-1)/n, and --overlap-comm
+    # (which ZeRO's hooks honour) changes nothing
+    for overlap in (False, True):
+        bf16 = layout.Training(engine="deepspeed", precision="bf16", zero_config=layout.ZeroConfig(
+            fp32_grad_accum=True, overlap_comm=overlap))
+        lay = layout.single(dp=8, zero=1, gas=2)
+        one, buckets, reductions = timing.grad_reduce_s(LLAMA7, node(), bf16, lay, C)
+        assert one[0] == pytest.approx(8.4e-6 + 14 * 3.4e-6 + 2 * PSI7 * 1.75 / (300e9 * 0.78), rel=1e-12)
+        assert buckets[0] == 1 and reductions[0] == 1 and not timing.grad_overlaps(bf16, lay)[0]
+    zero1 = layout.Training(engine="deepspeed", precision="bf16", zero_config=layout.ZeroConfig(overlap_comm=True))
+    assert timing.grad_reduce_s(LLAMA7, node(), zero1, lay, C)[1][0] == 14  # ZeRO's own: 5e8-element buckets
+    assert timing.grad_overlaps(zero1, lay)[0]
+
+
 def test_zero3_and_distributed_optimizer_reduce_scatter():
     # ZeRO-3 (stage3.py reduce_scatter_coalesced) and Megatron's distributed optimizer reduce-scatter:
     # (n-1)/n of the bytes; Megatron-LM reduces bf16 gradients in fp32 (4 B, --grad-reduce-in-bf16 off),
