@@ -63,6 +63,23 @@ def adam_run(params: int, foreach: bool, repeats: int = 3) -> dict:
     return {"params": params, "foreach": foreach, "adam_step_s": seconds, "adam_params_per_s": params / seconds}
 
 
+def _eager_run() -> dict:
+    from calibrate.eager_ops import layer_host_run
+
+    return layer_host_run("llama")
+
+
+def _eager_prediction() -> dict:
+    """The planner's host seconds for one eager Llama layer (planner/compute.py eager_host_s)."""
+    from calibrate.deepspeed_worker import LLAMA
+    from planner.compute import eager_host_s
+    from planner.hf_config import from_hf_config
+    from planner.memory import coefficients
+
+    fwd, bwd = eager_host_s(from_hf_config({**LLAMA, "model_type": "llama"}), coefficients("time"))
+    return {"layer_host_s": fwd + bwd}
+
+
 def _gemm_prediction(flops: float, gpu: str | None) -> dict:
     """The planner's time for one GEMM on the catalog GPU (no catalog peak for a CPU: none)."""
     if gpu in (None, "cpu"):
@@ -103,6 +120,8 @@ def cases(profile_kind: str, gpu: str | None = None) -> list:
         out.append(Case(name="bench/collectives", kind="collective", config=spec, predict=dict,
                         reduce=_collective_rows, module="calibrate.bench_worker", args=[json.dumps(spec)],
                         nproc=ranks, timeout_s=300))
+    out.append(Case(name="bench/eager_ops/llama", kind="eager_ops", config={"variant": "llama"},
+                    predict=_eager_prediction, reduce=lambda r: r[0], run_inline=_eager_run))
     for params, foreach in ((2**20, False), (2**20, True), (2**22, True)):
         out.append(Case(name=f"bench/cpu_adam/{params}/{'foreach' if foreach else 'single'}", kind="cpu_adam",
                         config={"params": params, "foreach": foreach}, predict=dict, reduce=lambda r: r[0],

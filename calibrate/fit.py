@@ -26,6 +26,7 @@ BOUNDS = {
     ("time", "bus_efficiency_intra_node"): (1e-4, 1.0),
     ("time", "collective_latency_scale"): (1e-3, 1e5),
     ("time", "cpu_adam_params_per_s"): (1e5, 1e11),
+    ("time", "eager_op_host_s"): (1e-7, 1e-3),
     ("memory", "allocator_fragmentation"): (1e-4, 1.0),
     ("memory", "cuda_context_bytes"): (2**20, 4 * 2**30),
     ("memory", "nccl_bytes_per_group"): (2**16, 2**30),
@@ -67,6 +68,11 @@ def _cpu_adam(records, c, ref):
     return params / c["time"]["cpu_adam_params_per_s"]
 
 
+def _eager_ops(records, c, ref):
+    m = [r["measurement"] for r in records]
+    return np.array([(x["forward_ops"] + x["backward_ops"]) * c["time"]["eager_op_host_s"] for x in m], dtype=float)
+
+
 def _reserved(records, c, ref):
     allocated = np.array([r["measurement"]["allocated_peak_bytes"] for r in records], dtype=float)
     return reserved_bytes(allocated, c["memory"])
@@ -91,6 +97,7 @@ GROUPS = (
     FitGroup("collective", "collective_s", (("time", "bus_efficiency_intra_node"),
                                             ("time", "collective_latency_scale")), _collective),
     FitGroup("cpu_adam", "adam_step_s", (("time", "cpu_adam_params_per_s"),), _cpu_adam),
+    FitGroup("eager_ops", "layer_host_s", (("time", "eager_op_host_s"),), _eager_ops),
     FitGroup("memory", "reserved_peak_bytes", (("memory", "allocator_fragmentation"),), _reserved, "peak_memory"),
     FitGroup("memory", "device_used_bytes", (("memory", "cuda_context_bytes"), ("memory", "nccl_bytes_per_group")),
              _device_used, "peak_memory"),

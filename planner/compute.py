@@ -184,6 +184,33 @@ def elementwise_bwd_s(model: ModelSpec, cluster: Cluster, training: Training, la
     return 1.5 * elementwise_fwd_s(model, cluster, training, lay, c)
 
 
+def eager_ops_variant(model: ModelSpec) -> str | None:
+    """Which measured Hugging Face decoder layer (calibrate/eager_ops.py VARIANTS) the block is; None
+    for blocks not measured (MoE: transformers loops over the experts a batch routes to)."""
+    if model.experts > 1:
+        return None
+    if model.architecture == "llama":
+        return ("llama-qk-norm" if model.qk_norm else "llama-bias" if model.bias
+                else "llama-qkv-bias" if model.qkv_bias else "llama")
+    if model.architecture == "gpt2":
+        return "gpt2" if model.dropout else "gpt2-no-dropout"
+    return "gpt_neox" if model.architecture == "gpt_neox" else None
+
+
+def eager_host_s(model: ModelSpec, c: dict) -> tuple:
+    """(forward, backward) seconds the host spends dispatching one eager Hugging Face block: the aten
+    operators the real layer dispatches in training (counted: data/references/eager_ops_cpu.json,
+    python -m calibrate.eager_ops) x eager_op_host_s. Eager PyTorch launches each kernel from the
+    host, so a block's GPU time cannot be shorter (what torch.compile and CUDA graphs remove)."""
+    from planner.data import catalog
+
+    variant = eager_ops_variant(model)
+    if variant is None:
+        return 0.0, 0.0
+    ops = catalog("references/eager_ops_cpu.json")["layer_ops"][variant]
+    return ops["forward"] * c["eager_op_host_s"], ops["backward"] * c["eager_op_host_s"]
+
+
 def head_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
     """Output layer of one micro-batch on the last stage: the vocab-parallel logits GEMM (V/t)
     forward and its two backward GEMMs, and the fp32 cross entropy (Megatron

@@ -768,3 +768,25 @@ def test_fsdp_zero2_gathers_every_micro_batch_deepspeed_once_a_step():
     assert d1 == d4 == 0 and d1_after == d4_after > 0  # one gather after the step, whatever m
     # the same bytes either way: one all-gather of the 16-bit parameters over 16 ranks
     assert f1 == pytest.approx(d1_after, rel=0.5)
+
+
+def test_eager_blocks_wait_for_the_host_dispatching_their_operators():
+    # transformers' LlamaDecoderLayer dispatches 81 aten operators forward and 146 backward in training
+    # (counted on the real module: data/references/eager_ops_cpu.json, recounted by
+    # tests/test_eager_ops_real.py); eager PyTorch launches each from the host, so a block's kernels
+    # take no less than 81 (146) x eager_op_host_s. A 4-layer h=256 Llama at 64 tokens on an H100 is
+    # host-bound; Megatron's fused modules are not floored; Llama-2-7B at 4096 tokens is GPU-bound.
+    tiny = ModelSpec(layers=4, hidden=256, heads=4, kv_heads=4, ffn=688, vocab=512)
+    h100 = node(hardware.lookup_gpu("h100-sxm"))
+    lay = layout.single(dp=8, zero=3, mbs=1)
+    fsdp = layout.Training(seq_len=64, engine="fsdp")
+    b = timing.block_s(tiny, h100, fsdp, lay, C)
+    assert b["fwd"][0] == pytest.approx(81 * C["eager_op_host_s"], rel=1e-12)
+    assert b["bwd"][0] == pytest.approx(146 * C["eager_op_host_s"], rel=1e-12)
+    megatron = timing.block_s(tiny, h100, layout.Training(seq_len=64, engine="megatron"), lay, C)
+    assert megatron["fwd"][0] < 81 * C["eager_op_host_s"] / 5
+    big = timing.block_s(LLAMA7, h100, layout.Training(seq_len=4096, engine="fsdp"), lay, C)
+    assert big["fwd"][0] > 5 * 81 * C["eager_op_host_s"]  # 3.3 ms of kernels against 0.5 ms of dispatch
+    # Qwen3's q/k norms: 99 and 186 operators; GPT-2 with dropout 80 and 102; MoE blocks not counted
+    assert compute.eager_host_s(lookup("qwen3-8b"), C) == pytest.approx((99 * C["eager_op_host_s"], 186 * C["eager_op_host_s"]))
+    assert compute.eager_host_s(lookup("mixtral-8x7b"), C) == (0.0, 0.0)
