@@ -151,8 +151,9 @@ def cp_ring_exposed_s(model: ModelSpec, cluster: Cluster, training: Training, la
 
 def block_s(block: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> dict:
     """Seconds of one block of this kind in one micro-batch on one rank: its forward and backward
-    kernels (no shorter than the host's dispatch of them, for eager modules), weight-gradient GEMMs, exposed TP/EP/CP communication, selective recompute and the
-    checkpoint restore of a fully recomputed block (Korthikanti Table 4 times them so)."""
+    kernels (for eager modules no shorter than the host's dispatch of them), weight-gradient GEMMs,
+    exposed TP/EP/CP communication, selective recompute and the checkpoint restore of a fully
+    recomputed block (Korthikanti Table 4 times them so)."""
     gemm = C.gemm_fwd_s(block, cluster, training, lay, c)
     core_fwd, core_bwd = C.attention_core_s(block, cluster, training, lay, c)
     tp_ar, units = tp_all_reduce_s(block, cluster, training, lay, c), tp_pass_units(block, training, lay)
