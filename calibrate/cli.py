@@ -17,8 +17,8 @@ import time
 from planner.calibration import append_runs, read_profile, resolve_path, save_profile
 from planner.errors import InputError
 
-SUITES = ("deepspeed", "torch", "bench")
-"""Case modules: calibrate.deepspeed_cases, calibrate.torch_cases, calibrate.bench."""
+SUITES = ("deepspeed", "torch", "bench", "step")
+"""Case modules: calibrate.deepspeed_cases, calibrate.torch_cases, calibrate.bench, calibrate.step_cases."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -68,8 +68,8 @@ def collect(suites, profile_kind: str, gpu: str, only: str | None) -> list:
     cases = []
     for suite in suites:
         module = importlib.import_module({"deepspeed": "calibrate.deepspeed_cases", "torch": "calibrate.torch_cases",
-                                          "bench": "calibrate.bench"}[suite])
-        found = module.cases(profile_kind, gpu) if suite == "bench" else module.cases(profile_kind)
+                                          "bench": "calibrate.bench", "step": "calibrate.step_cases"}[suite])
+        found = module.cases(profile_kind, gpu) if suite in ("bench", "step") else module.cases(profile_kind)
         cases += found
     return [c for c in cases if only is None or fnmatch.fnmatch(c.name, only)]
 
@@ -179,7 +179,8 @@ def report_text(doc: dict) -> str:
     for q, e in fit["error"].items():
         after = "-" if e["after_mean"] is None else f"{e['after_mean']:.1%} / {e['after_max']:.1%}"
         lines.append(f"{q:34s} {e['runs']:5d} {e['before_mean']:8.1%} / {e['before_max']:6.1%} {after:>20s}"
-                     + ("" if e["fitted"] else "  (no coefficient: exact terms)"))
+                     + ("  (coefficients fitted above; not held out)" if e.get("kept") else
+                        "" if e["fitted"] else "  (no coefficient: exact terms)"))
     if fit["bands"]:
         lines.append("bands quoted by answers: " + ", ".join(f"{q} +-{b:.1%}" for q, b in fit["bands"].items()))
     return "\n".join(lines)

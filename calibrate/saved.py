@@ -94,21 +94,22 @@ def counting(exclude=(), live: bool = False):
 
 
 def hf_saved_counter(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat16",
-                     checkpointing: bool = False, live: bool = False) -> SavedCounter:
+                     checkpointing: bool = False, live: bool = False, device: str = "cpu") -> SavedCounter:
     """The SavedCounter of one forward of the transformers base model (AutoModel) of `hf_config`:
     its model_type (default llama; gpt2, gpt_neox, ... alike) and fields go to AutoConfig.for_model;
     num_hidden_layers works for every model_type (GPT2Config.attribute_map maps it to n_layer).
     live: count only what the graph still holds after the forward (LiveSavedCounter).
+    device: "cuda" counts what CUDA's kernels save (flash attention's logsumexp, not CPU's).
     Call .table() on it to see each saved tensor."""
     import transformers
 
     torch.manual_seed(0)
     fields = dict(hf_config)
     config = transformers.AutoConfig.for_model(fields.pop("model_type", "llama"), **fields)
-    model = transformers.AutoModel.from_config(config).to(getattr(torch, dtype)).train()
+    model = transformers.AutoModel.from_config(config).to(getattr(torch, dtype)).to(device).train()
     if checkpointing:
         model.gradient_checkpointing_enable()  # transformers: torch.utils.checkpoint around each decoder layer
-    ids = torch.randint(0, hf_config["vocab_size"], (batch, seq))
+    ids = torch.randint(0, hf_config["vocab_size"], (batch, seq), device=device)
     with counting(model.parameters(), live) as c:
         out = model(input_ids=ids, use_cache=False)
     if live:
@@ -118,17 +119,17 @@ def hf_saved_counter(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat
 
 
 def hf_saved_bytes(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat16", checkpointing: bool = False,
-                   live: bool = False) -> int:
+                   live: bool = False, device: str = "cpu") -> int:
     """Bytes the transformers base model of `hf_config` (its model_type, default llama) saves for
     backward in one forward."""
-    return hf_saved_counter(hf_config, seq, batch, dtype, checkpointing, live).total_bytes
+    return hf_saved_counter(hf_config, seq, batch, dtype, checkpointing, live, device).total_bytes
 
 
 def hf_layer_bytes(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat16", checkpointing: bool = False,
-                   live: bool = False) -> int:
+                   live: bool = False, device: str = "cpu") -> int:
     """What one decoder layer saves: half the difference between 4 and 2 layers (every storage once)."""
-    two = hf_saved_bytes({**hf_config, "num_hidden_layers": 2}, seq, batch, dtype, checkpointing, live)
-    four = hf_saved_bytes({**hf_config, "num_hidden_layers": 4}, seq, batch, dtype, checkpointing, live)
+    two = hf_saved_bytes({**hf_config, "num_hidden_layers": 2}, seq, batch, dtype, checkpointing, live, device)
+    four = hf_saved_bytes({**hf_config, "num_hidden_layers": 4}, seq, batch, dtype, checkpointing, live, device)
     assert (four - two) % 2 == 0
     return (four - two) // 2
 

@@ -48,7 +48,7 @@ def cases(profile_kind: str) -> list:
                 config={"engine": "fsdp", "llama": LLAMA, "worker": cfg, "layout": {"dp": ranks, "zero": zero}},
                 predict=lambda p=precision, z=zero: fsdp_prediction(p, z, 2, 32, ranks), reduce=_reduce,
                 module="calibrate.fsdp_worker", args=[json.dumps(cfg)], nproc=ranks, timeout_s=180))
-    return out + activation_cases()
+    return out + activation_cases("cuda" if profile_kind == "gpu" else "cpu")
 
 
 ACTIVATION_SHAPES = (  # transformers Llama layers: (name, attention, dtype, gradient checkpointing)
@@ -72,7 +72,9 @@ def activation_prediction(attention: str, dtype: str, checkpointing: bool) -> di
     return {"layer_saved_bytes": float(activations.kept_per_layer(model, training, lay)[0])}
 
 
-def activation_cases() -> list:
+def activation_cases(device: str = "cpu") -> list:
+    """Saved bytes of transformers Llama layers, counted on `device` (on "cuda": CUDA's kernels'
+    own saved tensors, what the planner models; on "cpu" the tests translate CPU's)."""
     from calibrate.saved import hf_layer_bytes
 
     out = []
@@ -80,9 +82,10 @@ def activation_cases() -> list:
         hf = {**LLAMA, "attn_implementation": attention}
         out.append(Case(
             name=name, kind="activations",
-            config={"llama": hf, "seq": ACT_SEQ, "batch": ACT_BATCH, "dtype": dtype, "checkpointing": checkpointing},
+            config={"llama": hf, "seq": ACT_SEQ, "batch": ACT_BATCH, "dtype": dtype, "checkpointing": checkpointing,
+                    "device": device},
             predict=lambda a=attention, d=dtype, c=checkpointing: activation_prediction(a, d, c),
             reduce=lambda r: r[0],
             run_inline=lambda hf=hf, d=dtype, c=checkpointing: {
-                "layer_saved_bytes": hf_layer_bytes(hf, ACT_SEQ, ACT_BATCH, d, c)}))
+                "layer_saved_bytes": hf_layer_bytes(hf, ACT_SEQ, ACT_BATCH, d, c, device=device)}))
     return out

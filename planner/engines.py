@@ -167,6 +167,15 @@ class Engine:
     accumulation_copy: tuple
     """ZeRO stages that, from the second micro-batch of a step on, hold a fresh gradient partition
     beside the accumulated one during each backward."""
+    grads_freed_after_step: tuple
+    """ZeRO stages whose gradients the step frees (zero_grad(set_to_none=True)) rather than zeroes in
+    a persistent buffer: a step of one micro-batch then starts its backward with no gradient, and
+    they grow as its activations are freed, so the two peak apart (at backward's start or end)."""
+    optimizer_step_copy: bool
+    """The engine's usual optimizer is torch's AdamW with its CUDA default, foreach (torch 2.13
+    optim/adam.py _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)),
+    whose step allocates one second-moment-sized temporary over all the rank's states; fused AdamW
+    (DeepSpeed's FusedAdam, Megatron's, torchtitan's default) allocates none."""
     reduction_copy: tuple
     """ZeRO stages whose reduction at the accumulation boundary copies the reduced gradients into a
     new partition buffer while the full gradients not yet reduced are still held."""
@@ -279,6 +288,11 @@ _DS_COMMON = dict(
     # order; copy_grads_in_partition allocates grads_in_partition at the rank's first parameter
     # while the later parameters still hold their full p.grad (measured at the boundary)
     reduction_copy=(1,),
+    # 0.19.8 stage_1_and_2.py zero_grad(set_to_none=True) "set model fp16 grad to None by default", and
+    # _release_ipg_buffers drops grads_in_partition; fp16/unfused_optimizer.py zero_grad likewise.
+    # BF16_Optimizer's fp32 accumulation buffers and stage3.py's flat gradient partitions persist
+    grads_freed_after_step=(0, 1, 2),
+    optimizer_step_copy=False,  # ds_config "optimizer": AdamW is ops/adam/fused_adam.py FusedAdam on CUDA
     grad_buckets=GradBuckets.REDUCE_BUCKET,
     # stage_1_and_2.py average_tensor: use_multi_rank_bucket_allreduce (default true) all-reduces each
     # bucket and every rank keeps its slice; stage3.py __avg_scatter_grads: reduce_scatter_coalesced
@@ -346,6 +360,9 @@ MEGATRON = Engine(
     grads_sharded_step=(),
     accumulation_copy=(),
     reduction_copy=(),
+    # distributed/param_and_grad_buffer.py: main_grad views of the contiguous grad buffer, zeroed
+    # (zero_grad_buffer) and kept; apex/Transformer Engine FusedAdam
+    grads_freed_after_step=(), optimizer_step_copy=False,
     modules=Modules.MEGATRON,
     fused_gemms=True,
     eager_elementwise=False,
@@ -401,6 +418,10 @@ FSDP = Engine(
     grads_sharded_step=(2, 3),
     accumulation_copy=(),
     reduction_copy=(),
+    # torch 2.13 optim/optimizer.py zero_grad(set_to_none=True), which torchtitan's and Hugging Face's
+    # loops call: FSDP2's sharded gradients are param.grad and go with it
+    grads_freed_after_step=(0, 2, 3),
+    optimizer_step_copy=True,  # torch.optim.AdamW(...) as the FSDP recipes build it: foreach on CUDA
     modules=Modules.HUGGING_FACE,
     fused_gemms=False,
     eager_elementwise=True,
@@ -444,6 +465,8 @@ TORCHTITAN = replace(
     # models/llama3: separate wq, wk, wv and w1, w3, w2 (fused_gemms False as Hugging Face's); no
     # torch.compile by default (CompileConfig.enable = False), so elementwise kernels run eagerly
     modules=Modules.TORCHTITAN,
+    # torchtitan 0.3 components/optimizer/optimizer.py OptimizersContainer.Config implementation "fused"
+    optimizer_step_copy=False,
     expert_tp=ExpertTP.BY_EP,
     selective_policy=SelectivePolicy.OP_SAC,  # Trainer.Config.activation_checkpoint = SelectiveAC.Config
     loss_chunks=8,  # components/loss.py ChunkedLossWrapper.Config.num_chunks, set by every llama3 config

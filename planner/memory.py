@@ -19,7 +19,7 @@ from planner.grouping import Lazy, grouped
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
-from planner.options import Offload, Precision
+from planner.options import Offload, Optimizer, Precision
 
 from planner.pipeline import first_routed_stage
 from planner.sharding import (block_params, expert_dp, deepspeed_grad_partition_excess, optimizer_bytes_per_param,
@@ -104,6 +104,25 @@ def grad_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, at_ste
         held = held * (1 + (np.isin(lay.zero, engine.accumulation_copy) & (lay.gas > 1)))
     held = np.where((lay.offload_optimizer > Offload.NONE) & sharded, 0.0, held)
     return np.where(deepspeed_bf16_optimizer(training, lay), bf16_optimizer_grad_bytes(model, training, lay, stage), held)
+
+
+def grads_freed(training: Training, lay: Layouts) -> np.ndarray:
+    """Whether a step's backward starts with no gradient: one micro-batch a step, under an engine
+    whose step frees them (Engine.grads_freed_after_step; DeepSpeed's BF16_Optimizer keeps its fp32
+    accumulation buffers). From the second micro-batch on, the accumulated gradients are held."""
+    freed = np.isin(lay.zero, training.engine.grads_freed_after_step) & ~deepspeed_bf16_optimizer(training, lay)
+    return freed & (lay.gas == 1)
+
+
+def optimizer_step_copy_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+    """The temporary torch's foreach AdamW allocates in its step: sqrt of every second moment the rank
+    holds, at once (torch 2.13 optim/adam.py _multi_tensor_adam: torch._foreach_sqrt(device_exp_avg_sqs);
+    the moment is half of Adam's two states). None where the step runs on the host or is fused."""
+    if not (training.engine.optimizer_step_copy and training.optimizer is Optimizer.ADAMW):
+        return 0.0 * lay.tp
+    dense, expert = rank_params(model, training, lay, stage)
+    held = _sharded(state_bytes(training).moment, lay.zero >= 1, dense, expert, training, lay)
+    return np.where(lay.offload_optimizer > Offload.NONE, 0.0, held)
 
 
 def _optimizer_partition_bytes(model, training, lay, stage):
@@ -322,8 +341,8 @@ def engine_buffers(model: ModelSpec, training: Training, lay: Layouts, stage) ->
         return np.where(bf16_opt, 0.0, fwd), np.where(bf16_opt, 0.0, step)
     if kind is Buffers.FSDP:
         # optimizer step: FSDP2 allocates nothing (torch 2.13 fully_shard has no optimizer hook; measured 0 B
-        # beside AdamW's own temporaries, tests/test_fsdp_transients_real.py)
-        return fsdp_unsharded_unit_bytes(model, training, lay, stage), 0.0 * lay.tp
+        # beside AdamW's own temporaries, tests/test_fsdp_transients_real.py), AdamW its foreach temporary
+        return fsdp_unsharded_unit_bytes(model, training, lay, stage), optimizer_step_copy_bytes(model, training, lay, stage)
     return 0.0 * lay.tp, 0.0 * lay.tp  # Megatron's grads live in its contiguous grad buffer (counted in grads)
 
 
@@ -380,7 +399,7 @@ def _states_part(model, cluster, training, lay, where) -> dict:
     parts = {k: np.ceil(v) for k, v in parts.items()}
     coef = coefficients("memory", cluster.calibration)
     held = parts["params"] + parts["optimizer"]
-    return {**parts, "fwd_states": held + parts["grads"] + parts["fwd_buffers"],
+    return {**parts, "fwd_states": held + parts["fwd_buffers"], "grads_freed": grads_freed(training, lay) * 1.0,
             "step_states": held + parts["step_grads"] + parts["step_buffers"],
             "reduce_states": np.where(parts["reduce_grads"] > 0, held + parts["reduce_grads"] + parts["reduce_buffers"], 0.0),
             "fixed_overhead": coef["cuda_context_bytes"] + coef["nccl_bytes_per_group"] * process_groups(lay),
@@ -412,7 +431,11 @@ class _Stage:
         coef = coefficients("memory", cluster.calibration)
         self.states = grouped(codes, STATE_FIELDS, lambda sub: _states_part(model, cluster, training, sub, where), lay)
         self.acts = grouped(codes, ACTIVATION_FIELDS, lambda sub: _activation_part(model, training, sub, where, coef), lay)
-        fwd = self.states["fwd_states"] + self.acts["total"]
+        grads, acts, freed = self.states["grads"], self.acts["total"], self.states["grads_freed"] > 0
+        # where the step freed the gradients, backward starts with every activation and no gradient
+        # and ends with every gradient and no activation; in between one shrinks as the other grows
+        self.grads_at_end = freed & (grads > acts)
+        fwd = self.states["fwd_states"] + np.where(freed, np.maximum(grads, acts), grads + acts)
         step, reduce = self.states["step_states"], self.states["reduce_states"]
         # PHASES: 0 forward/backward, 1 optimizer step, 2 gradient reduction (the first largest wins)
         self.phase = np.where(reduce > np.maximum(fwd, step), 2, (step > fwd).astype(np.int64))
@@ -432,10 +455,12 @@ class _Stage:
 
         if key in ("params", "optimizer"):
             return get(self.states, key)
+        at_end = self.grads_at_end if i is None else self.grads_at_end.flat[i]
         if key == "grads":
-            return by_phase(get(self.states, "grads"), get(self.states, "step_grads"), get(self.states, "reduce_grads"))
+            fwd = np.where((get(self.states, "grads_freed") > 0) & ~at_end, 0.0, get(self.states, "grads"))
+            return by_phase(fwd, get(self.states, "step_grads"), get(self.states, "reduce_grads"))
         if key in ("activations", "logits"):
-            return np.where(phase > 0, 0.0, get(self.acts, key))
+            return np.where((phase > 0) | at_end, 0.0, get(self.acts, key))
         if key == "buffers":
             return by_phase(get(self.states, "fwd_buffers"), get(self.states, "step_buffers"),
                             get(self.states, "reduce_buffers"))

@@ -105,6 +105,8 @@ class StateBytes:
     """Gradients as accumulated and reduced."""
     optimizer: float
     """Optimizer states, fp32 master weights and any fp32 gradient copy the optimizer keeps."""
+    moment: float = 0.0
+    """One of Adam's two moments (0 for the other optimizers): what a foreach step's temporary holds."""
 
 
 def state_bytes(training: Training) -> StateBytes:
@@ -130,7 +132,7 @@ def state_bytes(training: Training) -> StateBytes:
         master += 4.0  # fp16 grads stay fp16; an fp32 copy is sharded with the optimizer states
     elif engine.fp32_grads and precision.has_master_copy:
         grad = 4.0
-    return StateBytes(weight, grad, master + states)
+    return StateBytes(weight, grad, master + states, states / 2 if training.optimizer is Optimizer.ADAMW else 0.0)
 
 
 def adafactor_state_bytes_per_param(model: ModelSpec) -> float:

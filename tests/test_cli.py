@@ -224,7 +224,9 @@ def test_activation_checkpointing_placement_flags():
     input per layer, 2 x 4096 x 4096 = 32 MiB whole, 16 MiB per rank when partitioned over TP
     (DeepSpeed checkpointing.py partition_activations; measured in test_deepspeed_checkpointing_real)."""
     base = ["estimate", "--model", "llama-3-8b", "--gpus", "8", "--seq-len", "4096", "--engine", "megatron-deepspeed",
-            "--tp", "2", "--recompute", "full", "--zero", "1", "--json"]  # ZeRO-1: the peak is in backward
+            "--tp", "2", "--recompute", "full", "--zero", "1", "--gbs", "8", "--json"]
+    # ZeRO-1: the peak is in backward; gas 8 / (1 x 4) = 2, so the accumulated gradients are held beside
+    # the activations (a step of one micro-batch peaks at backward's end, with no activation left)
 
     def mem(*flags):
         code, out = run(*base, *flags)
