@@ -166,22 +166,58 @@ def eager_elementwise_bytes(model: ModelSpec, e: float, routed) -> tuple:
     return replicated, act, rope + 2 * e * q
 
 
-def elementwise_fwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
-    """Memory-bound elementwise kernels of one block's forward at attainable HBM bandwidth; the
-    replicated region splits over t under sequence parallelism (Korthikanti 2022 section 4.2.2)."""
+def eager_layer_bytes(model: ModelSpec, routed) -> tuple | None:
+    """((replicated, activation-function, rotary) forward, the same backward) bytes per token of one
+    eager Hugging Face block, as measured on transformers' own layer (data/references/eager_ops_cpu.json
+    layer_bytes, python -m calibrate.eager_ops: every memory-bound aten operator's reads and writes in
+    bf16, per element of the hidden, MLP and key/value widths, the query's counted with the hidden);
+    None for blocks not measured. The backward moves about twice the forward's bytes (Llama: 254 per
+    hidden element against 104), not 1.5x: autograd's backward of the fp32 RMSNorm chain and of
+    rotate_half runs an operator or two per forward one, each reading its saved inputs."""
+    from planner.data import catalog
+
+    variant = eager_ops_variant(model)
+    if variant is None:
+        return None
+    measured = catalog("references/eager_ops_cpu.json")["layer_bytes"][variant]
+
+    def widths(c: dict) -> tuple:
+        return (c["h"] * model.hidden + c["other"], c["f"] * model.mlp_width(routed), c.get("kv", 0.0) * model.kv_width)
+
+    return widths(measured["forward"]), widths(measured["backward"])
+
+
+def _elementwise_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict,
+                   backward: bool) -> np.ndarray:
+    """Memory-bound elementwise kernels of one block at attainable HBM bandwidth; the replicated
+    region splits over t under sequence parallelism (Korthikanti 2022 section 4.2.2). Eager bf16
+    blocks move what their measured layer moves (eager_layer_bytes); the others follow the byte
+    lists above, backward 1.5x the forward (elementwise_bwd_s)."""
     e = training.precision.element_bytes
-    bytes_of = eager_elementwise_bytes if training.engine.eager_elementwise else fused_elementwise_bytes
     T = tokens_per_microbatch(training, lay)
-    replicated, act, rope = bytes_of(model, e, routed_per_token(model, training, lay, T))
+    routed = routed_per_token(model, training, lay, T)
+    measured = eager_layer_bytes(model, routed) if training.engine.eager_elementwise and e == 2 else None
+    if measured is not None:
+        replicated, act, rope = measured[backward]
+    else:
+        bytes_of = eager_elementwise_bytes if training.engine.eager_elementwise else fused_elementwise_bytes
+        scale = 1.5 if backward else 1.0
+        replicated, act, rope = (scale * b for b in bytes_of(model, e, routed))
     t = lay.tp.astype(np.float64)
     sp = np.where(lay.sequence_parallel > 0, t, 1.0)
     return T * (replicated / sp + (act + rope) / t) / hbm_bytes_per_s(cluster, c)
 
 
+def elementwise_fwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+    """Forward of one block's memory-bound elementwise kernels (_elementwise_s)."""
+    return _elementwise_s(model, cluster, training, lay, c, backward=False)
+
+
 def elementwise_bwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
-    """Backward of the elementwise kernels: each reads the gradient of its output and its saved
-    input and writes the gradient of its input, three tensors to the forward's two (1.5x)."""
-    return 1.5 * elementwise_fwd_s(model, cluster, training, lay, c)
+    """Backward of the elementwise kernels: measured for eager blocks; otherwise each reads the
+    gradient of its output and its saved input and writes the gradient of its input, three tensors
+    to the forward's two (1.5x)."""
+    return _elementwise_s(model, cluster, training, lay, c, backward=True)
 
 
 def eager_ops_variant(model: ModelSpec) -> str | None:

@@ -26,7 +26,7 @@ from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.memory import ACTIVATION_FIELDS, STATE_FIELDS, coefficients, deepspeed_bf16_optimizer, deferred_reduction
 from planner.model import ModelSpec
-from planner.options import Offload, Recompute
+from planner.options import Offload, Optimizer, Recompute
 from planner.pipeline import (blocks_on_stage, bubble_s, chunks_per_stage, first_routed_stage, max_layers_on_stage,
                               p2p_transfers)
 from planner.sharding import block_params, expert_dp, expert_folds, expert_tp, rank_params, state_bytes
@@ -434,9 +434,15 @@ def gpu_optimizer_step_s(model: ModelSpec, cluster: Cluster, training: Training,
     """Optimizer step on the GPU, memory-bound (Megatron-LM MixedPrecisionOptimizer.step, DeepSpeed
     alike): unscale + inf check (r+w grads), grad norm (r), FusedAdam (r grads, r+w master and
     states), copy to 16-bit params (w), zero the grad buffer (w): 5g + 2o + w bytes per partition
-    parameter."""
+    parameter. torch's foreach AdamW (Engine.optimizer_step_copy; torch 2.13 optim/adam.py
+    _multi_tensor_adam, decoupled weight decay): mul_ params, lerp_ exp_avg with the gradient, mul_
+    and addcmul_ exp_avg_sq (the gradient read twice), sqrt into a temporary, div_, add_ eps, addcdiv_
+    params: 18 state-element and 3 gradient reads or writes per parameter (84 B in fp32), where a
+    fused Adam moves 28."""
     b = state_bytes(training)
-    return _partition_params(model, training, lay) * (5 * b.grads + 2 * b.optimizer + b.weights) / C.hbm_bytes_per_s(cluster, c)
+    foreach = training.engine.optimizer_step_copy and training.optimizer is Optimizer.ADAMW
+    per_param = 18 * b.moment + 3 * b.grads if foreach else 5 * b.grads + 2 * b.optimizer + b.weights
+    return _partition_params(model, training, lay) * per_param / C.hbm_bytes_per_s(cluster, c)
 
 
 def cpu_adam_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:

@@ -249,17 +249,17 @@ def test_fsdp_holds_the_root_and_a_blocks_unsharded_buffers():
 def test_overhead_counts_context_and_communicators():
     # tp 2, pp 2, dp 2: world, TP, DP and PP communicators (Megatron parallel_state) = 4 NCCL groups;
     # priors: 512 MiB CUDA context, 128 MiB per communicator (16 channels x 2 x 4 MiB NCCL_BUFFSIZE),
-    # 5% of tensor bytes for fragmentation
+    # 19% of tensor bytes for the allocator's reserve (measured on whole H200 training steps)
     lay = layout.single(tp=2, pp=2, dp=2)
     assert memory.process_groups(lay)[0] == 4
     coef = memory.coefficients("memory")
     fixed = coef["cuda_context_bytes"] + coef["nccl_bytes_per_group"] * memory.process_groups(lay)
     assert fixed[0] == 512 * 2**20 + 4 * 128 * 2**20
-    assert memory.overhead_bytes(np.array([2.0**30]), fixed, coef)[0] == np.ceil(1024 * 2**20 + 0.05 * 2**30)
+    assert memory.overhead_bytes(np.array([2.0**30]), fixed, coef)[0] == np.ceil(1024 * 2**20 + 0.19 * 2**30)
     # a whole rank with almost no tensors: its overhead is the context and the 4 communicators
     tiny = ModelSpec(layers=2, hidden=8, heads=1, kv_heads=1, ffn=8, vocab=8)
     mem = memory.rank_memory(tiny, cluster(8), layout.Training(seq_len=1), lay)
-    assert mem["overhead"][0] == np.ceil(1024 * 2**20 + 0.05 * (mem["total"][0] - mem["overhead"][0]))
+    assert mem["overhead"][0] == np.ceil(1024 * 2**20 + 0.19 * (mem["total"][0] - mem["overhead"][0]))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -189,10 +189,10 @@ def test_engine_comparison_keeps_the_pins_and_says_when_they_break_an_engine():
 
 
 def test_partial_recompute_fills_the_memory_that_full_recompute_leaves():
-    """Llama 3.1 405B on 128 H100 under Megatron: recomputing every layer leaves memory free and
+    """Llama 3.1 405B on 160 H100 under Megatron: recomputing every layer leaves memory free and
     no recompute does not fit; the search tries the block method's first N layers per chunk and
     keeps the least recompute that fits (Megatron --recompute-method block)."""
-    code, text = recommend("--model", "llama-3.1-405b", "--gpus", "128", "--engine", "megatron", "--top", "1", "--json")
+    code, text = recommend("--model", "llama-3.1-405b", "--gpus", "160", "--engine", "megatron", "--top", "1", "--json")
     assert code == 0
     d = json.loads(text)
     lay = d["layouts"][0]["layout"]
@@ -201,7 +201,7 @@ def test_partial_recompute_fills_the_memory_that_full_recompute_leaves():
     assert sum(d["rejected"].values()) + len(d["layouts"]) <= d["candidates_evaluated"]
 
     def estimate(n):
-        argv = ["estimate", "--model", "llama-3.1-405b", "--gpus", "128", "--engine", "megatron", "--json",
+        argv = ["estimate", "--model", "llama-3.1-405b", "--gpus", "160", "--engine", "megatron", "--json",
                 "--recompute", "full", "--tp", str(lay["tp"]), "--pp", str(lay["pp"]), "--vpp", str(lay["vpp"]),
                 "--cp", str(lay["cp"]), "--zero", str(lay["zero"]), "--mbs", str(lay["mbs"]), "--gbs", str(lay["gbs"])]
         argv += ["--sequence-parallel"] if lay["sequence_parallel"] else []
@@ -252,14 +252,14 @@ def test_recommend_searches_megatrons_edge_accounting():
 
 
 def test_recommend_lowers_zero3_live_parameters_where_that_decides_the_fit():
-    # Llama-2-7B, ZeRO-3 on 8 GPUs of 44 GiB, nothing offloaded: DeepSpeed's default 1e9 live
+    # Llama-2-7B, ZeRO-3 on 8 GPUs of 49 GiB, nothing offloaded: DeepSpeed's default 1e9 live
     # parameters keep 2 GB of gathered weights; 2 x its largest block submodule (gate_proj, 4096 x 11008
     # = 45,088,768), rounded up to 1e8, keeps the current block (202,383,360: 4 x 4096^2 + 3 x 4096 x
     # 11008 + 2 x 4096) and the 5e7 prefetch bucket: (1e9 - 252,383,360) x 2 B = 1.39 GiB less
     from planner import api
 
     pins = {"zero": 3, "offload_optimizer": "none", "offload_params": "none", "mbs": 1, "recompute": "none"}
-    cluster = {"gpu": "a100-40gb", "gpus": 8, "gpu_memory_gib": 44}
+    cluster = {"gpu": "a100-40gb", "gpus": 8, "gpu_memory_gib": 49}
     rec = api.recommend("llama-2-7b", cluster, {"seq_len": 4096}, pinned=pins, top=1)
     assert rec.layouts and rec.defaults["stage3_max_live_parameters"] == 100_000_000
     assert rec.training.zero_config.stage3_max_reuse_distance == 100_000_000

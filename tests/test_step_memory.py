@@ -108,14 +108,14 @@ def test_allocated_peak_of_the_other_steps(name):
 
 
 def test_h200_reserve_fitted_on_the_steps():
-    """The caching allocator's reserve on real steps is far above the 5 % prior: reserved/allocated
-    measured 1.17-1.22 (38.42 / 32.52 GB, 25.89 / 22.07, 3.84 / 3.15, 41.25 / 34.46). The profile's
-    fit takes it from these runs, and its held-out error is below the prior's."""
+    """The caching allocator's reserve on real steps is far above the 5 % it was first assumed to be:
+    reserved/allocated measured 1.17-1.22 (38.42 / 32.52 GB, 25.89 / 22.07, 3.84 / 3.15, 41.25 /
+    34.46). The profile's fit takes it from these runs and predicts each held-out one within 5 %."""
     doc = json.loads(PROFILE.read_text())
     fit = doc["fit"]
     assert 0.15 < fit["coefficients"]["memory"]["allocator_fragmentation"]["value"] < 0.25
     err = fit["error"]["step_time.reserved_peak_bytes"]
-    assert err["after_max"] < err["before_max"] / 2
+    assert err["after_max"] < 0.05
     for run in _step_runs().values():
         m = run["measurement"]
         assert 1.15 < m["reserved_peak_bytes"] / m["allocated_peak_bytes"] < 1.25

@@ -131,8 +131,11 @@ LLAMA7_EAGER_BYTES = 2 * 36 * 4096 + 2 * 6 * 4096 + 10 * 11008 + 18 * (4096 + 40
 
 
 def test_eager_elementwise_forward_bytes():
+    # the measured layer (data/references/eager_ops_cpu.json, recounted from transformers' own layer
+    # in tests/test_eager_ops_real.py) agrees with the operator list above to 6 %: 104 h + 10 f + 28 kv
+    # + 99 = 650,851 bytes a token for Llama-2-7B (kv = h), where the list has 617,984
     fwd = compute.elementwise_fwd_s(LLAMA7, node(H100), DS, layout.single(), C)[0]
-    assert fwd == pytest.approx(4096 * LLAMA7_EAGER_BYTES / (3.35e12 * 0.9), rel=1e-12)  # 0.84 ms
+    assert fwd == pytest.approx(4096 * LLAMA7_EAGER_BYTES / (3.35e12 * 0.9), rel=0.06)  # 0.84 ms
 
 
 def test_fused_elementwise_forward_bytes():
@@ -145,10 +148,22 @@ def test_fused_elementwise_forward_bytes():
 
 
 def test_elementwise_backward_moves_three_tensors_per_two():
-    # an elementwise backward reads grad-out and the saved input and writes grad-in: 3 tensors where
-    # the forward moved 2 (read input, write output), so 1.5 x the forward's bytes
+    # a fused elementwise backward reads grad-out and the saved input and writes grad-in: 3 tensors
+    # where the forward moved 2 (read input, write output), so 1.5 x the forward's bytes
+    megatron = layout.Training(seq_len=4096, engine="megatron")
+    fwd = compute.elementwise_fwd_s(LLAMA7, node(H100), megatron, layout.single(), C)[0]
+    bwd = compute.elementwise_bwd_s(LLAMA7, node(H100), megatron, layout.single(), C)[0]
+    assert bwd == pytest.approx(1.5 * fwd, rel=1e-12)
+
+
+def test_eager_elementwise_backward_is_measured():
+    # eager Hugging Face layers: autograd's backward of the fp32 RMSNorm chain (pow, mean, rsqrt and
+    # two muls, each with a backward reading its saved inputs, plus the fp32 sum of the two paths) and
+    # of rotate_half moves about twice the forward's bytes, not 1.5x: 254 h + 18 f + 32 kv + 131 =
+    # 1,369,731 bytes a token for Llama-2-7B against the forward's 650,851 (2.10x)
+    fwd = compute.elementwise_fwd_s(LLAMA7, node(H100), DS, layout.single(), C)[0]
     bwd = compute.elementwise_bwd_s(LLAMA7, node(H100), DS, layout.single(), C)[0]
-    assert bwd == pytest.approx(1.5 * 4096 * LLAMA7_EAGER_BYTES / (3.35e12 * 0.9), rel=1e-12)
+    assert 2.0 < bwd / fwd < 2.2
 
 
 def test_output_layer_time():
@@ -786,7 +801,7 @@ def test_eager_blocks_wait_for_the_host_dispatching_their_operators():
     megatron = timing.block_s(tiny, h100, layout.Training(seq_len=64, engine="megatron"), lay, C)
     assert megatron["fwd"][0] < 81 * C["eager_op_host_s"] / 5
     big = timing.block_s(LLAMA7, h100, layout.Training(seq_len=4096, engine="fsdp"), lay, C)
-    assert big["fwd"][0] > 5 * 81 * C["eager_op_host_s"]  # 3.3 ms of kernels against 0.5 ms of dispatch
+    assert big["fwd"][0] > 2 * 81 * C["eager_op_host_s"]  # 3.4 ms of kernels against 1.2 ms of dispatch
     # Qwen3's q/k norms: 99 and 186 operators; GPT-2 with dropout 80 and 102; MoE blocks not counted
     assert compute.eager_host_s(lookup("qwen3-8b"), C) == pytest.approx((99 * C["eager_op_host_s"], 186 * C["eager_op_host_s"]))
     assert compute.eager_host_s(lookup("mixtral-8x7b"), C) == (0.0, 0.0)

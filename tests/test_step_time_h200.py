@@ -1,0 +1,47 @@
+"""Step time against whole training steps measured on an NVIDIA H200 (data/calibration/h200.json:
+calibrate/step_worker.py, one rank, median of 5 steps after 3 warm-up; phases timed with a device
+synchronization between forward, backward and the optimizer step)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from planner import api, layout, timing
+from planner.hardware import Cluster, lookup_gpu
+from planner.hf_config import from_hf_config
+
+PROFILE = Path(__file__).resolve().parent.parent / "data" / "calibration" / "h200.json"
+TINYLLAMA_FSDP = "step/fsdp/tinyllama-1.1b/mbs4-seq2048"
+
+
+def _runs(name: str) -> list:
+    return [r for r in json.loads(PROFILE.read_text())["runs"] if r["name"] == name and r["outcome"]["status"] == "ok"]
+
+
+def test_foreach_adamw_step():
+    """FSDP2's torch.optim.AdamW (foreach on CUDA) over TinyLlama's 1.1e9 fp32 parameters: 26.7 and
+    27.3 ms measured (two sessions). foreach moves 84 B a parameter (mul_, lerp_, mul_, addcmul_,
+    sqrt, div_, add_, addcdiv_): 1.1e9 x 84 / (0.9 x 4.8e12) = 21.4 ms; the fused-style 46 B the
+    planner charged before gave 11.7 ms."""
+    runs = _runs(TINYLLAMA_FSDP)
+    assert len(runs) == 2
+    c = runs[0]["config"]
+    model = from_hf_config({**c["llama"], "model_type": "llama"})
+    training = layout.Training(seq_len=c["seq"], engine="fsdp")
+    predicted = timing.gpu_optimizer_step_s(model, Cluster(lookup_gpu("h200"), 1, 1), training,
+                                            layout.single(dp=1, zero=3, mbs=c["mbs"]),
+                                            timing.coefficients("time"))[0]
+    for run in runs:
+        assert 0.7 < predicted / run["measurement"]["optimizer_s"] < 0.9
+
+
+def test_tinyllama_fsdp_step_with_the_h200_profile():
+    """The whole step: 0.189 and 0.190 s measured; with the profile's GEMM curve and host cost the
+    planner gives 0.157 s (-17 %): GEMMs agree with the profiled kernels (65 ms), the eager
+    elementwise kernels and FSDP2's copies are what it still misses (README, calibration)."""
+    run = _runs(TINYLLAMA_FSDP)[-1]
+    c = run["config"]
+    e = api.estimate({**c["llama"], "model_type": "llama"}, {"gpus": 1, "gpu": "h200", "calibration": "h200"},
+                     {"seq_len": c["seq"], "engine": "fsdp", "precision": "bf16"}, {"dp": 1, "zero": 3, "mbs": c["mbs"]})
+    assert -0.25 < e.time["step_s"] / run["measurement"]["step_s"] - 1 < 0.0
