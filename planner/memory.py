@@ -399,7 +399,13 @@ def _states_part(model, cluster, training, lay, where) -> dict:
     parts = {k: np.ceil(v) for k, v in parts.items()}
     coef = coefficients("memory", cluster.calibration)
     held = parts["params"] + parts["optimizer"]
-    return {**parts, "fwd_states": held + parts["fwd_buffers"], "grads_freed": grads_freed(training, lay) * 1.0,
+    freed = grads_freed(training, lay)
+    # DeepSpeed's forward/backward buffers are its gradients' (reduce buckets, partition straddles,
+    # ZeRO-2's flat copy): a step freed them with the gradients (stage_1_and_2.py _release_ipg_buffers),
+    # so they come back with them; FSDP2's are gathered parameters, held from backward's start
+    grad_buffers = np.where(freed & (training.engine.buffers is Buffers.DEEPSPEED), parts["fwd_buffers"], 0.0)
+    return {**parts, "fwd_states": held + parts["fwd_buffers"] - grad_buffers, "grads_freed": freed * 1.0,
+            "grad_buffers": grad_buffers,
             "step_states": held + parts["step_grads"] + parts["step_buffers"],
             "reduce_states": np.where(parts["reduce_grads"] > 0, held + parts["reduce_grads"] + parts["reduce_buffers"], 0.0),
             "fixed_overhead": coef["cuda_context_bytes"] + coef["nccl_bytes_per_group"] * process_groups(lay),
@@ -431,7 +437,8 @@ class _Stage:
         coef = coefficients("memory", cluster.calibration)
         self.states = grouped(codes, STATE_FIELDS, lambda sub: _states_part(model, cluster, training, sub, where), lay)
         self.acts = grouped(codes, ACTIVATION_FIELDS, lambda sub: _activation_part(model, training, sub, where, coef), lay)
-        grads, acts, freed = self.states["grads"], self.acts["total"], self.states["grads_freed"] > 0
+        grads = self.states["grads"] + self.states["grad_buffers"]
+        acts, freed = self.acts["total"], self.states["grads_freed"] > 0
         # where the step freed the gradients, backward starts with every activation and no gradient
         # and ends with every gradient and no activation; in between one shrinks as the other grows
         self.grads_at_end = freed & (grads > acts)
@@ -462,7 +469,8 @@ class _Stage:
         if key in ("activations", "logits"):
             return np.where((phase > 0) | at_end, 0.0, get(self.acts, key))
         if key == "buffers":
-            return by_phase(get(self.states, "fwd_buffers"), get(self.states, "step_buffers"),
+            fwd = get(self.states, "fwd_buffers") - np.where(at_end, 0.0, get(self.states, "grad_buffers"))
+            return by_phase(fwd, get(self.states, "step_buffers"),
                             get(self.states, "reduce_buffers"))
         assert key == "overhead", key
         return self.total - sum(self.part(k) for k in BREAKDOWN_KEYS[:-1]) if i is None else \

@@ -20,7 +20,7 @@ from planner import compute as C
 from planner.activations import checkpoint_partitions, checkpoints_on_host, recomputed_layers
 from planner.collectives import group_collective_s, p2p_bytes_per_s, ranks_per_node
 from planner.compute import flops_per_step, peak_flops_per_s, tokens_per_microbatch
-from planner.engines import ExpertTP, GradBuckets, Modules, SelectivePolicy
+from planner.engines import Buffers, ExpertTP, GradBuckets, Modules, SelectivePolicy
 from planner.grouping import Lazy, grouped
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
@@ -514,6 +514,26 @@ def _pipeline_terms(model, cluster, training, lay, c) -> dict:
     return out
 
 
+def fsdp_copies_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+    """Seconds a step spends in FSDP2's own copies around its collectives, at HBM bandwidth (torch
+    2.13 _fully_shard/_fsdp_collectives.py), over every unit of the rank's heavier end stage, in
+    every micro-batch: all_gather_copy_in's _foreach_copy_ of the fp32 shards into the all-gather
+    input (r 4, w w per shard element) and foreach_all_gather_copy_out's split_with_sizes_copy into
+    the unsharded parameters (r w, w w) on the compute stream, once a micro-batch, twice when the
+    unit reshards after forward (--zero 3); foreach_reduce's _chunk_cat of the gradients into the
+    reduce_dtype reduce-scatter input (r w, w g) and the division of the reduced shard (r g, w g).
+    Nothing for the other engines or unsharded."""
+    if training.engine.buffers is not Buffers.FSDP:
+        return 0.0 * lay.tp
+    b = state_bytes(training)
+    params = sum(_held_params(model, training, lay))
+    shards = lay.zero_ranks.astype(np.float64)
+    gather = params * ((4.0 + b.weights) / shards + 2.0 * b.weights)
+    reduce = params * ((b.weights + b.grads) + 2.0 * b.grads / shards)
+    per_micro_batch = gather * (1.0 + (lay.zero == 3)) + reduce
+    return np.where(lay.zero >= 2, lay.gas * per_micro_batch, 0.0) / C.hbm_bytes_per_s(cluster, c)
+
+
 def _step_terms(model, cluster, training, lay, c) -> dict:
     """Data-parallel communication, offload and the optimizer update of one step: what is exposed
     whatever the compute ("dp_fixed"), and the overlapped collectives with what they need to be
@@ -523,7 +543,8 @@ def _step_terms(model, cluster, training, lay, c) -> dict:
     pg, pg_buckets = param_gather_s(model, cluster, training, lay, c)
     grad_overlap = grad_overlaps(training, lay)
     pg_overlap = grad_overlap & training.engine.param_gather_overlaps_forward
-    out = {"dp_fixed": np.where(grad_overlap, 0.0, reductions * grad_one) + np.where(pg_overlap, 0.0, pg),
+    out = {"dp_fixed": np.where(grad_overlap, 0.0, reductions * grad_one) + np.where(pg_overlap, 0.0, pg)
+           + fsdp_copies_s(model, cluster, training, lay, c),
            "grad_one": np.where(grad_overlap, grad_one, 0.0), "grad_buckets": grad_buckets, "reductions": reductions,
            "pg": np.where(pg_overlap, pg, 0.0), "pg_buckets": pg_buckets,
            **{"z3_" + k: v for k, v in z3.items()},

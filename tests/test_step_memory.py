@@ -101,10 +101,12 @@ def test_fsdp_checkpointed_peak_is_the_foreach_step():
 @pytest.mark.parametrize("name", ["step/fsdp/smollm-135m/mbs1-seq1024",
                                   "step/deepspeed/tinyllama-1.1b/zero1-mbs4-seq2048"])
 def test_allocated_peak_of_the_other_steps(name):
-    """SmolLM-135M under FSDP2 (3.15 GB measured) and TinyLlama under DeepSpeed ZeRO-1 (34.46 GB;
-    zero_grad frees its 16-bit gradients after the step too, 2.05 GiB not held at backward's start)."""
+    """SmolLM-135M under FSDP2 (3.15 GB measured) and TinyLlama under DeepSpeed ZeRO-1 (34.46 GB,
+    32.09 GiB; zero_grad frees its 16-bit gradients after the step too, and _release_ipg_buffers its
+    reduce buckets: 2.05 GiB and 5e8 x 2 B = 0.93 GiB not held at backward's start, which the
+    planner booked before, 35.01 GiB)."""
     run = _step_runs()[name]
-    assert abs(_predicted(run)["allocated_peak_bytes"] / run["measurement"]["allocated_peak_bytes"] - 1) < 0.03
+    assert abs(_predicted(run)["allocated_peak_bytes"] / run["measurement"]["allocated_peak_bytes"] - 1) < 0.02
 
 
 def test_h200_reserve_fitted_on_the_steps():

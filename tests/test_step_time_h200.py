@@ -38,8 +38,9 @@ def test_foreach_adamw_step():
 
 def test_tinyllama_fsdp_step_with_the_h200_profile():
     """The whole step: 0.189 and 0.190 s measured; with the profile's GEMM curve and host cost the
-    planner gives 0.157 s (-17 %): GEMMs agree with the profiled kernels (65 ms), the eager
-    elementwise kernels and FSDP2's copies are what it still misses (README, calibration)."""
+    planner gives 0.166 s (-13 %): GEMMs agree with the profiled kernels (65 ms); the eager
+    elementwise kernels, at well under STREAM's bandwidth, are what it still misses (README,
+    calibration)."""
     run = _runs(TINYLLAMA_FSDP)[-1]
     c = run["config"]
     e = api.estimate({**c["llama"], "model_type": "llama"}, {"gpus": 1, "gpu": "h200", "calibration": "h200"},

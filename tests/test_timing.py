@@ -805,3 +805,23 @@ def test_eager_blocks_wait_for_the_host_dispatching_their_operators():
     # Qwen3's q/k norms: 99 and 186 operators; GPT-2 with dropout 80 and 102; MoE blocks not counted
     assert compute.eager_host_s(lookup("qwen3-8b"), C) == pytest.approx((99 * C["eager_op_host_s"], 186 * C["eager_op_host_s"]))
     assert compute.eager_host_s(lookup("mixtral-8x7b"), C) == (0.0, 0.0)
+
+
+def test_fsdp2_copies_of_a_step():
+    # torch 2.13 _fsdp_collectives.py, per parameter of TinyLlama-1.1B (1,100,048,384) on 8 ranks,
+    # bf16 parameters, fp32 reduce, one micro-batch: all_gather_copy_in r4 w2 of the 1/8 shard and
+    # split_with_sizes_copy r2 w2, again in backward under --zero 3; _chunk_cat r2 w4, the shard's
+    # division r4 w4 / 8; 2 micro-batches do it all twice
+    tiny_llama = ModelSpec(layers=22, hidden=2048, heads=32, kv_heads=4, ffn=5632, vocab=32000)
+    params = 1_100_048_384
+    h200 = node(hardware.lookup_gpu("h200"))
+    fsdp = layout.Training(seq_len=2048, engine="fsdp")
+    hbm = 4.8e12 * C["hbm_efficiency"]
+    gather, reduce = params * (6 / 8 + 4), params * (6 + 8 / 8)
+    zero3 = timing.fsdp_copies_s(tiny_llama, h200, fsdp, layout.single(dp=8, zero=3), C)[0]
+    assert zero3 == pytest.approx((2 * gather + reduce) / hbm, rel=1e-9)  # 4.0 ms
+    zero2 = timing.fsdp_copies_s(tiny_llama, h200, fsdp, layout.single(dp=8, zero=2, gas=2), C)[0]
+    assert zero2 == pytest.approx(2 * (gather + reduce) / hbm, rel=1e-9)  # kept gathered through backward
+    for engine, zero in (("megatron", 1), ("deepspeed", 3), ("fsdp", 0)):
+        assert timing.fsdp_copies_s(tiny_llama, h200, layout.Training(seq_len=2048, engine=engine),
+                                    layout.single(dp=8, zero=zero), C)[0] == 0.0
