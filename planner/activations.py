@@ -82,7 +82,7 @@ def hf_swiglu_mlp_saved(e: float, f: int, where: str) -> list[Saved]:
 
 
 def hf_attention_core_saved(model: ModelSpec, training: Training, seq: float, v: Saved, q_from_cat: bool,
-                            fp32_softmax: bool = True) -> list[Saved]:
+                            fp32_softmax: bool = True, gqa_math: bool = True) -> list[Saved]:
     """transformers 5.25 attention from q and k after rotary (heads x dim_per_head each, [b, a, s, d])
     to o_proj's input (heads x v head width), with the model's attention_implementation.
     'sdpa' (integrations/sdpa_attention.py sdpa_attention_forward): the kernel keeps q, k, v (`v`:
@@ -93,9 +93,21 @@ def hf_attention_core_saved(model: ModelSpec, training: Training, seq: float, v:
     'eager' (modeling_llama.py eager_attention_forward): q, k and v repeated to every head (torch.matmul
     folds q and k as views, v repeated or not a copy), the fp32 softmax and its 16-bit cast (a no-op in
     fp32), and o_proj's contiguous input; fp32_softmax False (modeling_llama4.py eager_attention_forward:
-    softmax in the input's dtype): the one softmax output in that dtype."""
+    softmax in the input's dtype): the one softmax output in that dtype.
+    fp32 with GQA under SDPA on CUDA (gqa_math; sdpa_attention_forward passes enable_gqa where no
+    mask is given): the flash kernel takes fp16/bf16 only and the memory-efficient one no enable_gqa
+    (torch sdp_utils.cpp), so SDPA runs its composite math kernel (attention.cpp
+    _scaled_dot_product_attention_math): k and v repeated to every head, q and k scaled, the matmuls
+    keep both scaled operands, the softmax output [b, a, s, s] and the repeated v, and the [b, a, s, d]
+    output makes o_proj's input a copy. Measured on an H200 to the byte: 752 B a token more than the
+    flash kernel's keep for a 4-head, 2-kv-head Llama at 32 tokens (data/calibration/h200.json
+    activations/hf-llama/sdpa-fp32). The CPU's flash kernel takes fp32 and GQA: the tests translate."""
     e = training.precision.element_bytes
     q, kv, a, o = model.q_width, model.kv_width, model.heads, model.attention_out_width
+    if training.flash_attention and gqa_math and e == 4.0 and model.kv_heads < model.heads:
+        return [Saved("q scaled", e * q, TP), Saved("k repeated to every head, scaled", e * q, TP),
+                Saved("v repeated to every head", e * o, TP), Saved("softmax output", e * a * seq, TP, core=True),
+                Saved("o_proj input (contiguous copy)", e * o, TP)]
     if training.flash_attention:
         out = [Saved("q after rotary", e * q, TP), Saved("k after rotary", e * kv, TP), v,
                Saved("attention output" + ("" if q_from_cat else " (o_proj input)"), e * o, TP),
@@ -115,7 +127,7 @@ def hf_attention_core_saved(model: ModelSpec, training: Training, seq: float, v:
 
 
 def hf_llama_attention_saved(model: ModelSpec, training: Training, seq: float, q_from_cat: bool = False,
-                             fp32_softmax: bool = True) -> list[Saved]:
+                             fp32_softmax: bool = True, gqa_math: bool = True) -> list[Saved]:
     """LlamaDecoderLayer's input_layernorm and LlamaAttention (q_proj, k_proj, v_proj, rotary,
     attention, o_proj's input; Qwen3's per-head q_norm/k_norm): hf_llama_saved's first half."""
     e = training.precision.element_bytes
@@ -123,7 +135,8 @@ def hf_llama_attention_saved(model: ModelSpec, training: Training, seq: float, q
     out = hf_rms_norm_saved(e, h, "attention") + [Saved("q/k/v input (norm output)", e * h, SP)]
     if model.qk_norm:  # Qwen3RMSNorm on q and k per head, eager like LlamaRMSNorm: one rstd per head
         out += hf_qk_norms_saved(model, e, weight=True)
-    return out + hf_attention_core_saved(model, training, seq, Saved("v", e * kv, TP), q_from_cat, fp32_softmax)
+    return out + hf_attention_core_saved(model, training, seq, Saved("v", e * kv, TP), q_from_cat, fp32_softmax,
+                                         gqa_math)
 
 
 def hf_qk_norms_saved(model: ModelSpec, e: float, weight: bool) -> list[Saved]:
@@ -339,7 +352,9 @@ def hf_llama4_saved(model: ModelSpec, training: Training, seq: float, mbs) -> li
                       chunked * e * (q + o - 2 * kv), TP),
                 Saved("chunked-attention mask in the 16-bit dtype (SDPA's convert_boolean_attn_mask)",
                       chunked * e * seq, WHOLE, core=True)]
-    return (hf_llama_attention_saved(model, training, seq, fp32_softmax=False) + out
+    # fp32 SDPA's math-kernel fallback (hf_attention_core_saved) is not modelled for this averaged
+    # layer, whose chunked layers pass a mask (k and v repeated: the memory-efficient kernel)
+    return (hf_llama_attention_saved(model, training, seq, fp32_softmax=False, gqa_math=False) + out
             + hf_llama_mlp_saved(model, training))
 
 
