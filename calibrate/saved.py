@@ -99,7 +99,7 @@ def hf_saved_counter(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat
     its model_type (default llama; gpt2, gpt_neox, ... alike) and fields go to AutoConfig.for_model;
     num_hidden_layers works for every model_type (GPT2Config.attribute_map maps it to n_layer).
     live: count only what the graph still holds after the forward (LiveSavedCounter).
-    device: "cuda" counts what CUDA's kernels save (flash attention's logsumexp, not CPU's).
+    device: "cuda" counts what CUDA's kernels save (fp32 GQA SDPA: the math kernel's, not a flash kernel's).
     Call .table() on it to see each saved tensor."""
     import transformers
 

@@ -96,3 +96,20 @@ def test_fit_refuses_bad_input_in_one_line(tmp_path, capsys):
     assert calibrate_main(["report", str(tmp_path / "none.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("calibrate: error: ") for line in err)
+
+
+def test_the_reserve_comes_from_the_training_steps():
+    # whole training steps reserve 20 % over their allocated peak, small models' few MB 1 %: the
+    # reserve is fitted on the steps alone; the small runs are predicted with it, kept out of the band
+    def record(kind, allocated, ratio):
+        return {"kind": kind, "outcome": {"status": "ok"}, "prediction": {},
+                "measurement": {"allocated_peak_bytes": allocated, "reserved_peak_bytes": allocated * ratio}}
+
+    steps = [record("step_time", a, 1.2) for a in (3e9, 22e9, 32e9, 34e9)]
+    small = [record("memory", a, 1.01) for a in (7e7, 7.2e7, 7.1e7)]
+    result = F.fit(small + steps, REF, k=4)
+    assert result["coefficients"]["memory"]["allocator_fragmentation"]["value"] == pytest.approx(0.2, rel=1e-3)
+    assert result["coefficients"]["memory"]["allocator_fragmentation"]["runs"] == 4
+    kept = result["error"]["memory.reserved_peak_bytes"]
+    assert kept["kept"] and kept["after_max"] == pytest.approx(1.2 / 1.01 - 1, rel=1e-3)  # 18.8 %
+    assert result["bands"]["peak_memory"] < 0.01  # the steps' held-out error, not the small runs'
