@@ -179,7 +179,8 @@ def report_text(doc: dict) -> str:
     for q, e in fit["error"].items():
         after = "-" if e["after_mean"] is None else f"{e['after_mean']:.1%} / {e['after_max']:.1%}"
         lines.append(f"{q:34s} {e['runs']:5d} {e['before_mean']:8.1%} / {e['before_max']:6.1%} {after:>20s}"
-                     + ("  (coefficients fitted above; not held out)" if e.get("kept") else
+                     + (f"  ({e['note']})" if e.get("note") else
+                        "  (coefficients fitted above; not held out)" if e.get("kept") else
                         "" if e["fitted"] else "  (no coefficient: exact terms)"))
     if fit["bands"]:
         lines.append("bands quoted by answers: " + ", ".join(f"{q} +-{b:.1%}" for q, b in fit["bands"].items()))

@@ -48,6 +48,8 @@ class FitGroup:
     """(records, {section: coefficient values}, hardware references) -> predicted quantity."""
     band: str | None = None
     """The answer band (planner.calibration.BAND_QUANTITIES) this quantity's held-out error sets."""
+    note: str | None = None
+    """What `calibrate report` says of the group's error (default: fitted, or exact terms)."""
 
 
 def _gemm(records, c, ref):
@@ -96,6 +98,27 @@ def _step_allocated(records, c, ref):
                      for x in (r["config"] for r in records)], dtype=float)
 
 
+def _step_time(records, c, ref):
+    # an end-to-end step with the coefficients in hand (the profile's fit where an earlier group fitted
+    # them): none of them is fitted to these runs, so their error is a held-out one
+    from planner import layout, timing
+    from planner.calibration import FITTABLE, Calibration
+    from planner.hardware import Cluster, lookup_gpu
+    from planner.hf_config import from_hf_config
+
+    overrides = tuple((s, n, float(c[s][n])) for s in FITTABLE for n in FITTABLE[s] if n in c.get(s, {}))
+    out = []
+    for x in (r["config"] for r in records):
+        cluster = Cluster(lookup_gpu(x["gpu"]), x["layout"]["dp"], x["layout"]["dp"],
+                          Calibration("fit", "", x["gpu"], overrides))
+        training = layout.Training(seq_len=x["seq"], engine=x["engine"], precision="bf16")
+        lay = layout.single(dp=x["layout"]["dp"], zero=x["zero"], mbs=x["mbs"],
+                            recompute="full" if x["checkpointing"] else "none")
+        out.append(timing.step_time(from_hf_config({**x["llama"], "model_type": "llama"}), cluster, training,
+                                    lay)["step_s"][0])
+    return np.array(out, dtype=float)
+
+
 def _layer_saved(records, c, ref):
     # a layer counted on CUDA is predicted by the planner as it is now (it models what CUDA keeps); a
     # CPU count by the prediction recorded with it, which the tests translate kernel by kernel
@@ -136,6 +159,7 @@ GROUPS = (
     FitGroup("memory", "model_state_bytes_per_param", (), _recorded("model_state_bytes_per_param"), "peak_memory"),
     FitGroup("activations", "layer_saved_bytes", (), _layer_saved, "peak_memory"),
     FitGroup("step_time", "allocated_peak_bytes", (), _step_allocated, "peak_memory"),
+    FitGroup("step_time", "step_s", (), _step_time, "step_time", "the coefficients fitted above, none from these runs"),
 )
 
 
@@ -219,7 +243,9 @@ def fit(records: list, ref: dict, k: int = 5) -> dict:
         # a coefficient an earlier group fitted (the end-to-end runs come first) is kept: this group's
         # runs are then only predicted with it, and do not set the answers' band
         taken = bool(group.coefficients) and all(n in fitted.get(s, {}) for s, n in group.coefficients)
-        after = np.abs(relative_errors(group, rows, coef, ref)) if taken else held_out_errors(group, rows, prior, ref, k)
+        # a group with no coefficient of its own is judged with those fitted so far (its runs fitted none)
+        after = np.abs(relative_errors(group, rows, coef, ref)) if taken else \
+            held_out_errors(group, rows, prior if group.coefficients else coef, ref, k)
         values = {} if taken else fit_group(group, rows, prior, ref)
         coef = _with(coef, list(values), values.values())
         for (section, name), value in values.items():
@@ -228,7 +254,7 @@ def fit(records: list, ref: dict, k: int = 5) -> dict:
                                                     "lower": lo, "upper": hi, "runs": len(rows)}
         held = bool(np.isfinite(after).all())
         errors[f"{group.kind}.{group.quantity}"] = {
-            "runs": len(rows), "fitted": bool(group.coefficients), "kept": taken, "before_mean": float(before.mean()),
+            "runs": len(rows), "fitted": bool(group.coefficients), "kept": taken, "note": group.note, "before_mean": float(before.mean()),
             "before_max": float(before.max()), "after_mean": float(after.mean()) if held else None,
             "after_max": float(after.max()) if held else None, "folds": min(k, len(rows))}
         if group.band and held and not taken:
