@@ -46,3 +46,16 @@ def test_tinyllama_fsdp_step_with_the_h200_profile():
     e = api.estimate({**c["llama"], "model_type": "llama"}, {"gpus": 1, "gpu": "h200", "calibration": "h200"},
                      {"seq_len": c["seq"], "engine": "fsdp", "precision": "bf16"}, {"dp": 1, "zero": 3, "mbs": c["mbs"]})
     assert -0.25 < e.time["step_s"] / run["measurement"]["step_s"] - 1 < 0.0
+
+
+def test_the_step_time_band_covers_every_measured_step():
+    """Answers with --calibration h200 quote a step-time band that every end-to-end step measured on
+    the H200 falls within (SmolLM-135M at 1 x 1024 tokens, host-bound, is the widest: -43 %)."""
+    runs = [r for r in json.loads(PROFILE.read_text())["runs"] if r["kind"] == "step_time"]
+    assert len(runs) == 8
+    for run in runs:
+        c = run["config"]
+        e = api.estimate({**c["llama"], "model_type": "llama"}, {"gpus": 1, "gpu": "h200", "calibration": "h200"},
+                         {"seq_len": c["seq"], "engine": c["engine"], "precision": "bf16"},
+                         {"dp": 1, "zero": c["zero"], "mbs": c["mbs"], "recompute": "full" if c["checkpointing"] else "none"})
+        assert abs(e.time["step_s"] / run["measurement"]["step_s"] - 1) <= e.time["error_band"]
