@@ -242,6 +242,11 @@ class Engine:
     distributed/context_parallel/api.py apply_cp_to_forward for FlexAttention: torch 2.13
     _context_parallel/_cp_custom_ops.py flex_cp_allgather, flex_cp_allgather_backward); else
     Megatron's ring passes K/V chunks under the attention core (planner/timing.py cp_ring_exposed_s)."""
+    zero3_per_tensor_collectives: bool = False
+    """ZeRO-3 all-gathers each parameter and reduce-scatters each gradient in a call of its own,
+    through torch.distributed's tensor-list all_gather/reduce_scatter: the host narrows one slice
+    per rank and torch copies each through a flat buffer, right after a device sync (DeepSpeed
+    0.3.10-0.5.x; timing.zero3_rank_copies_s), rather than one flat call per submodule and bucket."""
 
     @property
     def pipeline(self) -> bool:
@@ -474,7 +479,19 @@ TORCHTITAN = replace(
     cp_gathers_kv=True,  # its models' FlexAttention under CP (models/*/parallelize.py apply_cp_to_forward)
 )
 
+# DeepSpeed of spring 2021 (ZeRO-3 from 0.3.10; 0.3.13 is what Narayanan et al. 2021 could run, arXiv
+# 2104.04473 of 2021-04-09): 0.3.13 partition_parameters.py _allgather_param calls torch.cuda.synchronize()
+# and all_gathers one parameter into world_size narrowed partitions; _reduce_scatter_gradients makes one
+# reduce_scatter of world_size narrowed inputs per parameter. 0.5.10 moved the gathers to _all_gather_base.
+# Not an --engine choice: planner/validate.py reads the runs of that time with it.
+MEGATRON_DEEPSPEED_0_3 = replace(
+    MEGATRON_DEEPSPEED, name="megatron-deepspeed-0.3",
+    summary="Megatron + DeepSpeed 0.3 (2021): ZeRO-3 one tensor-list collective per parameter",
+    zero3_per_tensor_collectives=True)
+
 ENGINES: dict[str, Engine] = {e.name: e for e in (DEEPSPEED, MEGATRON_DEEPSPEED, MEGATRON, FSDP, TORCHTITAN)}
+ARCHIVED: dict[str, Engine] = {e.name: e for e in (MEGATRON_DEEPSPEED_0_3,)}
+"""Past engine versions that published runs were measured on (planner/validate.py)."""
 NAMES = tuple(ENGINES)
 
 

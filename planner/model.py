@@ -275,9 +275,13 @@ class ModelSpec:
         return tuple({"llama": _llama, "gpt2": _gpt2, "gpt_neox": _gpt_neox,
                       "deepseek_v3": _llama, "llama4": _llama}[self.architecture](self))
 
+    def tensors_at(self, place: str) -> tuple[Tensor, ...]:
+        """The first stage's own tensors (FIRST), one block's (BLOCK) or the last stage's (LAST)."""
+        return tuple(t for t in self._tensors if t.place == place)
+
     def block_tensors(self) -> tuple[Tensor, ...]:
         """One routed-expert block (a dense model's only kind; `dense_block` has the other)."""
-        return tuple(t for t in self._tensors if t.place == BLOCK)
+        return self.tensors_at(BLOCK)
 
     # ---- counts derived from the list ----------------------------------------------------
     @cached_property

@@ -25,7 +25,7 @@ from planner.grouping import Lazy, grouped
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.memory import ACTIVATION_FIELDS, STATE_FIELDS, coefficients, deepspeed_bf16_optimizer, deferred_reduction
-from planner.model import ModelSpec
+from planner.model import BLOCK, FIRST, LAST, ModelSpec, local_numel
 from planner.options import Offload, Optimizer, Recompute
 from planner.pipeline import (blocks_on_stage, bubble_s, chunks_per_stage, first_routed_stage, max_layers_on_stage,
                               p2p_transfers)
@@ -328,6 +328,8 @@ def grad_reduce_s(model: ModelSpec, cluster: Cluster, training: Training, lay: L
     # group taken (the no-decay group of norms and biases is a small second call)
     bucket = np.where(deepspeed_bf16_optimizer(training, lay), np.maximum(dense + expert, 1.0),
                       grad_bucket_elements(model, training, lay))
+    if training.engine.zero3_per_tensor_collectives:  # one reduce-scatter per tensor, their mean size
+        bucket = np.where(lay.zero == 3, (dense + expert) / zero3_tensor_calls(model, training, lay)[1], bucket)
     all_reduce = np.isin(lay.zero, training.engine.all_reduce_stages) | deepspeed_bf16_optimizer(training, lay)
 
     def reduce(kind):  # whole buckets; dense and expert gradients in separate buckets
@@ -365,6 +367,29 @@ def overlapped_exposed_s(total_s, buckets, window_s):
     return per + (buckets - 1.0) * np.maximum(per - window_s / buckets, 0.0)
 
 
+def zero3_tensor_calls(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
+    """(gathered, all): parameter tensors a rank of the heavier end stage holds, each one call of
+    Engine.zero3_per_tensor_collectives (one per local expert of an expert tensor). A tensor of fewer
+    local elements than stage3_param_persistence_threshold stays whole and is never gathered
+    (DeepSpeed 0.3.13 stage3.py __init__: param.ds_persist when ds_numel < the threshold)."""
+    threshold = training.zero_config.stage3_param_persistence_threshold
+    local_experts = np.maximum(model.experts // lay.ep, 1).astype(np.float64)
+
+    def count(place):
+        gathered = every = 0.0 * lay.tp
+        for t in (t for t in model.tensors_at(place) if not t.tied):
+            copies = local_experts if t.expert else 1.0
+            every = every + copies
+            gathered = gathered + np.where(local_numel(t, lay.tp, model.experts, lay.ep) / copies >= threshold, copies, 0.0)
+        return gathered, every
+
+    n_layers = max_layers_on_stage(model.layers, lay.pp, training.pipeline_edge_layers)
+    (g_block, a_block), (g_first, a_first), (g_last, a_last) = count(BLOCK), count(FIRST), count(LAST)
+    whole = lay.pp == 1  # one stage holds both ends; otherwise the heavier end
+    return (n_layers * g_block + np.where(whole, g_first + g_last, np.maximum(g_first, g_last)),
+            n_layers * a_block + np.where(whole, a_first + a_last, np.maximum(a_first, a_last)))
+
+
 def zero3_gathers_per_step(training: Training, lay: Layouts) -> np.ndarray:
     """Times each sharded parameter is all-gathered in a step: forward and again backward every
     micro-batch under ZeRO-3 (ZeRO paper section 7); the forward only under --zero 2 where the
@@ -393,6 +418,8 @@ def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     n_layers = max_layers_on_stage(model.layers, lay.pp, training.pipeline_edge_layers)
     per_block = 1 if training.engine.zero3_fetch_per_block else len(model.gemms(training.engine.fused_gemms))
     calls = n_layers * per_block + 2
+    if training.engine.zero3_per_tensor_collectives:
+        calls = zero3_tensor_calls(model, training, lay)[0]
     one = dp_collective_s(cluster, training, lay, c, "all_gather", dense * w / calls, expert * w / calls, calls)
     per_step = zero3_gathers_per_step(training, lay)
     whole_step = deferred_reduction(training, lay) & (per_step > 0)
@@ -403,6 +430,24 @@ def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
                                                        & (zc.stage3_max_live_parameters > submodule_elements))
     return {"one": one, "calls": calls + 0.0 * one, "fwd": passes, "bwd": np.where(lay.zero == 3, passes, 0.0),
             "whole_step": whole_step, "prefetch": prefetch}
+
+
+def zero3_rank_copies_s(model: ModelSpec, training: Training, lay: Layouts, c: dict, z3: dict) -> np.ndarray:
+    """Host seconds a step spends on the per-rank slices of Engine.zero3_per_tensor_collectives, all
+    of them exposed. Each gathered tensor in each of its gathers (the passes of zero3_gather_s's
+    `z3`) and each gradient in each reduction is a call over zero_ranks ranks; for every rank
+    DeepSpeed narrows a slice in Python and torch copies it through the collective's flat buffer
+    (torch 1.8 ProcessGroupNCCL allgather/reduce_scatter of tensor lists: one copy_ per list entry),
+    about one eager op of host time (eager_op_host_s; the narrow launches no kernel). The GPU waits: each
+    gather follows a torch.cuda.synchronize() (DeepSpeed 0.3.13 partition_parameters.py
+    _allgather_param; stage3.py fetch_sub_module -> _synchronize_communication) and precedes the
+    submodule's kernels; the reductions run in backward hooks with at most that submodule's backward
+    queued. Nothing for the other engines."""
+    if not training.engine.zero3_per_tensor_collectives:
+        return 0.0 * lay.tp
+    gathered, every = zero3_tensor_calls(model, training, lay)
+    calls = gathered * (z3["fwd"] + z3["bwd"] + z3["whole_step"]) + every * grad_reductions_per_step(training, lay)
+    return np.where(lay.zero == 3, calls * lay.zero_ranks * c["eager_op_host_s"], 0.0)
 
 
 def zero3_exposed_s(z3, fwd_window_s, bwd_window_s, step_window_s):
@@ -544,7 +589,7 @@ def _step_terms(model, cluster, training, lay, c) -> dict:
     grad_overlap = grad_overlaps(training, lay)
     pg_overlap = grad_overlap & training.engine.param_gather_overlaps_forward
     out = {"dp_fixed": np.where(grad_overlap, 0.0, reductions * grad_one) + np.where(pg_overlap, 0.0, pg)
-           + fsdp_copies_s(model, cluster, training, lay, c),
+           + fsdp_copies_s(model, cluster, training, lay, c) + zero3_rank_copies_s(model, training, lay, c, z3),
            "grad_one": np.where(grad_overlap, grad_one, 0.0), "grad_buckets": grad_buckets, "reductions": reductions,
            "pg": np.where(pg_overlap, pg, 0.0), "pg_buckets": pg_buckets,
            **{"z3_" + k: v for k, v in z3.items()},

@@ -495,6 +495,37 @@ def test_zero3_gathers_parameters_twice_per_micro_step():
     assert timing.step_time(LLAMA7, node(), slow, lay)["step_s"][0] > timing.step_time(LLAMA7, node(), DS, lay)["step_s"][0] + 3 * one
 
 
+def test_deepspeed_2021_zero3_calls_one_collective_per_tensor():
+    """DeepSpeed 0.3.13 gathers each partitioned tensor and reduce-scatters each gradient on its own
+    (partition_parameters.py _allgather_param, _reduce_scatter_gradients). GPT-3 175B as Megatron-LM
+    builds it (megatron/model/transformer.py ParallelTransformerLayer): input_layernorm, query_key_value,
+    dense, post_attention_layernorm, dense_h_to_4h, dense_4h_to_h, each weight and bias = 12 tensors a
+    layer, plus word and position embeddings and final_layernorm's two = 96 x 12 + 4 = 1156 reductions.
+    Gathered: the tensors of 1e5 elements or more (stage3_param_persistence_threshold default; 0.3.13
+    stage3.py ds_persist): the 4 weights a layer and both embeddings (2048 x 12288 = 25M); the largest
+    bias, dense_h_to_4h's 4h = 49152, stays whole: 96 x 4 + 2 = 386."""
+    from planner import engines, validate
+
+    run = next(r for r in validate.load_runs() if r["id"] == "narayanan2021-t2-zero3-174.6B-1536gpu")
+    model = validate.run_model(run)
+    training = layout.Training(seq_len=2048, precision="fp16", engine=engines.MEGATRON_DEEPSPEED_0_3)
+    lay = layout.single(dp=1536, zero=3)
+    gathered, every = timing.zero3_tensor_calls(model, training, lay)
+    assert (gathered[0], every[0]) == (386, 1156)
+    # a pass of gathers is 386 calls of ~0.9 GB, the reduction 1156 reduce-scatters (planner's DeepSpeed
+    # 0.19: one coalesced call per submodule, and reduce_bucket_size buckets: 5e8 elements, 350 calls)
+    c = memory.coefficients("time", None)
+    assert timing.zero3_gather_s(model, node(), training, lay, c)["calls"][0] == 386
+    assert timing.grad_reduce_s(model, node(), training, lay, c)[1][0] == 1156
+    assert timing.grad_reduce_s(model, node(), layout.Training(seq_len=2048, precision="fp16",
+                                engine="megatron-deepspeed"), lay, c)[1][0] == math.ceil(model.params / 5e8)
+    # TP 8 splits the weights, not the 12288-wide layernorms: still 4 gathered a layer (qkv 56M/8 = 7M)
+    assert timing.zero3_tensor_calls(model, training, layout.single(tp=8, dp=192, zero=3))[0][0] == 386
+    # the engine is not an --engine choice: it only reads runs of its time
+    with pytest.raises(InputError, match="--engine"):
+        layout.Training(engine="megatron-deepspeed-0.3")
+
+
 def test_gpu_optimizer_step_is_memory_bound():
     # DeepSpeed ZeRO-1 bf16, 8 ranks: each updates Psi/8 parameters reading and writing, per parameter,
     # the unscale/inf check (r+w 2 B grads), the norm (r 2 B), FusedAdam (r 2 B grad, r+w 4 B master and

@@ -32,19 +32,22 @@ def test_activation_memory_mape():
     assert np.mean(np.abs(errors("activation"))) < 0.04  # 2.4% vs Korthikanti 2022 Figure 1
 
 
-def test_zero3_trend_and_gap():
-    # Narayanan Table 2 (DeepSpeed ZeRO-3 of 2021): measured 144 > 88 > 44 TFLOP/s as GPUs double at a
-    # fixed batch; the model reproduces the fall but stays optimistic (known gap, README: DeepSpeed
-    # 0.3.13 all-gathered parameter by parameter behind a torch.cuda.synchronize(), which the planner's
-    # DeepSpeed 0.19 record does not do; NCCL's latency model leaves these runs near compute-bound)
+def test_zero3_of_2021_falls_with_scale_as_measured():
+    # Narayanan Table 2 (DeepSpeed ZeRO-3 of spring 2021, engine megatron-deepspeed-0.3): 144 > 88 > 44
+    # TFLOP/s as GPUs double at a fixed batch, 3.3x from 384 to 1536 GPUs. The fall comes from one
+    # tensor-list collective per parameter whose per-rank copies the host issues after a device sync
+    # (timing.zero3_rank_copies_s): with them 10x too cheap the fall is 1.6x, 10x too dear the 1536-GPU
+    # case is off by -86 %; without them (the engine of today) the six rows were +129 % optimistic.
     z = {r["id"]: r["predicted"] for r in ROWS if "zero3" in r["id"]}
-    assert z["narayanan2021-t2-zero3-174.6B-384gpu"] > z["narayanan2021-t2-zero3-174.6B-768gpu"] \
-        > z["narayanan2021-t2-zero3-174.6B-1536gpu"]
-    assert np.mean(np.abs(errors("TFLOP/s", "zero3"))) < 1.5  # 129% today
+    fall = z["narayanan2021-t2-zero3-174.6B-384gpu"] / z["narayanan2021-t2-zero3-174.6B-1536gpu"]
+    assert 2.5 < fall < 4.5  # published 144 / 44 = 3.27; predicted 3.8 today
+    err = errors("TFLOP/s", "zero3")
+    assert np.mean(np.abs(err)) < 0.35  # 28.7 % today (175B: +19/+23/+3 %, 530B: +39/+43/+45 %)
+    assert np.max(np.abs(err)) < 0.50
 
 
 def test_overall_mape_and_cli():
-    assert validate.mape(ROWS) < 0.30  # 26.2% over all 38 figures today (the six ZeRO-3 rows: 129%)
+    assert validate.mape(ROWS) < 0.12  # 10.4% over all 38 figures today (the six ZeRO-3 rows: 28.7%)
     out = io.StringIO()
     assert cli.main(["validate"], out=out) == 0
     assert "MAPE all 38 figures" in out.getvalue()
