@@ -105,10 +105,13 @@ class Recommendation:
 # ---------------------------------------------------------------------------------------------
 
 
-def default_engine(lay: LayoutInput) -> str:
-    """estimate without --engine: megatron when interleaving, megatron-deepspeed with TP or CP,
-    else deepspeed."""
-    return "megatron" if lay.vpp > 1 else "megatron-deepspeed" if max(lay.tp, lay.cp) > 1 else DEFAULTS["engine"]
+def default_engine(tp: int = 1, cp: int = 1, vpp: int = 1, sequence_parallel: bool = False) -> str:
+    """The engine without --engine, for the layout estimate takes or the axes recommend is pinned to:
+    megatron when interleaving, megatron-deepspeed with TP, CP or sequence parallelism (DeepSpeed
+    alone has none), else deepspeed."""
+    if vpp > 1:
+        return "megatron"
+    return "megatron-deepspeed" if max(tp, cp) > 1 or sequence_parallel else DEFAULTS["engine"]
 
 
 def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: bool = False) -> Estimate:
@@ -139,7 +142,7 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
     if tin.gbs is None:
         defaults["gbs"] = gbs
     spec = resolve_model(model)
-    engine = tin.engine or default_engine(lin)
+    engine = tin.engine or default_engine(lin.tp, lin.cp, lin.vpp, bool(lin.sequence_parallel))
     if tin.engine is None:
         defaults["engine"] = engine
     train = tin.resolve(gbs, engine)
@@ -188,11 +191,12 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     if cin.gpus is None:
         raise InputError("--gpus: required for recommend (total GPUs, e.g. --gpus 16)")
     clus = cin.resolve(tin.precision or DEFAULTS["precision"], cin.gpus)
-    train = tin.resolve(gbs, tin.engine or DEFAULTS["engine"])
+    pins = _pin_codes(pinned or {}, clus.num_gpus)
+    train = tin.resolve(gbs, tin.engine or default_engine(pins.get("tp", 1), pins.get("cp", 1), pins.get("vpp", 1),
+                                                          bool(pins.get("sequence_parallel", 0))))
     if tin.engine is None:
         defaults["engine"] = train.engine.name
     defaults.update(_training_defaults(tin, cin, train, spec))
-    pins = _pin_codes(pinned or {}, clus.num_gpus)
     train, result = _search_edges(spec, clus, train, headroom, max_mbs, pins, tin.pipeline_edge_layers is None)
     if tin.pipeline_edge_layers is None and train.pipeline_edge_layers != train.engine.pipeline_edge_layers:
         defaults["pp_edge_layers"] = train.pipeline_edge_layers  # chosen: search.edge_layers_choice

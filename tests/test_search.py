@@ -147,6 +147,22 @@ def test_pinned_axes_keep_their_values_and_find_the_full_searchs_best_of_them():
     assert d["candidates_evaluated"] < res["candidates"] / 10
 
 
+def test_pins_without_an_engine_choose_one_that_has_the_axes():
+    # the issue's own command: DeepSpeed alone has no TP, so without --engine the pins pick the engine
+    # estimate would (api.default_engine): megatron-deepspeed with TP, megatron with interleaving
+    code, text = recommend("--model", "llama-3-70b", "--gpus", "64", "--tp", "8", "--zero", "1", "--json")
+    assert code == 0
+    d = json.loads(text)
+    assert d["defaults"]["engine"] == d["assumptions"]["engine"] == "megatron-deepspeed"
+    assert d["layouts"] and all(r["layout"]["tp"] == 8 and r["layout"]["zero"] == 1 for r in d["layouts"])
+    code, text = recommend("--model", "llama-3-70b", "--gpus", "64", "--vpp", "2", "--json", "--top", "1")
+    d = json.loads(text)
+    assert code == 0 and d["assumptions"]["engine"] == "megatron" and d["layouts"][0]["layout"]["vpp"] == 2
+    # no layout pin: DeepSpeed stays the default, the others are compared under the table
+    code, text = recommend("--model", "llama-3-70b", "--gpus", "64", "--zero", "3", "--json", "--top", "1")
+    assert json.loads(text)["assumptions"]["engine"] == "deepspeed"
+
+
 @pytest.mark.parametrize("argv, flags", [
     (["--gpus", "48", "--tp", "3"], "--tp"),                    # 3 divides 48 but not the 64 heads
     (["--gpus", "32", "--tp", "8", "--pp", "8"], "--tp*--pp"),  # 64 > 32 GPUs
