@@ -385,7 +385,7 @@ def _largest_module(tensors) -> int:
 def local_numel(t: Tensor, tp, experts: int = 1, ep=1):
     """Elements of `t` one rank holds: split by tp along tp_dim, routed experts split by ep."""
     n = t.numel / tp if t.tp_dim is not None else t.numel
-    return n * (max(experts // ep, 1) / experts) if t.expert else n
+    return n * (np.maximum(experts // ep, 1) / experts) if t.expert else n
 
 
 @dataclass(frozen=True)

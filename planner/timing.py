@@ -329,7 +329,7 @@ def grad_reduce_s(model: ModelSpec, cluster: Cluster, training: Training, lay: L
     bucket = np.where(deepspeed_bf16_optimizer(training, lay), np.maximum(dense + expert, 1.0),
                       grad_bucket_elements(model, training, lay))
     if training.engine.zero3_per_tensor_collectives:  # one reduce-scatter per tensor, their mean size
-        bucket = np.where(lay.zero == 3, (dense + expert) / zero3_tensor_calls(model, training, lay)[1], bucket)
+        bucket = np.where(lay.zero == 3, (dense + expert) / rank_tensors(model, training, lay)[1], bucket)
     all_reduce = np.isin(lay.zero, training.engine.all_reduce_stages) | deepspeed_bf16_optimizer(training, lay)
 
     def reduce(kind):  # whole buckets; dense and expert gradients in separate buckets
@@ -367,11 +367,13 @@ def overlapped_exposed_s(total_s, buckets, window_s):
     return per + (buckets - 1.0) * np.maximum(per - window_s / buckets, 0.0)
 
 
-def zero3_tensor_calls(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
-    """(gathered, all): parameter tensors a rank of the heavier end stage holds, each one call of
-    Engine.zero3_per_tensor_collectives (one per local expert of an expert tensor). A tensor of fewer
-    local elements than stage3_param_persistence_threshold stays whole and is never gathered
-    (DeepSpeed 0.3.13 stage3.py __init__: param.ds_persist when ds_numel < the threshold)."""
+def rank_tensors(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
+    """(gathered, all): parameter tensors a rank of the heavier end stage holds (one per local expert
+    of an expert tensor), and those ZeRO-3 gathers: a tensor of fewer local elements than
+    stage3_param_persistence_threshold stays whole (DeepSpeed 0.3.13 stage3.py __init__:
+    param.ds_persist when ds_numel < the threshold). Each is one call of
+    Engine.zero3_per_tensor_collectives, and each of ZeRO-1/2's partition a share of its step's
+    per-tensor operators (deepspeed_step_s)."""
     threshold = training.zero_config.stage3_param_persistence_threshold
     local_experts = np.maximum(model.experts // lay.ep, 1).astype(np.float64)
 
@@ -419,7 +421,7 @@ def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     per_block = 1 if training.engine.zero3_fetch_per_block else len(model.gemms(training.engine.fused_gemms))
     calls = n_layers * per_block + 2
     if training.engine.zero3_per_tensor_collectives:
-        calls = zero3_tensor_calls(model, training, lay)[0]
+        calls = rank_tensors(model, training, lay)[0]
     one = dp_collective_s(cluster, training, lay, c, "all_gather", dense * w / calls, expert * w / calls, calls)
     per_step = zero3_gathers_per_step(training, lay)
     whole_step = deferred_reduction(training, lay) & (per_step > 0)
@@ -445,7 +447,7 @@ def zero3_rank_copies_s(model: ModelSpec, training: Training, lay: Layouts, c: d
     queued. Nothing for the other engines."""
     if not training.engine.zero3_per_tensor_collectives:
         return 0.0 * lay.tp
-    gathered, every = zero3_tensor_calls(model, training, lay)
+    gathered, every = rank_tensors(model, training, lay)
     calls = gathered * (z3["fwd"] + z3["bwd"] + z3["whole_step"]) + every * grad_reductions_per_step(training, lay)
     return np.where(lay.zero == 3, calls * lay.zero_ranks * c["eager_op_host_s"], 0.0)
 
@@ -476,10 +478,10 @@ def _partition_params(model: ModelSpec, training: Training, lay: Layouts) -> np.
 
 
 def gpu_optimizer_step_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
-    """Optimizer step on the GPU, memory-bound (Megatron-LM MixedPrecisionOptimizer.step, DeepSpeed
-    alike): unscale + inf check (r+w grads), grad norm (r), FusedAdam (r grads, r+w master and
-    states), copy to 16-bit params (w), zero the grad buffer (w): 5g + 2o + w bytes per partition
-    parameter. torch's foreach AdamW (Engine.optimizer_step_copy; torch 2.13 optim/adam.py
+    """Optimizer step on the GPU, memory-bound (Megatron-LM MixedPrecisionOptimizer.step; DeepSpeed's
+    other optimizer wrappers alike, its ZeRO-1/2 step is deepspeed_step_s): unscale + inf check (r+w
+    grads), grad norm (r), FusedAdam (r grads, r+w master and states), copy to 16-bit params (w),
+    zero the grad buffer (w): 5g + 2o + w bytes per partition parameter. torch's foreach AdamW (Engine.optimizer_step_copy; torch 2.13 optim/adam.py
     _multi_tensor_adam, decoupled weight decay): mul_ params, lerp_ exp_avg with the gradient, mul_
     and addcmul_ exp_avg_sq (the gradient read twice), sqrt into a temporary, div_, add_ eps, addcdiv_
     params: 18 state-element and 3 gradient reads or writes per parameter (84 B in fp32), where a
@@ -490,6 +492,30 @@ def gpu_optimizer_step_s(model: ModelSpec, cluster: Cluster, training: Training,
     return _partition_params(model, training, lay) * per_param / C.hbm_bytes_per_s(cluster, c)
 
 
+def deepspeed_step_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+    """DeepSpeed's ZeRO-1/2 step (0.19.8 stage_1_and_2.py DeepSpeedZeroOptimizer.step) around FusedAdam,
+    as counted on the real engine (data/references/deepspeed_step_cpu.json, python -m
+    calibrate.deepspeed_step_ops): per gradient tensor of the rank's partition an inf/NaN check
+    (runtime/utils.py has_inf_or_nan) and an fp64 norm (get_grad_norm_direct), ~22 operators a tensor,
+    each launched from the host (eager_op_host_s), and 48 B a parameter of memory traffic (the fp32
+    flat gradient, the unscale, the copy back into the 16-bit weights). The host and the kernels run
+    side by side until the norm's .item() (is_invalid_grad_norm) waits for both; FusedAdam follows
+    (r fp32 gradient, r+w master and moments). ZeRO-1/2 split the flat buffer evenly: a rank's
+    partition holds 1/zero_ranks of the tensors and one that straddles."""
+    from planner.data import catalog
+
+    step = catalog("references/deepspeed_step_cpu.json")["zero_step"]
+
+    def counted(key):  # the stage's count
+        return np.where(lay.zero == 2, step["2"][key], step["1"][key])
+
+    tensors = np.ceil(rank_tensors(model, training, lay)[1] / lay.zero_ranks) + (lay.zero_ranks > 1)
+    host_s = (counted("ops_per_tensor") * tensors + counted("ops_fixed")) * c["eager_op_host_s"]
+    partition, hbm = _partition_params(model, training, lay), C.hbm_bytes_per_s(cluster, c)
+    adam_bytes = 4.0 + 2.0 * state_bytes(training).optimizer
+    return np.maximum(host_s, partition * counted("bytes_per_param") / hbm) + partition * adam_bytes / hbm
+
+
 def cpu_adam_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
     """ZeRO-Offload (Ren et al. 2021 sections 4-5): DeepSpeedCPUAdam on the node's cores, shared by
     the node's GPUs."""
@@ -498,9 +524,13 @@ def cpu_adam_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layo
 
 
 def optimizer_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
-    """The update: CPU Adam under optimizer offload, else the GPU step."""
-    return np.where(lay.offload_optimizer > Offload.NONE, cpu_adam_s(model, cluster, training, lay, c),
-                    gpu_optimizer_step_s(model, cluster, training, lay, c))
+    """The update: CPU Adam under optimizer offload, else DeepSpeed's ZeRO-1/2 step (deepspeed_step_s)
+    where it runs, else the GPU step."""
+    gpu = gpu_optimizer_step_s(model, cluster, training, lay, c)
+    if training.engine.deepspeed:
+        zero_optimizer = np.isin(lay.zero, (1, 2)) & ~deepspeed_bf16_optimizer(training, lay)
+        gpu = np.where(zero_optimizer, deepspeed_step_s(model, cluster, training, lay, c), gpu)
+    return np.where(lay.offload_optimizer > Offload.NONE, cpu_adam_s(model, cluster, training, lay, c), gpu)
 
 
 def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:

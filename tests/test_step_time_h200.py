@@ -36,6 +36,25 @@ def test_foreach_adamw_step():
         assert 0.7 < predicted / run["measurement"]["optimizer_s"] < 0.9
 
 
+def test_deepspeed_zero1_step_is_host_bound():
+    """DeepSpeed ZeRO-1's engine.step() on TinyLlama (bf16, FusedAdam, one rank): 65.4 and 48.3 ms
+    measured, where its bytes alone (the planner's earlier 36 B a parameter) gave 9 ms. Counted on the
+    real engine (data/references/deepspeed_step_cpu.json): 22 operators for each of the 201 gradient
+    tensors (inf/NaN check, fp64 norm) and 62 more, 4484 launches at eager_op_host_s 15.1 us = 67.7 ms
+    of host, beside 48 B a parameter of kernels (1.1e9 x 48 / (0.9 x 4.8e12) = 12.2 ms); then FusedAdam,
+    28 B a parameter: 7.1 ms. 74.8 ms in all: +14 % and +55 %."""
+    runs = _runs("step/deepspeed/tinyllama-1.1b/zero1-mbs4-seq2048")
+    assert len(runs) == 2
+    c = runs[0]["config"]
+    model = from_hf_config({**c["llama"], "model_type": "llama"})
+    training = layout.Training(seq_len=c["seq"], engine="deepspeed", precision="bf16")
+    predicted = timing.optimizer_s(model, Cluster(lookup_gpu("h200"), 1, 1), training,
+                                   layout.single(dp=1, zero=1, mbs=c["mbs"]), timing.coefficients("time"))[0]
+    assert 0.0745 < predicted < 0.0750
+    for run in runs:
+        assert 1.0 < predicted / run["measurement"]["optimizer_s"] < 1.6
+
+
 def test_tinyllama_fsdp_step_with_the_h200_profile():
     """The whole step: 0.189 and 0.190 s measured; with the profile's GEMM curve and host cost the
     planner gives 0.166 s (-13 %): GEMMs agree with the profiled kernels (65 ms); the eager

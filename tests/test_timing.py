@@ -510,7 +510,7 @@ def test_deepspeed_2021_zero3_calls_one_collective_per_tensor():
     model = validate.run_model(run)
     training = layout.Training(seq_len=2048, precision="fp16", engine=engines.MEGATRON_DEEPSPEED_0_3)
     lay = layout.single(dp=1536, zero=3)
-    gathered, every = timing.zero3_tensor_calls(model, training, lay)
+    gathered, every = timing.rank_tensors(model, training, lay)
     assert (gathered[0], every[0]) == (386, 1156)
     # a pass of gathers is 386 calls of ~0.9 GB, the reduction 1156 reduce-scatters (planner's DeepSpeed
     # 0.19: one coalesced call per submodule, and reduce_bucket_size buckets: 5e8 elements, 350 calls)
@@ -520,16 +520,18 @@ def test_deepspeed_2021_zero3_calls_one_collective_per_tensor():
     assert timing.grad_reduce_s(model, node(), layout.Training(seq_len=2048, precision="fp16",
                                 engine="megatron-deepspeed"), lay, c)[1][0] == math.ceil(model.params / 5e8)
     # TP 8 splits the weights, not the 12288-wide layernorms: still 4 gathered a layer (qkv 56M/8 = 7M)
-    assert timing.zero3_tensor_calls(model, training, layout.single(tp=8, dp=192, zero=3))[0][0] == 386
+    assert timing.rank_tensors(model, training, layout.single(tp=8, dp=192, zero=3))[0][0] == 386
     # the engine is not an --engine choice: it only reads runs of its time
     with pytest.raises(InputError, match="--engine"):
         layout.Training(engine="megatron-deepspeed-0.3")
 
 
 def test_gpu_optimizer_step_is_memory_bound():
-    # DeepSpeed ZeRO-1 bf16, 8 ranks: each updates Psi/8 parameters reading and writing, per parameter,
-    # the unscale/inf check (r+w 2 B grads), the norm (r 2 B), FusedAdam (r 2 B grad, r+w 4 B master and
-    # 8 B moments), the bf16 copy (w 2 B) and zeroing the grads (w 2 B): 5 x 2 + 2 x 12 + 2 = 36 bytes
+    # the memory-bound step (Megatron's MixedPrecisionOptimizer.step) with 16-bit gradients, bf16, 8 ranks:
+    # each updates Psi/8 parameters reading and writing, per parameter, the unscale/inf check (r+w 2 B
+    # grads), the norm (r 2 B), FusedAdam (r 2 B grad, r+w 4 B master and 8 B moments), the bf16 copy
+    # (w 2 B) and zeroing the grads (w 2 B): 5 x 2 + 2 x 12 + 2 = 36 bytes (DeepSpeed's ZeRO-1/2 step
+    # itself: test_step_time_h200.py, deepspeed_step_s)
     got = timing.gpu_optimizer_step_s(LLAMA7, node(), DS, layout.single(dp=8, zero=1), C)[0]
     assert got == pytest.approx(PSI7 / 8 * 36 / (2.039e12 * 0.9), rel=1e-12)  # 16.5 ms
 
