@@ -159,9 +159,10 @@ def block_s(block: ModelSpec, cluster: Cluster, training: Training, lay: Layouts
     tp_ar, units = tp_all_reduce_s(block, cluster, training, lay, c), tp_pass_units(block, training, lay)
     # eager Hugging Face modules: the GPU waits where the host dispatches the block's kernels slower
     host_fwd, host_bwd = C.eager_host_s(block, c) if training.engine.modules is Modules.HUGGING_FACE else (0.0, 0.0)
-    out = {"fwd": np.maximum(gemm + core_fwd + C.elementwise_fwd_s(block, cluster, training, lay, c), host_fwd),
-           "bwd": np.maximum(2.0 * gemm + core_bwd + C.elementwise_bwd_s(block, cluster, training, lay, c),  # dgrad + wgrad
-                             host_bwd),
+    gpu_fwd = gemm + core_fwd + C.elementwise_fwd_s(block, cluster, training, lay, c)
+    gpu_bwd = 2.0 * gemm + core_bwd + C.elementwise_bwd_s(block, cluster, training, lay, c)  # dgrad + wgrad
+    out = {"fwd": np.maximum(gpu_fwd, host_fwd), "bwd": np.maximum(gpu_bwd, host_bwd),
+           "gpu_fwd": gpu_fwd, "gpu_bwd": gpu_bwd, "host_fwd": host_fwd + 0.0 * gpu_fwd, "host_bwd": host_bwd + 0.0 * gpu_bwd,
            "gemm": gemm, "tp_fwd": tp_pass_exposed_s(training, lay, c, tp_ar, gemm, units),
            "tp_bwd": tp_pass_exposed_s(training, lay, c, tp_ar, 2.0 * gemm, units),  # dgrad + wgrad GEMMs
            "a2a": ep_all_to_all_s(block, cluster, training, lay, c),  # 2 in the forward, 2 in the backward
@@ -199,7 +200,9 @@ def microbatch_s(model: ModelSpec, cluster: Cluster, training: Training, lay: La
     candidates = []
     for blocks in _slowest_stage_blocks(model, training, lay):
         rerun_left = recomputed_layers(lay, sum(n for _, n in blocks), lay.vpp)  # blocks whose whole forward runs again
-        out = {"compute": head, "fwd_mb": head / 3.0, "weight_grad_s": head / 3.0, "recompute": 0.0, "tp_comm": 0.0}
+        out = {"compute": head, "fwd_mb": head / 3.0, "weight_grad_s": head / 3.0, "recompute": 0.0, "tp_comm": 0.0,
+               # each pass's block kernels and their host dispatch apart (zero3_fetch_exposed_s adds to the host)
+               "gpu_fwd_mb": 0.0, "host_fwd_mb": 0.0, "gpu_bwd_mb": 0.0, "host_bwd_mb": 0.0, "blocks": 0.0, "reruns": 0.0}
         # the head's backward is twice its forward (dgrad + wgrad: Narayanan 2021 eq. 3's 3x); each
         # GEMM's wgrad has its forward's FLOPs (what ZB-H1 defers); a stage's first blocks (the
         # dense-first ones) are the first recomputed
@@ -209,6 +212,11 @@ def microbatch_s(model: ModelSpec, cluster: Cluster, training: Training, lay: La
             out["compute"] = out["compute"] + n * (b["fwd"] + b["bwd"])
             out["fwd_mb"] = out["fwd_mb"] + n * b["fwd"]
             out["weight_grad_s"] = out["weight_grad_s"] + n * b["gemm"]
+            out["gpu_fwd_mb"] = out["gpu_fwd_mb"] + n * b["gpu_fwd"]
+            out["host_fwd_mb"] = out["host_fwd_mb"] + n * b["host_fwd"]
+            out["gpu_bwd_mb"] = out["gpu_bwd_mb"] + n * b["gpu_bwd"] + rerun * b["gpu_fwd"]
+            out["host_bwd_mb"] = out["host_bwd_mb"] + n * b["host_bwd"] + rerun * b["host_fwd"]
+            out["blocks"], out["reruns"] = out["blocks"] + n, out["reruns"] + rerun
             out["recompute"] = out["recompute"] + rerun * (b["fwd"] + b["restore"]) + np.where(selective, n * b["sel"], 0.0)
             out["tp_comm"] = out["tp_comm"] + n * b["comm"] + rerun * (b["tp_fwd"] + 2.0 * b["a2a"]) \
                 + np.where(selective, n * b["sel_comm"], 0.0)
@@ -452,6 +460,33 @@ def zero3_rank_copies_s(model: ModelSpec, training: Training, lay: Layouts, c: d
     return np.where(lay.zero == 3, calls * lay.zero_ranks * c["eager_op_host_s"], 0.0)
 
 
+def zero3_fetch_s(model: ModelSpec, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+    """Host seconds DeepSpeed's ZeRO-3 spends per block and pass fetching and releasing parameters:
+    zero3_fetch_host_s for each parameter-owning submodule, which its hooks fetch one by one (0.19.8
+    partitioned_param_coordinator.py fetch_sub_module, release_sub_module): one per GEMM as the
+    engine runs it (per local expert of an expert GEMM) and per other module with parameters (norms,
+    router). None for FSDP (one unit a block) or below ZeRO-3."""
+    if training.engine.zero3_fetch_per_block:
+        return 0.0 * lay.tp
+    local_experts = np.maximum(model.experts // lay.ep, 1)
+    modules = sum(np.where(g.expert, local_experts, 1) for g in model.gemms(training.engine.fused_gemms)) \
+        + len({t.module for t in model.block_tensors() if t.gemm is None})
+    return np.where(lay.zero == 3, modules * c["zero3_fetch_host_s"], 0.0)
+
+
+def zero3_fetch_exposed_s(step, pipe) -> np.ndarray:
+    """What ZeRO-3's fetches (zero3_fetch_s) add to a step: the host dispatches a pass's kernels and
+    fetches its submodules' parameters in turn, and the pass takes the longer of that and its
+    kernels; every micro-batch's forward and backward (which fetches again for a recomputed
+    block's forward)."""
+    f = step["z3_fetch_s"]
+    fwd = np.maximum(pipe["gpu_fwd_mb"], pipe["host_fwd_mb"] + pipe["blocks"] * f) \
+        - np.maximum(pipe["gpu_fwd_mb"], pipe["host_fwd_mb"])
+    bwd = np.maximum(pipe["gpu_bwd_mb"], pipe["host_bwd_mb"] + (pipe["blocks"] + pipe["reruns"]) * f) \
+        - np.maximum(pipe["gpu_bwd_mb"], pipe["host_bwd_mb"])
+    return pipe["micro_batches"] * (fwd + bwd)
+
+
 def zero3_exposed_s(z3, fwd_window_s, bwd_window_s, step_window_s):
     """Exposed seconds of the zero3_gather_s gathers of a step, each call one ahead of the compute
     it feeds (overlapped_exposed_s): a pass's gathers under that pass's compute, a pipeline's one
@@ -494,8 +529,8 @@ def gpu_optimizer_step_s(model: ModelSpec, cluster: Cluster, training: Training,
 
 def deepspeed_step_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
     """DeepSpeed's ZeRO-1/2 step (0.19.8 stage_1_and_2.py DeepSpeedZeroOptimizer.step) around FusedAdam,
-    as counted on the real engine (data/references/deepspeed_step_cpu.json, python -m
-    calibrate.deepspeed_step_ops): per gradient tensor of the rank's partition an inf/NaN check
+    as counted on the real engine (data/references/deepspeed_host_cpu.json, python -m
+    calibrate.deepspeed_host): per gradient tensor of the rank's partition an inf/NaN check
     (runtime/utils.py has_inf_or_nan) and an fp64 norm (get_grad_norm_direct), ~22 operators a tensor,
     each launched from the host (eager_op_host_s), and 48 B a parameter of memory traffic (the fp32
     flat gradient, the unscale, the copy back into the 16-bit weights). The host and the kernels run
@@ -504,7 +539,7 @@ def deepspeed_step_s(model: ModelSpec, cluster: Cluster, training: Training, lay
     partition holds 1/zero_ranks of the tensors and one that straddles."""
     from planner.data import catalog
 
-    step = catalog("references/deepspeed_step_cpu.json")["zero_step"]
+    step = catalog("references/deepspeed_host_cpu.json")["zero_step"]
 
     def counted(key):  # the stage's count
         return np.where(lay.zero == 2, step["2"][key], step["1"][key])
@@ -571,6 +606,7 @@ def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
 PIPE_FIELDS = ACTIVATION_FIELDS  # the same grouping as memory's (computed once per candidate set)
 STEP_FIELDS = STATE_FIELDS
 Z3_KEYS = ("one", "calls", "fwd", "bwd", "whole_step", "prefetch")  # zero3_gather_s
+FETCH_PIPE_KEYS = ("gpu_fwd_mb", "host_fwd_mb", "gpu_bwd_mb", "host_bwd_mb", "blocks", "reruns")  # zero3_fetch_exposed_s
 
 
 def _pipeline_terms(model, cluster, training, lay, c) -> dict:
@@ -581,6 +617,7 @@ def _pipeline_terms(model, cluster, training, lay, c) -> dict:
     bwd_mb, v = mb["compute"] - mb["fwd_mb"] + mb["recompute"], chunks_per_stage(lay.vpp, lay.schedule)
     out = {"compute": m * mb["compute"], "recompute": m * mb["recompute"], "tp_comm": m * mb["tp_comm"],
            "fwd_mb": mb["fwd_mb"], "bwd_mb": bwd_mb, "pp_bubble": pipeline_bubble_s(lay, mb["slot"], mb["weight_grad_s"]),
+           **{k: mb[k] for k in FETCH_PIPE_KEYS}, "micro_batches": m,
            "pp_comm": pipeline_p2p_s(model, cluster, training, lay, c, mb["fwd_mb"] / v, bwd_mb / v),
            "model_flops_per_gpu": flops["model_flops"] / lay.world,
            "hardware_flops_per_gpu": flops["hardware_flops"] / lay.world}
@@ -622,7 +659,7 @@ def _step_terms(model, cluster, training, lay, c) -> dict:
            + fsdp_copies_s(model, cluster, training, lay, c) + zero3_rank_copies_s(model, training, lay, c, z3),
            "grad_one": np.where(grad_overlap, grad_one, 0.0), "grad_buckets": grad_buckets, "reductions": reductions,
            "pg": np.where(pg_overlap, pg, 0.0), "pg_buckets": pg_buckets,
-           **{"z3_" + k: v for k, v in z3.items()},
+           **{"z3_" + k: v for k, v in z3.items()}, "z3_fetch_s": zero3_fetch_s(model, training, lay, c),
            "offload": offload_s(model, cluster, training, lay, c), "optimizer": optimizer_s(model, cluster, training, lay, c)}
     out["total"] = out["dp_fixed"] + out["offload"] + out["optimizer"]
     return out
@@ -642,7 +679,7 @@ def overlapped_dp_s(step, pipe, c: dict):
     each = grads + params + zero3_exposed_s(z3, f * pipe["fwd_mb"], f * pipe["bwd_mb"], f * pipe["busy"])
     # they share the rank's links: together they cannot hide more than the step's compute
     together = step["reductions"] * step["grad_one"] + step["pg"] + zero3_gather_total_s(z3) - pipe["busy"]
-    return np.maximum(each, together)
+    return np.maximum(each, together) + zero3_fetch_exposed_s(step, pipe)
 
 
 def step_time(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> dict:
@@ -667,8 +704,8 @@ def step_time(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
         if i is None:
             return step["dp_fixed"] + overlapped
         one_step = {k: step.at(k, i) for k in ("reductions", "grad_one", "grad_buckets", "pg", "pg_buckets",
-                                               *("z3_" + k for k in Z3_KEYS))}
-        one_pipe = {k: pipe.at(k, i) for k in ("bwd_mb", "fwd_mb", "busy")}
+                                               "z3_fetch_s", *("z3_" + k for k in Z3_KEYS))}
+        one_pipe = {k: pipe.at(k, i) for k in ("bwd_mb", "fwd_mb", "busy", "micro_batches", *FETCH_PIPE_KEYS)}
         return step.at("dp_fixed", i) + float(overlapped_dp_s(one_step, one_pipe, c))
 
     breakdown = Lazy({"compute": part(pipe, "compute"), "recompute": part(pipe, "recompute"),

@@ -526,6 +526,51 @@ def test_deepspeed_2021_zero3_calls_one_collective_per_tensor():
         layout.Training(engine="megatron-deepspeed-0.3")
 
 
+def test_zero3_fetch_host_cost_per_submodule():
+    """DeepSpeed's ZeRO-3 hooks fetch and release each parameter-owning submodule's parameters in every
+    pass (partitioned_param_coordinator.py fetch_sub_module): transformers' LlamaDecoderLayer has 9
+    (q, k, v, o, gate, up, down, two RMSNorms), Megatron's fused layer 6 (linear_qkv, linear_proj,
+    linear_fc1 = gate|up, linear_fc2, two norms); FSDP gathers one unit a block instead."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from planner.hf_config import from_hf_config
+
+    cfg = {"hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "vocab_size": 512}
+    with torch.device("meta"):
+        layer = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).model.layers[0]
+    owners = [m for m in layer.modules() if any(True for _ in m.parameters(recurse=False))]
+    model, lay = from_hf_config({**cfg, "model_type": "llama"}), layout.single(dp=8, zero=3)
+    f = C["zero3_fetch_host_s"]
+    assert len(owners) == 9
+    assert timing.zero3_fetch_s(model, layout.Training(engine="deepspeed"), lay, C)[0] == pytest.approx(9 * f)
+    assert timing.zero3_fetch_s(model, layout.Training(engine="megatron-deepspeed"), lay, C)[0] == pytest.approx(6 * f)
+    assert timing.zero3_fetch_s(model, layout.Training(engine="fsdp"), lay, C)[0] == 0
+    assert timing.zero3_fetch_s(model, layout.Training(engine="deepspeed"), layout.single(dp=8, zero=2), C)[0] == 0
+
+
+def test_zero3_fetches_show_where_the_host_is_the_bottleneck():
+    """The host dispatches a pass's kernels and its fetches in turn: SmolLM-135M (30 layers x 9 submodules)
+    at 1 x 1024 tokens is host-bound, so ZeRO-3's fetches add about their whole 30 x 9 x f a pass, forward
+    and backward (73 ms at the 135 us prior); Llama-2-7B at 4096 tokens keeps its GPU busier than its
+    host, and they hide."""
+    from planner.hf_config import from_hf_config
+
+    smol = from_hf_config({"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                           "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
+                           "tie_word_embeddings": True, "model_type": "llama"})
+    cluster, lay = hardware.Cluster(hardware.lookup_gpu("h200"), 8, 8), layout.single(dp=8, zero=3, mbs=1)
+
+    def exposed(model, seq):
+        training = layout.Training(seq_len=seq, engine="deepspeed")
+        pipe = timing._pipeline_terms(model, cluster, training, lay, C)
+        return float(timing.zero3_fetch_exposed_s(timing._step_terms(model, cluster, training, lay, C), pipe)[0])
+
+    whole = 2 * 30 * 9 * C["zero3_fetch_host_s"]
+    assert 0.8 * whole < exposed(smol, 1024) <= whole * (1 + 1e-9)
+    assert exposed(LLAMA7, 4096) == 0.0
+
+
 def test_gpu_optimizer_step_is_memory_bound():
     # the memory-bound step (Megatron's MixedPrecisionOptimizer.step) with 16-bit gradients, bf16, 8 ranks:
     # each updates Psi/8 parameters reading and writing, per parameter, the unscale/inf check (r+w 2 B

@@ -1,0 +1,224 @@
+"""Host-side work of DeepSpeed ZeRO, counted and timed on the real engine (one gloo rank,
+DS_ACCELERATOR=cpu, tiny transformers Llamas of a few layers: the difference between two depths is
+one layer's). planner/timing.py reads the results from data/references/deepspeed_host_cpu.json.
+
+zero_step: what the ZeRO-1/2 optimizer step (runtime/zero/stage_1_and_2.py DeepSpeedZeroOptimizer.
+step) dispatches around the inner optimizer, per gradient tensor and fixed, and the bytes per
+parameter its non-view operators read and write (timing.deepspeed_step_s). The step checks every
+gradient tensor of the rank's partition for inf/NaN (has_overflow_partitioned_grads_serial ->
+runtime/utils.py has_inf_or_nan: abs, ne, eq, mul, amax, amin, ...), takes each one's norm in fp64
+(get_grad_norm_direct: g.to(get_norm_dtype()) then linalg.vector_norm), flattens the partition into
+an fp32 gradient, unscales or clips it, runs the inner optimizer (not counted: torch AdamW here,
+FusedAdam on a GPU), and copies the fp32 master into the 16-bit weights. On a GPU each operator is
+a kernel launched from the host: with ~20 a tensor the host can take longer than the kernels.
+
+zero3_fetch: what ZeRO-3's per-submodule parameter fetch and release cost the host in forward and
+backward (runtime/zero/partitioned_param_coordinator.py fetch_sub_module / release_sub_module under
+the hooks of parameter_offload.py), beyond ZeRO-2's time for the same steps: seconds per layer and
+fetches per layer; timing.zero3_fetch_exposed_s charges it per parameter-owning submodule and pass.
+Timed on this CPU, where the hooks' Python and the 1-rank all-gather are the whole cost; a GPU host
+adds its event and stream calls (calibrate fits zero3_fetch_host_s from DeepSpeed ZeRO-3 steps).
+
+    python -m calibrate.deepspeed_host [--out data/references/deepspeed_host_cpu.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent.parent / "data" / "references" / "deepspeed_host_cpu.json"
+STAGES = (1, 2)
+LLAMA = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 176,
+         "vocab_size": 512, "tie_word_embeddings": False, "max_position_embeddings": 64}
+
+
+def _counter():
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class Count(TorchDispatchMode):
+        """Operators dispatched (all of them, as calibrate.eager_ops counts a layer's) and the bytes
+        the non-view ones read and write, while not paused."""
+
+        def __init__(self):
+            super().__init__()
+            self.ops, self.bytes, self.paused = 0, 0, False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if not self.paused:
+                self.ops += 1
+                if not func.is_view:
+                    self.bytes += sum(t.numel() * t.element_size() for t in tree_leaves((args, kwargs, out))
+                                      if isinstance(t, torch.Tensor))
+            return out
+
+    return Count()
+
+
+def _one(stage: int, layers: int) -> dict:
+    """Parameters, tensors, operators and bytes of the third step of a `layers`-layer Llama."""
+    import deepspeed
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(num_hidden_layers=layers, **LLAMA))
+    config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+              "zero_allow_untested_optimizer": True, "steps_per_print": 10**9,
+              "zero_optimization": {"stage": stage}}  # gradient_clipping left at its default, as the H200 step runs
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                      config=config)
+    count, inner = _counter(), engine.optimizer.optimizer
+    inner_step = inner.step
+
+    def step(*a, **k):  # the inner optimizer is counted by the planner on its own (FusedAdam's bytes)
+        count.paused = True
+        try:
+            return inner_step(*a, **k)
+        finally:
+            count.paused = False
+
+    inner.step = step
+    ids = torch.randint(0, LLAMA["vocab_size"], (1, 16))
+    for i in range(3):
+        engine.backward(engine(input_ids=ids, labels=ids).loss)
+        if i == 2:
+            with count:
+                engine.step()
+        else:
+            engine.step()
+    return {"params": sum(p.numel() for p in model.parameters()), "tensors": len(list(model.parameters())),
+            "ops": count.ops, "bytes": count.bytes, "optimizer": type(engine.optimizer).__name__}
+
+
+FETCH_LAYERS = (2, 10)  # depths of the fetch timing: their difference is 8 layers
+FETCH_LLAMA = {**LLAMA, "hidden_size": 32, "intermediate_size": 64, "vocab_size": 128}  # host-bound shapes
+
+
+def _fetch_time(stage: int, layers: int, repeats: int = 12) -> dict:
+    """Median seconds of a forward + backward at host-bound shapes, and the submodule fetches in it."""
+    import statistics
+    import time
+
+    import deepspeed
+    import torch
+    import transformers
+    from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator as Coordinator
+
+    fetches = [0]
+    if not getattr(Coordinator, "_planner_counted", False):
+        fetch = Coordinator.fetch_sub_module
+
+        def counted(self, *a, **k):
+            fetches[0] += 1
+            return fetch(self, *a, **k)
+
+        Coordinator.fetch_sub_module, Coordinator._planner_counted = counted, True
+        Coordinator._planner_fetches = fetches
+    fetches = Coordinator._planner_fetches
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(num_hidden_layers=layers, **FETCH_LLAMA))
+    config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+              "zero_allow_untested_optimizer": True, "steps_per_print": 10**9, "zero_optimization": {"stage": stage}}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                      config=config)
+    ids = torch.randint(0, FETCH_LLAMA["vocab_size"], (1, 8))
+    times, counts = [], []
+    for _ in range(repeats):
+        before = fetches[0]
+        start = time.perf_counter()
+        engine.backward(engine(input_ids=ids, labels=ids).loss)
+        times.append(time.perf_counter() - start)
+        counts.append(fetches[0] - before)
+    if hasattr(engine, "destroy"):
+        engine.destroy()
+    return {"s": statistics.median(times[4:]), "fetches": counts[-1]}
+
+
+def main_rank() -> None:
+    """Under the launcher (one rank): both stages' steps at 1 and 2 layers; ZeRO-2 and ZeRO-3 fetch timings."""
+    import importlib
+
+    import deepspeed
+    import torch
+
+    from calibrate.worker_io import write_result
+
+    torch.set_num_threads(1)
+    # deepspeed/comm/torch.py builds a shared-memory all-reduce op at init_distributed (~23 s cold); skip it
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    deepspeed.init_distributed(dist_backend="gloo")
+    write_result({"zero_step": {str(s): [_one(s, n) for n in (1, 2)] for s in STAGES},
+                  "zero3_fetch": {str(s): [_fetch_time(s, n) for n in FETCH_LAYERS] for s in (2, 3)}})
+
+
+def per_tensor(runs: list) -> dict:
+    """{ops_per_tensor, ops_fixed, bytes_per_param} from the 1- and 2-layer runs of one stage."""
+    one, two = runs
+    ops_per_tensor = (two["ops"] - one["ops"]) / (two["tensors"] - one["tensors"])
+    return {"optimizer": two["optimizer"], "ops_per_tensor": ops_per_tensor,
+            "ops_fixed": one["ops"] - ops_per_tensor * one["tensors"],
+            "bytes_per_param": (two["bytes"] - one["bytes"]) / (two["params"] - one["params"])}
+
+
+def per_fetch(runs: dict) -> dict:
+    """One layer's ZeRO-3 fetches and their host seconds (ZeRO-3's time less ZeRO-2's for the same
+    steps), and the seconds per parameter-owning submodule and pass (a Llama layer has 9: q, k, v,
+    o, gate, up, down and the two norms; its fetches also cover the layer, self_attn, mlp and act_fn)."""
+    layers = FETCH_LAYERS[1] - FETCH_LAYERS[0]
+    (z2a, z2b), (z3a, z3b) = runs["2"], runs["3"]
+    extra_s = ((z3b["s"] - z3a["s"]) - (z2b["s"] - z2a["s"])) / layers
+    return {"fetches_per_layer": (z3b["fetches"] - z3a["fetches"]) / layers, "host_s_per_layer": extra_s,
+            "param_modules_per_layer": 9, "host_s_per_module_pass": extra_s / (2 * 9)}
+
+
+def measure() -> dict:
+    """Launch one rank and reduce its counts (per_tensor, per_fetch)."""
+    from calibrate.launch import launch
+
+    out = launch("calibrate.deepspeed_host", [], nproc=1, timeout_s=600, env={"DS_ACCELERATOR": "cpu"})
+    if out.status != "ok" or not out.ranks:
+        raise RuntimeError(f"deepspeed_host: {out.status}: {out.error}\n{out.log_tail}")
+    got = out.ranks[0]
+    return {"zero_step": {stage: per_tensor(runs) for stage, runs in got["zero_step"].items()},
+            "zero3_fetch": per_fetch(got["zero3_fetch"])}
+
+
+def main() -> None:
+    import platform
+
+    import deepspeed
+    import torch
+    import transformers
+
+    from planner.data import atomic_write
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=OUT)
+    out = parser.parse_args().out
+    record = {
+        "source": "python -m calibrate.deepspeed_host: zero_step: operators DeepSpeed's ZeRO-1/2 step "
+                  "(stage_1_and_2.py DeepSpeedZeroOptimizer.step, bf16) dispatches beside the inner optimizer, per "
+                  "gradient tensor and fixed, and the bytes its non-view operators read and write per parameter "
+                  "(TorchDispatchMode; 2-layer Llama less 1-layer); zero3_fetch: ZeRO-3's submodule fetches per layer "
+                  "and their host seconds beyond ZeRO-2's (forward + backward at hidden 32, 8 tokens; 10-layer Llama "
+                  "less 2-layer; median of 8 steps); one gloo rank, DS_ACCELERATOR=cpu, on this CPU",
+        "versions": {"deepspeed": deepspeed.__version__, "torch": torch.__version__,
+                     "transformers": transformers.__version__},
+        "cpu": platform.processor() or platform.machine(),
+        **measure(),
+    }
+    atomic_write(out, json.dumps(record, indent=1) + "\n", flag="--out")
+    print(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    if "CALIBRATE_OUT" in os.environ:  # a rank started by calibrate.launch
+        main_rank()
+    else:
+        main()

@@ -1,0 +1,41 @@
+"""The counts behind planner/timing.py deepspeed_step_s and zero3_fetch_s, taken again from the real
+engine: DeepSpeed's ZeRO-1/2 step and ZeRO-3's fetches on one gloo rank (python -m
+calibrate.deepspeed_host) against the shipped data/references/deepspeed_host_cpu.json."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SHIPPED = Path(__file__).resolve().parent.parent / "data" / "references" / "deepspeed_host_cpu.json"
+
+
+def test_counts_match_the_shipped_file():
+    pytest.importorskip("deepspeed")
+    from calibrate import deepspeed_host
+
+    record = json.loads(SHIPPED.read_text())
+    shipped, everything = record["zero_step"], deepspeed_host.measure()
+    measured = everything["zero_step"]
+    assert set(measured) == set(shipped) == {"1", "2"}
+    for stage, got in measured.items():
+        want = shipped[stage]
+        assert got["optimizer"] == want["optimizer"] == "DeepSpeedZeroOptimizer"
+        # per gradient tensor: has_inf_or_nan (abs, ne, eq, mul twice each; amax, amin, logical_and,
+        # logical_not; add_ into the count), the fp64 norm (_to_copy, linalg_vector_norm, detach) and the
+        # bit16 update's views; the rest once a step
+        assert got["ops_per_tensor"] == want["ops_per_tensor"] == 22
+        assert got["ops_fixed"] == want["ops_fixed"]
+        assert got["bytes_per_param"] == pytest.approx(want["bytes_per_param"], rel=1e-9)
+        # bf16 gradient read by ~a dozen element-wise ops, its fp64 copy (w 8, r 8), the fp32 flat
+        # gradient (w 4) and the master's copy back (r 4, w 2): far above the 2 + 2 B of one read and write
+        assert 30 < got["bytes_per_param"] < 80
+    # ZeRO-3: each Llama layer fetches 13 submodules a pass (the layer, self_attn, q, k, v, o, mlp, gate,
+    # up, down, act_fn, two norms), forward and backward: 26; the host's time for them beyond ZeRO-2's
+    # is timed, so only its order is checked against the shipped prior (130-140 us a module and pass here)
+    fetch = everything["zero3_fetch"]
+    assert fetch["fetches_per_layer"] == record["zero3_fetch"]["fetches_per_layer"] == 26
+    assert fetch["param_modules_per_layer"] == 9
+    assert 0.3 < fetch["host_s_per_module_pass"] / record["zero3_fetch"]["host_s_per_module_pass"] < 3
