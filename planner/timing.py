@@ -201,7 +201,7 @@ def microbatch_s(model: ModelSpec, cluster: Cluster, training: Training, lay: La
     for blocks in _slowest_stage_blocks(model, training, lay):
         rerun_left = recomputed_layers(lay, sum(n for _, n in blocks), lay.vpp)  # blocks whose whole forward runs again
         out = {"compute": head, "fwd_mb": head / 3.0, "weight_grad_s": head / 3.0, "recompute": 0.0, "tp_comm": 0.0,
-               # each pass's block kernels and their host dispatch apart (zero3_fetch_exposed_s adds to the host)
+               # each pass's block kernels and their host dispatch apart (param_fetch_exposed_s adds to the host)
                "gpu_fwd_mb": 0.0, "host_fwd_mb": 0.0, "gpu_bwd_mb": 0.0, "host_bwd_mb": 0.0, "blocks": 0.0, "reruns": 0.0}
         # the head's backward is twice its forward (dgrad + wgrad: Narayanan 2021 eq. 3's 3x); each
         # GEMM's wgrad has its forward's FLOPs (what ZB-H1 defers); a stage's first blocks (the
@@ -460,26 +460,28 @@ def zero3_rank_copies_s(model: ModelSpec, training: Training, lay: Layouts, c: d
     return np.where(lay.zero == 3, calls * lay.zero_ranks * c["eager_op_host_s"], 0.0)
 
 
-def zero3_fetch_s(model: ModelSpec, training: Training, lay: Layouts, c: dict) -> np.ndarray:
-    """Host seconds DeepSpeed's ZeRO-3 spends per block and pass fetching and releasing parameters:
-    zero3_fetch_host_s for each parameter-owning submodule, which its hooks fetch one by one (0.19.8
-    partitioned_param_coordinator.py fetch_sub_module, release_sub_module): one per GEMM as the
-    engine runs it (per local expert of an expert GEMM) and per other module with parameters (norms,
-    router). None for FSDP (one unit a block) or below ZeRO-3."""
+def param_fetch_s(model: ModelSpec, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+    """Host seconds per block and pass that fetching sharded parameters costs. DeepSpeed ZeRO-3: its
+    hooks fetch and release each parameter-owning submodule one by one (0.19.8
+    partitioned_param_coordinator.py fetch_sub_module, release_sub_module), zero3_fetch_host_s each:
+    one per GEMM as the engine runs it (per local expert of an expert GEMM) and per other module with
+    parameters (norms, router). FSDP2 (--zero 2/3): one unit a block whose hooks unshard, copy in and
+    out, reshard and reduce-scatter (torch 2.13 _fully_shard/_fsdp_state.py, _fsdp_param_group.py),
+    fsdp_unit_host_s a pass."""
     if training.engine.zero3_fetch_per_block:
-        return 0.0 * lay.tp
+        return np.where(lay.zero >= 2, c["fsdp_unit_host_s"], 0.0)
     local_experts = np.maximum(model.experts // lay.ep, 1)
     modules = sum(np.where(g.expert, local_experts, 1) for g in model.gemms(training.engine.fused_gemms)) \
         + len({t.module for t in model.block_tensors() if t.gemm is None})
     return np.where(lay.zero == 3, modules * c["zero3_fetch_host_s"], 0.0)
 
 
-def zero3_fetch_exposed_s(step, pipe) -> np.ndarray:
-    """What ZeRO-3's fetches (zero3_fetch_s) add to a step: the host dispatches a pass's kernels and
-    fetches its submodules' parameters in turn, and the pass takes the longer of that and its
+def param_fetch_exposed_s(step, pipe) -> np.ndarray:
+    """What fetching sharded parameters (param_fetch_s) adds to a step: the host dispatches a pass's
+    kernels and fetches its parameters in turn, and the pass takes the longer of that and its
     kernels; every micro-batch's forward and backward (which fetches again for a recomputed
     block's forward)."""
-    f = step["z3_fetch_s"]
+    f = step["fetch_s"]
     fwd = np.maximum(pipe["gpu_fwd_mb"], pipe["host_fwd_mb"] + pipe["blocks"] * f) \
         - np.maximum(pipe["gpu_fwd_mb"], pipe["host_fwd_mb"])
     bwd = np.maximum(pipe["gpu_bwd_mb"], pipe["host_bwd_mb"] + (pipe["blocks"] + pipe["reruns"]) * f) \
@@ -529,8 +531,8 @@ def gpu_optimizer_step_s(model: ModelSpec, cluster: Cluster, training: Training,
 
 def deepspeed_step_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
     """DeepSpeed's ZeRO-1/2 step (0.19.8 stage_1_and_2.py DeepSpeedZeroOptimizer.step) around FusedAdam,
-    as counted on the real engine (data/references/deepspeed_host_cpu.json, python -m
-    calibrate.deepspeed_host): per gradient tensor of the rank's partition an inf/NaN check
+    as counted on the real engine (data/references/engine_host_cpu.json, python -m
+    calibrate.engine_host): per gradient tensor of the rank's partition an inf/NaN check
     (runtime/utils.py has_inf_or_nan) and an fp64 norm (get_grad_norm_direct), ~22 operators a tensor,
     each launched from the host (eager_op_host_s), and 48 B a parameter of memory traffic (the fp32
     flat gradient, the unscale, the copy back into the 16-bit weights). The host and the kernels run
@@ -539,7 +541,7 @@ def deepspeed_step_s(model: ModelSpec, cluster: Cluster, training: Training, lay
     partition holds 1/zero_ranks of the tensors and one that straddles."""
     from planner.data import catalog
 
-    step = catalog("references/deepspeed_host_cpu.json")["zero_step"]
+    step = catalog("references/engine_host_cpu.json")["zero_step"]
 
     def counted(key):  # the stage's count
         return np.where(lay.zero == 2, step["2"][key], step["1"][key])
@@ -606,7 +608,7 @@ def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
 PIPE_FIELDS = ACTIVATION_FIELDS  # the same grouping as memory's (computed once per candidate set)
 STEP_FIELDS = STATE_FIELDS
 Z3_KEYS = ("one", "calls", "fwd", "bwd", "whole_step", "prefetch")  # zero3_gather_s
-FETCH_PIPE_KEYS = ("gpu_fwd_mb", "host_fwd_mb", "gpu_bwd_mb", "host_bwd_mb", "blocks", "reruns")  # zero3_fetch_exposed_s
+FETCH_PIPE_KEYS = ("gpu_fwd_mb", "host_fwd_mb", "gpu_bwd_mb", "host_bwd_mb", "blocks", "reruns")  # param_fetch_exposed_s
 
 
 def _pipeline_terms(model, cluster, training, lay, c) -> dict:
@@ -659,7 +661,7 @@ def _step_terms(model, cluster, training, lay, c) -> dict:
            + fsdp_copies_s(model, cluster, training, lay, c) + zero3_rank_copies_s(model, training, lay, c, z3),
            "grad_one": np.where(grad_overlap, grad_one, 0.0), "grad_buckets": grad_buckets, "reductions": reductions,
            "pg": np.where(pg_overlap, pg, 0.0), "pg_buckets": pg_buckets,
-           **{"z3_" + k: v for k, v in z3.items()}, "z3_fetch_s": zero3_fetch_s(model, training, lay, c),
+           **{"z3_" + k: v for k, v in z3.items()}, "fetch_s": param_fetch_s(model, training, lay, c),
            "offload": offload_s(model, cluster, training, lay, c), "optimizer": optimizer_s(model, cluster, training, lay, c)}
     out["total"] = out["dp_fixed"] + out["offload"] + out["optimizer"]
     return out
@@ -679,7 +681,7 @@ def overlapped_dp_s(step, pipe, c: dict):
     each = grads + params + zero3_exposed_s(z3, f * pipe["fwd_mb"], f * pipe["bwd_mb"], f * pipe["busy"])
     # they share the rank's links: together they cannot hide more than the step's compute
     together = step["reductions"] * step["grad_one"] + step["pg"] + zero3_gather_total_s(z3) - pipe["busy"]
-    return np.maximum(each, together) + zero3_fetch_exposed_s(step, pipe)
+    return np.maximum(each, together) + param_fetch_exposed_s(step, pipe)
 
 
 def step_time(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> dict:
@@ -704,7 +706,7 @@ def step_time(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
         if i is None:
             return step["dp_fixed"] + overlapped
         one_step = {k: step.at(k, i) for k in ("reductions", "grad_one", "grad_buckets", "pg", "pg_buckets",
-                                               "z3_fetch_s", *("z3_" + k for k in Z3_KEYS))}
+                                               "fetch_s", *("z3_" + k for k in Z3_KEYS))}
         one_pipe = {k: pipe.at(k, i) for k in ("bwd_mb", "fwd_mb", "busy", "micro_batches", *FETCH_PIPE_KEYS)}
         return step.at("dp_fixed", i) + float(overlapped_dp_s(one_step, one_pipe, c))
 

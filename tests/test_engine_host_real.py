@@ -1,6 +1,6 @@
-"""The counts behind planner/timing.py deepspeed_step_s and zero3_fetch_s, taken again from the real
-engine: DeepSpeed's ZeRO-1/2 step and ZeRO-3's fetches on one gloo rank (python -m
-calibrate.deepspeed_host) against the shipped data/references/deepspeed_host_cpu.json."""
+"""The counts behind planner/timing.py deepspeed_step_s and param_fetch_s, taken again from the real
+engines: DeepSpeed's ZeRO-1/2 step, ZeRO-3's fetches and FSDP2's unit hooks on one gloo rank (python
+-m calibrate.engine_host) against the shipped data/references/engine_host_cpu.json and the priors."""
 
 import json
 from pathlib import Path
@@ -9,15 +9,15 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-SHIPPED = Path(__file__).resolve().parent.parent / "data" / "references" / "deepspeed_host_cpu.json"
+SHIPPED = Path(__file__).resolve().parent.parent / "data" / "references" / "engine_host_cpu.json"
 
 
 def test_counts_match_the_shipped_file():
     pytest.importorskip("deepspeed")
-    from calibrate import deepspeed_host
+    from calibrate import engine_host
 
     record = json.loads(SHIPPED.read_text())
-    shipped, everything = record["zero_step"], deepspeed_host.measure()
+    shipped, everything = record["zero_step"], engine_host.measure()
     measured = everything["zero_step"]
     assert set(measured) == set(shipped) == {"1", "2"}
     for stage, got in measured.items():
@@ -39,3 +39,8 @@ def test_counts_match_the_shipped_file():
     assert fetch["fetches_per_layer"] == record["zero3_fetch"]["fetches_per_layer"] == 26
     assert fetch["param_modules_per_layer"] == 9
     assert 0.3 < fetch["host_s_per_module_pass"] / record["zero3_fetch"]["host_s_per_module_pass"] < 3
+    # FSDP2's hooks cost the host per unit and pass, beyond the same model without FSDP: timed, so only
+    # their order against the fsdp_unit_host_s prior (0.4 ms; 0.26-0.49 ms measured here)
+    prior = json.loads((SHIPPED.parent.parent / "coefficients.json").read_text())["time"]["fsdp_unit_host_s"]["value"]
+    for pass_s in everything["fsdp_unit"].values():
+        assert 0.3 < pass_s / prior < 3

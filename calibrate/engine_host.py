@@ -1,6 +1,7 @@
-"""Host-side work of DeepSpeed ZeRO, counted and timed on the real engine (one gloo rank,
-DS_ACCELERATOR=cpu, tiny transformers Llamas of a few layers: the difference between two depths is
-one layer's). planner/timing.py reads the results from data/references/deepspeed_host_cpu.json.
+"""Host-side work of the sharding engines, DeepSpeed ZeRO and PyTorch FSDP2, counted and timed on
+the real engines (one gloo rank, DS_ACCELERATOR=cpu, tiny transformers Llamas of a few layers: the
+difference between two depths is one layer's). planner/timing.py reads the results from
+data/references/engine_host_cpu.json.
 
 zero_step: what the ZeRO-1/2 optimizer step (runtime/zero/stage_1_and_2.py DeepSpeedZeroOptimizer.
 step) dispatches around the inner optimizer, per gradient tensor and fixed, and the bytes per
@@ -19,7 +20,13 @@ fetches per layer; timing.zero3_fetch_exposed_s charges it per parameter-owning 
 Timed on this CPU, where the hooks' Python and the 1-rank all-gather are the whole cost; a GPU host
 adds its event and stream calls (calibrate fits zero3_fetch_host_s from DeepSpeed ZeRO-3 steps).
 
-    python -m calibrate.deepspeed_host [--out data/references/deepspeed_host_cpu.json]
+fsdp_unit: what FSDP2's per-unit hooks (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_state.py
+_pre_forward / _post_forward, _fsdp_param_group.py pre_backward / post_backward: unshard, copy-in and
+copy-out, reshard, reduce-scatter) cost the host per decoder-layer unit and pass, beyond the same
+model without FSDP (fully_shard per layer and at the root, MixedPrecisionPolicy bf16/fp32, as
+torchtitan and the FSDP recipes wrap it), timed the same way (timing.param_fetch_s).
+
+    python -m calibrate.engine_host [--out data/references/engine_host_cpu.json]
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import json
 import os
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "data" / "references" / "deepspeed_host_cpu.json"
+OUT = Path(__file__).resolve().parent.parent / "data" / "references" / "engine_host_cpu.json"
 STAGES = (1, 2)
 LLAMA = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 176,
          "vocab_size": 512, "tie_word_embeddings": False, "max_position_embeddings": 64}
@@ -140,8 +147,40 @@ def _fetch_time(stage: int, layers: int, repeats: int = 12) -> dict:
     return {"s": statistics.median(times[4:]), "fetches": counts[-1]}
 
 
+def _fsdp_time(layers: int, fsdp: bool, repeats: int = 12) -> dict:
+    """Median forward and backward seconds at host-bound shapes, with FSDP2 per layer or without."""
+    import statistics
+    import time
+
+    import torch
+    import transformers
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(num_hidden_layers=layers, **FETCH_LLAMA))
+    if fsdp:
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in model.model.layers:
+            fully_shard(layer, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+    else:
+        model = model.to(torch.bfloat16)
+    ids = torch.randint(0, FETCH_LLAMA["vocab_size"], (1, 8))
+    fwd, bwd = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        middle = time.perf_counter()
+        loss.backward()
+        fwd.append(middle - start)
+        bwd.append(time.perf_counter() - middle)
+        model.zero_grad(set_to_none=True)
+    return {"forward_s": statistics.median(fwd[4:]), "backward_s": statistics.median(bwd[4:])}
+
+
 def main_rank() -> None:
-    """Under the launcher (one rank): both stages' steps at 1 and 2 layers; ZeRO-2 and ZeRO-3 fetch timings."""
+    """Under the launcher (one rank): both stages' steps at 1 and 2 layers; ZeRO-2 and ZeRO-3 fetch
+    timings; FSDP2 and plain timings (FSDP2 uses the process group deepspeed.init_distributed made)."""
     import importlib
 
     import deepspeed
@@ -154,7 +193,8 @@ def main_rank() -> None:
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo")
     write_result({"zero_step": {str(s): [_one(s, n) for n in (1, 2)] for s in STAGES},
-                  "zero3_fetch": {str(s): [_fetch_time(s, n) for n in FETCH_LAYERS] for s in (2, 3)}})
+                  "zero3_fetch": {str(s): [_fetch_time(s, n) for n in FETCH_LAYERS] for s in (2, 3)},
+                  "fsdp_unit": {str(f): [_fsdp_time(n, f) for n in FETCH_LAYERS] for f in (False, True)}})
 
 
 def per_tensor(runs: list) -> dict:
@@ -177,16 +217,25 @@ def per_fetch(runs: dict) -> dict:
             "param_modules_per_layer": 9, "host_s_per_module_pass": extra_s / (2 * 9)}
 
 
+def per_unit(runs: dict) -> dict:
+    """Host seconds FSDP2 adds per decoder-layer unit in forward and in backward (the FSDP model's
+    time less the plain one's, per layer)."""
+    layers = FETCH_LAYERS[1] - FETCH_LAYERS[0]
+    (plain_a, plain_b), (fsdp_a, fsdp_b) = runs["False"], runs["True"]
+    return {f"host_s_{p}": ((fsdp_b[f"{p}_s"] - fsdp_a[f"{p}_s"]) - (plain_b[f"{p}_s"] - plain_a[f"{p}_s"])) / layers
+            for p in ("forward", "backward")}
+
+
 def measure() -> dict:
     """Launch one rank and reduce its counts (per_tensor, per_fetch)."""
     from calibrate.launch import launch
 
-    out = launch("calibrate.deepspeed_host", [], nproc=1, timeout_s=600, env={"DS_ACCELERATOR": "cpu"})
+    out = launch("calibrate.engine_host", [], nproc=1, timeout_s=600, env={"DS_ACCELERATOR": "cpu"})
     if out.status != "ok" or not out.ranks:
-        raise RuntimeError(f"deepspeed_host: {out.status}: {out.error}\n{out.log_tail}")
+        raise RuntimeError(f"engine_host: {out.status}: {out.error}\n{out.log_tail}")
     got = out.ranks[0]
     return {"zero_step": {stage: per_tensor(runs) for stage, runs in got["zero_step"].items()},
-            "zero3_fetch": per_fetch(got["zero3_fetch"])}
+            "zero3_fetch": per_fetch(got["zero3_fetch"]), "fsdp_unit": per_unit(got["fsdp_unit"])}
 
 
 def main() -> None:
@@ -202,12 +251,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     out = parser.parse_args().out
     record = {
-        "source": "python -m calibrate.deepspeed_host: zero_step: operators DeepSpeed's ZeRO-1/2 step "
+        "source": "python -m calibrate.engine_host: zero_step: operators DeepSpeed's ZeRO-1/2 step "
                   "(stage_1_and_2.py DeepSpeedZeroOptimizer.step, bf16) dispatches beside the inner optimizer, per "
                   "gradient tensor and fixed, and the bytes its non-view operators read and write per parameter "
                   "(TorchDispatchMode; 2-layer Llama less 1-layer); zero3_fetch: ZeRO-3's submodule fetches per layer "
                   "and their host seconds beyond ZeRO-2's (forward + backward at hidden 32, 8 tokens; 10-layer Llama "
-                  "less 2-layer; median of 8 steps); one gloo rank, DS_ACCELERATOR=cpu, on this CPU",
+                  "less 2-layer; median of 8 steps); fsdp_unit: FSDP2's host seconds per decoder-layer unit in "
+                  "forward and in backward beyond the model without it (same shapes and method); one gloo rank, "
+                  "DS_ACCELERATOR=cpu, on this CPU",
         "versions": {"deepspeed": deepspeed.__version__, "torch": torch.__version__,
                      "transformers": transformers.__version__},
         "cpu": platform.processor() or platform.machine(),
