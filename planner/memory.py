@@ -203,17 +203,28 @@ def deepspeed_step_grad_copies(model: ModelSpec, training: Training, lay: Layout
     return np.where(lay.offload_optimizer > Offload.NONE, 0.0, held)
 
 
-def zero3_live_param_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
-    """ZeRO-3 gathered parameters kept alive: up to stage3_max_live_parameters, those reused within
-    stage3_max_reuse_distance (the whole local model with the 1e9 defaults, measured), at least the
-    current block and the prefetch bucket; plus the persistent small parameters
-    (partitioned_param_coordinator.py, parameter_offload.py)."""
-    zc, w = training.zero_config, training.precision.element_bytes
+def zero3_kept_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple:
+    """(kept, rank): of the `rank` elements a rank of `stage` gathers under ZeRO-3, those DeepSpeed
+    keeps gathered from one use to the next: up to stage3_max_live_parameters, those reused within
+    stage3_max_reuse_distance or the prefetch bucket past the current block (0.19.8
+    partitioned_param_coordinator.py __params_to_release; the whole local model with the 1e9
+    defaults, measured: backward gathers nothing)."""
+    zc = training.zero_config
     dense, expert = rank_params(model, training, lay, stage)
     rank = dense + expert
     block = block_params(model, training, lay)
-    live = np.minimum(np.minimum(rank, zc.stage3_max_live_parameters),
+    kept = np.minimum(np.minimum(rank, zc.stage3_max_live_parameters),
                       np.maximum(zc.stage3_max_reuse_distance, block + zc.stage3_prefetch_bucket_size))
+    return kept, rank
+
+
+def zero3_live_param_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+    """ZeRO-3 gathered parameters alive: those kept (zero3_kept_params), at least the current block
+    and the prefetch bucket; plus the persistent small parameters (partitioned_param_coordinator.py,
+    parameter_offload.py)."""
+    zc, w = training.zero_config, training.precision.element_bytes
+    live, rank = zero3_kept_params(model, training, lay, stage)
+    block = block_params(model, training, lay)
     working = np.maximum(live, np.minimum(rank, block + zc.stage3_prefetch_bucket_size))
     persistent = persistent_params(model, training, lay, zc.stage3_param_persistence_threshold, stage)
     return np.where(lay.zero == 3, (working + persistent) * w, 0.0)

@@ -24,7 +24,8 @@ from planner.engines import Buffers, ExpertTP, GradBuckets, Modules, SelectivePo
 from planner.grouping import Lazy, grouped
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
-from planner.memory import ACTIVATION_FIELDS, STATE_FIELDS, coefficients, deepspeed_bf16_optimizer, deferred_reduction
+from planner.memory import (ACTIVATION_FIELDS, STATE_FIELDS, coefficients, deepspeed_bf16_optimizer, deferred_reduction,
+                            zero3_kept_params)
 from planner.model import BLOCK, FIRST, LAST, ModelSpec, local_numel
 from planner.options import Offload, Optimizer, Recompute
 from planner.pipeline import (blocks_on_stage, bubble_s, chunks_per_stage, first_routed_stage, max_layers_on_stage,
@@ -438,7 +439,11 @@ def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     submodule_elements = (dense + expert) * lay.zero_ranks / calls  # unsharded, as ds_numel counts them
     prefetch = training.engine.zero3_fetch_per_block | ((zc.stage3_prefetch_bucket_size > 0)
                                                        & (zc.stage3_max_live_parameters > submodule_elements))
-    return {"one": one, "calls": calls + 0.0 * one, "fwd": passes, "bwd": np.where(lay.zero == 3, passes, 0.0),
+    # DeepSpeed's backward gathers only what its forward released (zero3_kept_params); FSDP2 reshards
+    # every unit after forward (--zero 3) and gathers it all again
+    kept, rank = zero3_kept_params(model, training, lay, 0 * lay.pp)
+    again = 1.0 if training.engine.zero3_fetch_per_block else 1.0 - kept / np.maximum(rank, 1.0)
+    return {"one": one, "calls": calls + 0.0 * one, "fwd": passes, "bwd": np.where(lay.zero == 3, passes * again, 0.0),
             "whole_step": whole_step, "prefetch": prefetch}
 
 

@@ -39,7 +39,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before any deepspeed import
 
 import pytest
 
-from planner import layout, memory, sharding, timing
+from planner import hardware, layout, memory, sharding, timing
 from planner.hf_config import from_hf_config
 from planner.layout import Training, ZeroConfig
 
@@ -542,6 +542,23 @@ def test_gradient_reduction_volume(engine_gas, hf_model, stage):
         calls = len(_grad_calls(engine_gas, stage, r)) / len(per_micro)
         print(f"zero{stage} rank{r}: {calls:.0f} gradient-reduction calls per reducing micro-step "
               f"(planner's ceil(P / reduce_bucket_size) = {math.ceil(P / BUCKET)})")
+
+
+def test_zero3_backward_gathers_only_what_forward_released(engine_gas, twin):
+    """ZeRO-3 gathers every parameter in each micro-step's forward; with the default
+    stage3_max_reuse_distance (1e9) a model under it stays gathered into backward, which gathers
+    nothing (0.19.8 partitioned_param_coordinator.py __params_to_release). The planner's backward
+    passes are 1 - kept/gathered (memory.zero3_kept_params): 0 here; Llama-2-7B's 6.74e9 elements keep
+    1e9 (test_timing.py)."""
+    for r in range(D):
+        gathers = [c for c in engine_gas[3][r]["collectives"] if c[2] == "all_gather_into_tensor"]
+        per_micro = {m: sum(c[3] for c in gathers if c[0] == m and c[1] == "forward") for m in range(GAS)}
+        backward = sum(c[3] for c in gathers if c[1] == "backward")
+        assert backward == 0 and len(set(per_micro.values())) == 1 and per_micro[0] >= twin.params
+    training = Training(seq_len=SEQ, precision="bf16", engine="deepspeed", zero_config=ZERO)
+    z3 = timing.zero3_gather_s(twin, hardware.Cluster(hardware.lookup_gpu("h100-sxm"), D, D), training,
+                               layout.single(dp=D, zero=3, gas=GAS), timing.coefficients("time"))
+    assert z3["fwd"][0] == GAS and z3["bwd"][0] == 0
 
 
 @pytest.mark.parametrize("stage", STAGES)
