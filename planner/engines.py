@@ -246,7 +246,8 @@ class Engine:
     """ZeRO-3 all-gathers each parameter and reduce-scatters each gradient in a call of its own,
     through torch.distributed's tensor-list all_gather/reduce_scatter: the host narrows one slice
     per rank and torch copies each through a flat buffer, right after a device sync (DeepSpeed
-    0.3.10-0.5.x; timing.zero3_rank_copies_s), rather than one flat call per submodule and bucket."""
+    0.3.13 to 0.5.0 as read; timing.zero3_rank_copies_s), rather than one flat call per submodule
+    and bucket."""
 
     @property
     def pipeline(self) -> bool:
@@ -479,8 +480,8 @@ TORCHTITAN = replace(
     cp_gathers_kv=True,  # its models' FlexAttention under CP (models/*/parallelize.py apply_cp_to_forward)
 )
 
-# DeepSpeed of spring 2021 (ZeRO-3 from 0.3.10; 0.3.13 is what Narayanan et al. 2021 could run, arXiv
-# 2104.04473 of 2021-04-09): 0.3.13 partition_parameters.py _allgather_param calls torch.cuda.synchronize()
+# DeepSpeed of spring 2021 (0.3.13 of 2021-03-16, or 0.3.14 of 2021-04-08, is what Narayanan et al. 2021,
+# arXiv 2104.04473 of 2021-04-09, could run): 0.3.13 partition_parameters.py _allgather_param calls torch.cuda.synchronize()
 # and all_gathers one parameter into world_size narrowed partitions; _reduce_scatter_gradients makes one
 # reduce_scatter of world_size narrowed inputs per parameter. 0.5.10 moved the gathers to _all_gather_base.
 # Not an --engine choice: planner/validate.py reads the runs of that time with it.

@@ -453,8 +453,8 @@ def zero3_rank_copies_s(model: ModelSpec, training: Training, lay: Layouts, c: d
     `z3`) and each gradient in each reduction is a call over zero_ranks ranks; for every rank
     DeepSpeed narrows a slice in Python and torch copies it through the collective's flat buffer
     (torch 1.8 ProcessGroupNCCL allgather/reduce_scatter of tensor lists: one copy_ per list entry),
-    about one eager op of host time (eager_op_host_s; the narrow launches no kernel). The GPU waits: each
-    gather follows a torch.cuda.synchronize() (DeepSpeed 0.3.13 partition_parameters.py
+    about one eager op of host time (eager_op_host_s; the narrow launches no kernel). The GPU
+    waits: each gather follows a torch.cuda.synchronize() (DeepSpeed 0.3.13 partition_parameters.py
     _allgather_param; stage3.py fetch_sub_module -> _synchronize_communication) and precedes the
     submodule's kernels; the reductions run in backward hooks with at most that submodule's backward
     queued. Nothing for the other engines."""
@@ -523,11 +523,11 @@ def gpu_optimizer_step_s(model: ModelSpec, cluster: Cluster, training: Training,
     """Optimizer step on the GPU, memory-bound (Megatron-LM MixedPrecisionOptimizer.step; DeepSpeed's
     other optimizer wrappers alike, its ZeRO-1/2 step is deepspeed_step_s): unscale + inf check (r+w
     grads), grad norm (r), FusedAdam (r grads, r+w master and states), copy to 16-bit params (w),
-    zero the grad buffer (w): 5g + 2o + w bytes per partition parameter. torch's foreach AdamW (Engine.optimizer_step_copy; torch 2.13 optim/adam.py
-    _multi_tensor_adam, decoupled weight decay): mul_ params, lerp_ exp_avg with the gradient, mul_
-    and addcmul_ exp_avg_sq (the gradient read twice), sqrt into a temporary, div_, add_ eps, addcdiv_
-    params: 18 state-element and 3 gradient reads or writes per parameter (84 B in fp32), where a
-    fused Adam moves 28."""
+    zero the grad buffer (w): 5g + 2o + w bytes per partition parameter. torch's foreach AdamW
+    (Engine.optimizer_step_copy; torch 2.13 optim/adam.py _multi_tensor_adam, decoupled weight
+    decay): mul_ params, lerp_ exp_avg with the gradient, mul_ and addcmul_ exp_avg_sq (the gradient
+    read twice), sqrt into a temporary, div_, add_ eps, addcdiv_ params: 18 state-element and 3
+    gradient reads or writes per parameter (84 B in fp32), where a fused Adam moves 28."""
     b = state_bytes(training)
     foreach = training.engine.optimizer_step_copy and training.optimizer is Optimizer.ADAMW
     per_param = 18 * b.moment + 3 * b.grads if foreach else 5 * b.grads + 2 * b.optimizer + b.weights
