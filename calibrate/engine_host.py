@@ -4,7 +4,8 @@ difference between two depths is one layer's). planner/timing.py reads the resul
 data/references/engine_host_cpu.json.
 
 zero_step: what the ZeRO-1/2 optimizer step (runtime/zero/stage_1_and_2.py DeepSpeedZeroOptimizer.
-step) dispatches around the inner optimizer, per gradient tensor and fixed, and the bytes per
+step), and BF16_Optimizer's (runtime/bf16_optimizer.py, bf16 with fp32 gradient accumulation),
+dispatch around the inner optimizer, per gradient tensor and fixed, and the bytes per
 parameter its non-view operators read and write (timing.deepspeed_step_s). The step checks every
 gradient tensor of the rank's partition for inf/NaN (has_overflow_partitioned_grads_serial ->
 runtime/utils.py has_inf_or_nan: abs, ne, eq, mul, amax, amin, ...), takes each one's norm in fp64
@@ -37,7 +38,6 @@ import os
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent.parent / "data" / "references" / "engine_host_cpu.json"
-STAGES = (1, 2)
 LLAMA = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 176,
          "vocab_size": 512, "tie_word_embeddings": False, "max_position_embeddings": 64}
 
@@ -67,7 +67,13 @@ def _counter():
     return Count()
 
 
-def _one(stage: int, layers: int) -> dict:
+STEP_VARIANTS = {"1": {"stage": 1}, "2": {"stage": 2},
+                 # bf16 with fp32 gradient accumulation: engine.py _do_optimizer_sanity_check picks BF16_Optimizer
+                 "bf16_optimizer": {"stage": 1, "data_types": {"grad_accum_dtype": "fp32"}}}
+"""The optimizer wrappers counted: ZeRO-1 and ZeRO-2 (DeepSpeedZeroOptimizer), BF16_Optimizer."""
+
+
+def _one(variant: dict, layers: int) -> dict:
     """Parameters, tensors, operators and bytes of the third step of a `layers`-layer Llama."""
     import deepspeed
     import torch
@@ -77,7 +83,8 @@ def _one(stage: int, layers: int) -> dict:
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(num_hidden_layers=layers, **LLAMA))
     config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
               "zero_allow_untested_optimizer": True, "steps_per_print": 10**9,
-              "zero_optimization": {"stage": stage}}  # gradient_clipping left at its default, as the H200 step runs
+              "zero_optimization": {"stage": variant["stage"]},  # gradient_clipping at its default, as the H200 steps
+              **({"data_types": variant["data_types"]} if "data_types" in variant else {})}
     engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
                                       config=config)
     count, inner = _counter(), engine.optimizer.optimizer
@@ -192,7 +199,7 @@ def main_rank() -> None:
     # deepspeed/comm/torch.py builds a shared-memory all-reduce op at init_distributed (~23 s cold); skip it
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo")
-    write_result({"zero_step": {str(s): [_one(s, n) for n in (1, 2)] for s in STAGES},
+    write_result({"zero_step": {name: [_one(v, n) for n in (1, 2)] for name, v in STEP_VARIANTS.items()},
                   "zero3_fetch": {str(s): [_fetch_time(s, n) for n in FETCH_LAYERS] for s in (2, 3)},
                   "fsdp_unit": {str(f): [_fsdp_time(n, f) for n in FETCH_LAYERS] for f in (False, True)}})
 
@@ -252,7 +259,8 @@ def main() -> None:
     out = parser.parse_args().out
     record = {
         "source": "python -m calibrate.engine_host: zero_step: operators DeepSpeed's ZeRO-1/2 step "
-                  "(stage_1_and_2.py DeepSpeedZeroOptimizer.step, bf16) dispatches beside the inner optimizer, per "
+                  "(stage_1_and_2.py DeepSpeedZeroOptimizer.step, bf16) and BF16_Optimizer's (bf16_optimizer.py, "
+                  "fp32 gradient accumulation) dispatch beside the inner optimizer, per "
                   "gradient tensor and fixed, and the bytes its non-view operators read and write per parameter "
                   "(TorchDispatchMode; 2-layer Llama less 1-layer); zero3_fetch: ZeRO-3's submodule fetches per layer "
                   "and their host seconds beyond ZeRO-2's (forward + backward at hidden 32, 8 tokens; 10-layer Llama "
