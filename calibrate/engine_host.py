@@ -4,8 +4,8 @@ difference between two depths is one layer's). planner/timing.py reads the resul
 data/references/engine_host_cpu.json.
 
 zero_step: what the ZeRO-1/2 optimizer step (runtime/zero/stage_1_and_2.py DeepSpeedZeroOptimizer.
-step), and BF16_Optimizer's (runtime/bf16_optimizer.py, bf16 with fp32 gradient accumulation),
-dispatch around the inner optimizer, per gradient tensor and fixed, and the bytes per
+step), ZeRO-3's (stage3.py) and BF16_Optimizer's (runtime/bf16_optimizer.py, bf16 with fp32 gradient
+accumulation) dispatch around the inner optimizer, per gradient tensor and fixed, and the bytes per
 parameter its non-view operators read and write (timing.deepspeed_step_s). The step checks every
 gradient tensor of the rank's partition for inf/NaN (has_overflow_partitioned_grads_serial ->
 runtime/utils.py has_inf_or_nan: abs, ne, eq, mul, amax, amin, ...), takes each one's norm in fp64
@@ -67,10 +67,11 @@ def _counter():
     return Count()
 
 
-STEP_VARIANTS = {"1": {"stage": 1}, "2": {"stage": 2},
+STEP_VARIANTS = {"1": {"stage": 1}, "2": {"stage": 2}, "3": {"stage": 3},
                  # bf16 with fp32 gradient accumulation: engine.py _do_optimizer_sanity_check picks BF16_Optimizer
                  "bf16_optimizer": {"stage": 1, "data_types": {"grad_accum_dtype": "fp32"}}}
-"""The optimizer wrappers counted: ZeRO-1 and ZeRO-2 (DeepSpeedZeroOptimizer), BF16_Optimizer."""
+"""The optimizer wrappers counted: ZeRO-1 and ZeRO-2 (DeepSpeedZeroOptimizer), ZeRO-3
+(DeepSpeedZeroOptimizer_Stage3), BF16_Optimizer."""
 
 
 def _one(variant: dict, layers: int) -> dict:
@@ -259,8 +260,8 @@ def main() -> None:
     out = parser.parse_args().out
     record = {
         "source": "python -m calibrate.engine_host: zero_step: operators DeepSpeed's ZeRO-1/2 step "
-                  "(stage_1_and_2.py DeepSpeedZeroOptimizer.step, bf16) and BF16_Optimizer's (bf16_optimizer.py, "
-                  "fp32 gradient accumulation) dispatch beside the inner optimizer, per "
+                  "(stage_1_and_2.py DeepSpeedZeroOptimizer.step, bf16), ZeRO-3's (stage3.py) and BF16_Optimizer's "
+                  "(bf16_optimizer.py, fp32 gradient accumulation) dispatch beside the inner optimizer, per "
                   "gradient tensor and fixed, and the bytes its non-view operators read and write per parameter "
                   "(TorchDispatchMode; 2-layer Llama less 1-layer); zero3_fetch: ZeRO-3's submodule fetches per layer "
                   "and their host seconds beyond ZeRO-2's (forward + backward at hidden 32, 8 tokens; 10-layer Llama "

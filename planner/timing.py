@@ -535,25 +535,29 @@ def gpu_optimizer_step_s(model: ModelSpec, cluster: Cluster, training: Training,
 
 
 def deepspeed_step_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
-    """DeepSpeed's ZeRO-1/2 step (0.19.8 stage_1_and_2.py DeepSpeedZeroOptimizer.step) or BF16_Optimizer's
+    """DeepSpeed's ZeRO step (0.19.8 stage_1_and_2.py DeepSpeedZeroOptimizer.step, stage3.py) or BF16_Optimizer's
     (bf16_optimizer.py step) around FusedAdam, as counted on the real engine
     (data/references/engine_host_cpu.json, python -m calibrate.engine_host). ZeRO's: per gradient
     tensor of the rank's partition an inf/NaN check (runtime/utils.py has_inf_or_nan) and an fp64
     norm (get_grad_norm_direct), ~22 operators a tensor, each launched from the host
     (eager_op_host_s), and 48 B a parameter of memory traffic (the fp32 flat gradient, the unscale,
-    the copy back into the 16-bit weights); BF16_Optimizer's: 4 operators a tensor and 36 B. The
-    host and the kernels run side by side until the norm's .item() waits for both; FusedAdam follows
-    (r fp32 gradient, r+w master and moments). The flat buffer splits evenly over the ranks: a
-    rank's partition holds 1/zero_ranks of the tensors and one that straddles."""
+    the copy back into the 16-bit weights); ZeRO-3's (stage3.py step): 10 and 44 B; BF16_Optimizer's:
+    4 and 36 B. The host and the kernels run side by side until the norm's .item() waits for both;
+    FusedAdam follows (r fp32 gradient, r+w master and moments). ZeRO-1/2 split one flat buffer
+    evenly over the ranks: a rank's partition holds 1/zero_ranks of the tensors and one that
+    straddles; a ZeRO-3 rank holds a slice of every tensor (stage3.py averaged_gradients: one
+    partition view per parameter)."""
     from planner.data import catalog
 
     step = catalog("references/engine_host_cpu.json")["zero_step"]
     bf16_optimizer = deepspeed_bf16_optimizer(training, lay)
 
     def counted(key):  # the wrapper's count
-        return np.select([bf16_optimizer, lay.zero == 2], [step["bf16_optimizer"][key], step["2"][key]], step["1"][key])
+        return np.select([bf16_optimizer, lay.zero == 3, lay.zero == 2],
+                         [step["bf16_optimizer"][key], step["3"][key], step["2"][key]], step["1"][key])
 
-    tensors = np.ceil(rank_tensors(model, training, lay)[1] / lay.zero_ranks) + (lay.zero_ranks > 1)
+    every = rank_tensors(model, training, lay)[1]
+    tensors = np.where(lay.zero == 3, every, np.ceil(every / lay.zero_ranks) + (lay.zero_ranks > 1))
     host_s = (counted("ops_per_tensor") * tensors + counted("ops_fixed")) * c["eager_op_host_s"]
     partition, hbm = _partition_params(model, training, lay), C.hbm_bytes_per_s(cluster, c)
     adam_bytes = 4.0 + 2.0 * state_bytes(training).optimizer
@@ -568,11 +572,11 @@ def cpu_adam_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layo
 
 
 def optimizer_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
-    """The update: CPU Adam under optimizer offload, else DeepSpeed's ZeRO-1/2 or BF16_Optimizer step
+    """The update: CPU Adam under optimizer offload, else DeepSpeed's ZeRO or BF16_Optimizer step
     (deepspeed_step_s) where it runs, else the GPU step."""
     gpu = gpu_optimizer_step_s(model, cluster, training, lay, c)
     if training.engine.deepspeed:
-        counted = np.isin(lay.zero, (1, 2)) | deepspeed_bf16_optimizer(training, lay)
+        counted = (lay.zero >= 1) | deepspeed_bf16_optimizer(training, lay)
         gpu = np.where(counted, deepspeed_step_s(model, cluster, training, lay, c), gpu)
     return np.where(lay.offload_optimizer > Offload.NONE, cpu_adam_s(model, cluster, training, lay, c), gpu)
 

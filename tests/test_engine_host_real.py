@@ -19,7 +19,7 @@ def test_counts_match_the_shipped_file():
     record = json.loads(SHIPPED.read_text())
     shipped, everything = record["zero_step"], engine_host.measure()
     measured = everything["zero_step"]
-    assert set(measured) == set(shipped) == {"1", "2", "bf16_optimizer"}
+    assert set(measured) == set(shipped) == {"1", "2", "3", "bf16_optimizer"}
     for variant, got in measured.items():
         want = shipped[variant]
         assert got["optimizer"] == want["optimizer"]
@@ -35,6 +35,7 @@ def test_counts_match_the_shipped_file():
         # bf16 gradient read by ~a dozen element-wise ops, its fp64 copy (w 8, r 8), the fp32 flat
         # gradient (w 4) and the master's copy back (r 4, w 2): far above the 2 + 2 B of one read and write
         assert 30 < got["bytes_per_param"] < 80
+    assert measured["3"]["optimizer"] == "DeepSpeedZeroOptimizer_Stage3"
     # bf16 with fp32 gradient accumulation: BF16_Optimizer, which norms its flat fp32 gradients
     assert measured["bf16_optimizer"]["optimizer"] == "BF16_Optimizer"
     assert measured["bf16_optimizer"]["ops_per_tensor"] < 22

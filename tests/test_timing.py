@@ -582,6 +582,21 @@ def test_zero3_fetches_show_where_the_host_is_the_bottleneck():
     assert exposed(LLAMA7, 4096) == 0.0
 
 
+def test_deepspeed_step_host_work_follows_the_tensors_a_rank_holds():
+    """DeepSpeed's step dispatches operators per gradient tensor it holds (engine_host_cpu.json):
+    ZeRO-1/2 split one flat buffer, so of Llama-2-7B's 291 tensors a rank of 8 norms ceil(291/8) + 1
+    (one straddles) = 38, 22 operators each and 62 more; a ZeRO-3 rank holds a slice of every one:
+    291 x 10 + 45. On one rank ZeRO-1 holds all 291: 22 x 291 + 62."""
+    def host_s(zero, dp):
+        training, lay = layout.Training(seq_len=4096, engine="deepspeed"), layout.single(dp=dp, zero=zero)
+        return timing.deepspeed_step_s(LLAMA7, node(), training, lay, dict(C, hbm_efficiency=1e9))[0]
+
+    f = C["eager_op_host_s"]
+    assert host_s(1, 8) == pytest.approx((22 * 38 + 62) * f, rel=1e-6)  # 13.6 ms
+    assert host_s(3, 8) == pytest.approx((10 * 291 + 45) * f, rel=1e-6)  # 44.6 ms
+    assert host_s(1, 1) == pytest.approx((22 * 291 + 62) * f, rel=1e-6)  # 97.6 ms
+
+
 def test_gpu_optimizer_step_is_memory_bound():
     # the memory-bound step (Megatron's MixedPrecisionOptimizer.step) with 16-bit gradients, bf16, 8 ranks:
     # each updates Psi/8 parameters reading and writing, per parameter, the unscale/inf check (r+w 2 B
