@@ -17,9 +17,10 @@ a kernel launched from the host: with ~20 a tensor the host can take longer than
 zero3_fetch: what ZeRO-3's per-submodule parameter fetch and release cost the host in forward and
 backward (runtime/zero/partitioned_param_coordinator.py fetch_sub_module / release_sub_module under
 the hooks of parameter_offload.py), beyond ZeRO-2's time for the same steps: seconds per layer and
-fetches per layer; timing.zero3_fetch_exposed_s charges it per parameter-owning submodule and pass.
+fetches per layer; timing.param_fetch_s charges it per parameter-owning submodule and pass.
 Timed on this CPU, where the hooks' Python and the 1-rank all-gather are the whole cost; a GPU host
-adds its event and stream calls (calibrate fits zero3_fetch_host_s from DeepSpeed ZeRO-3 steps).
+adds its event and stream calls (the step suite's DeepSpeed ZeRO-3 cases measure them on a GPU;
+nothing fits zero3_fetch_host_s from them yet).
 
 fsdp_unit: what FSDP2's per-unit hooks (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_state.py
 _pre_forward / _post_forward, _fsdp_param_group.py pre_backward / post_backward: unshard, copy-in and
@@ -187,8 +188,8 @@ def _fsdp_time(layers: int, fsdp: bool, repeats: int = 12) -> dict:
 
 
 def main_rank() -> None:
-    """Under the launcher (one rank): both stages' steps at 1 and 2 layers; ZeRO-2 and ZeRO-3 fetch
-    timings; FSDP2 and plain timings (FSDP2 uses the process group deepspeed.init_distributed made)."""
+    """Under the launcher (one rank): each STEP_VARIANTS step at 1 and 2 layers; ZeRO-2 and ZeRO-3
+    fetch timings; FSDP2 and plain timings (FSDP2 uses the process group deepspeed.init_distributed made)."""
     import importlib
 
     import deepspeed
@@ -206,7 +207,7 @@ def main_rank() -> None:
 
 
 def per_tensor(runs: list) -> dict:
-    """{ops_per_tensor, ops_fixed, bytes_per_param} from the 1- and 2-layer runs of one stage."""
+    """{ops_per_tensor, ops_fixed, bytes_per_param} from the 1- and 2-layer runs of one variant."""
     one, two = runs
     ops_per_tensor = (two["ops"] - one["ops"]) / (two["tensors"] - one["tensors"])
     return {"optimizer": two["optimizer"], "ops_per_tensor": ops_per_tensor,
@@ -235,7 +236,7 @@ def per_unit(runs: dict) -> dict:
 
 
 def measure() -> dict:
-    """Launch one rank and reduce its counts (per_tensor, per_fetch)."""
+    """Launch one rank and reduce its counts and timings (per_tensor, per_fetch, per_unit)."""
     from calibrate.launch import launch
 
     out = launch("calibrate.engine_host", [], nproc=1, timeout_s=600, env={"DS_ACCELERATOR": "cpu"})
