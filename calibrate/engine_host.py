@@ -16,17 +16,16 @@ a kernel launched from the host: with ~20 a tensor the host can take longer than
 
 zero3_fetch: what ZeRO-3's per-submodule parameter fetch and release cost the host in forward and
 backward (runtime/zero/partitioned_param_coordinator.py fetch_sub_module / release_sub_module under
-the hooks of parameter_offload.py), beyond ZeRO-2's time for the same steps: seconds per layer and
-fetches per layer; timing.param_fetch_s charges it per parameter-owning submodule and pass.
-Timed on this CPU, where the hooks' Python and the 1-rank all-gather are the whole cost; a GPU host
-adds its event and stream calls (the step suite's DeepSpeed ZeRO-3 cases measure them on a GPU;
-nothing fits zero3_fetch_host_s from them yet).
-
-fsdp_unit: what FSDP2's per-unit hooks (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_state.py
-_pre_forward / _post_forward, _fsdp_param_group.py pre_backward / post_backward: unshard, copy-in and
-copy-out, reshard, reduce-scatter) cost the host per decoder-layer unit and pass, beyond the same
-model without FSDP (fully_shard per layer and at the root, MixedPrecisionPolicy bf16/fp32, as
-torchtitan and the FSDP recipes wrap it), timed the same way (timing.param_fetch_s).
+the hooks of parameter_offload.py), beyond ZeRO-2's time for the same steps; fsdp_unit: what FSDP2's
+per-unit hooks (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_state.py _pre_forward /
+_post_forward, _fsdp_param_group.py pre_backward / post_backward: unshard, copy-in and copy-out,
+reshard, reduce-scatter) cost per decoder-layer unit and pass beyond the same model without FSDP
+(fully_shard per layer and at the root, MixedPrecisionPolicy bf16/fp32, as torchtitan and the FSDP
+recipes wrap it). Each is split into the operators the hooks dispatch (counted) and the Python
+around them (the timed seconds less the operators at this CPU's seconds per operator of the
+baseline): timing.param_fetch_s prices the operators at eager_op_host_s, the host's with CUDA
+launches, and keeps the Python. Timed on this CPU, where the 1-rank collectives cost nearly
+nothing; the step suite's DeepSpeed ZeRO-3 cases will show a GPU host's.
 
     python -m calibrate.engine_host [--out data/references/engine_host_cpu.json]
 """
@@ -151,9 +150,12 @@ def _fetch_time(stage: int, layers: int, repeats: int = 12) -> dict:
         engine.backward(engine(input_ids=ids, labels=ids).loss)
         times.append(time.perf_counter() - start)
         counts.append(fetches[0] - before)
+    count = _counter()
+    with count:  # the operators of one more step, untimed
+        engine.backward(engine(input_ids=ids, labels=ids).loss)
     if hasattr(engine, "destroy"):
         engine.destroy()
-    return {"s": statistics.median(times[4:]), "fetches": counts[-1]}
+    return {"s": statistics.median(times[4:]), "fetches": counts[-1], "ops": count.ops}
 
 
 def _fsdp_time(layers: int, fsdp: bool, repeats: int = 12) -> dict:
@@ -184,7 +186,13 @@ def _fsdp_time(layers: int, fsdp: bool, repeats: int = 12) -> dict:
         fwd.append(middle - start)
         bwd.append(time.perf_counter() - middle)
         model.zero_grad(set_to_none=True)
-    return {"forward_s": statistics.median(fwd[4:]), "backward_s": statistics.median(bwd[4:])}
+    forward, backward = _counter(), _counter()  # the operators of one more step, untimed
+    with forward:
+        loss = model(input_ids=ids, labels=ids).loss
+    with backward:
+        loss.backward()
+    return {"forward_s": statistics.median(fwd[4:]), "backward_s": statistics.median(bwd[4:]),
+            "forward_ops": forward.ops, "backward_ops": backward.ops}
 
 
 def main_rank() -> None:
@@ -215,24 +223,44 @@ def per_tensor(runs: list) -> dict:
             "bytes_per_param": (two["bytes"] - one["bytes"]) / (two["params"] - one["params"])}
 
 
+def _host_split(extra_s: float, extra_ops: float, base_s: float, base_ops: float) -> dict:
+    """Host seconds beyond the baseline, split into the operators it dispatches (priced at this CPU's
+    seconds per operator of the baseline itself) and the Python around them: on a GPU host the
+    operators cost eager_op_host_s each, the rest stays."""
+    cpu_s_per_op = base_s / base_ops
+    return {"ops": extra_ops, "host_s": extra_s, "cpu_s_per_op": cpu_s_per_op,
+            "python_s": max(extra_s - extra_ops * cpu_s_per_op, 0.0)}
+
+
 def per_fetch(runs: dict) -> dict:
-    """One layer's ZeRO-3 fetches and their host seconds (ZeRO-3's time less ZeRO-2's for the same
-    steps), and the seconds per parameter-owning submodule and pass (a Llama layer has 9: q, k, v,
-    o, gate, up, down and the two norms; its fetches also cover the layer, self_attn, mlp and act_fn)."""
-    layers = FETCH_LAYERS[1] - FETCH_LAYERS[0]
+    """One Llama layer's ZeRO-3 fetches (26: 13 submodules, forward and backward) and, per
+    parameter-owning submodule and pass (9 a layer: q, k, v, o, gate, up, down and the two norms; the
+    fetches of the layer, self_attn, mlp and act_fn come with them), what ZeRO-3 adds over ZeRO-2:
+    operators, host seconds, and the Python part (_host_split)."""
+    layers, passes = FETCH_LAYERS[1] - FETCH_LAYERS[0], 2 * 9
     (z2a, z2b), (z3a, z3b) = runs["2"], runs["3"]
-    extra_s = ((z3b["s"] - z3a["s"]) - (z2b["s"] - z2a["s"])) / layers
-    return {"fetches_per_layer": (z3b["fetches"] - z3a["fetches"]) / layers, "host_s_per_layer": extra_s,
-            "param_modules_per_layer": 9, "host_s_per_module_pass": extra_s / (2 * 9)}
+    per_layer = {k: ((z3b[k] - z3a[k]) - (z2b[k] - z2a[k])) / layers for k in ("s", "ops")}
+    base = {k: (z2b[k] - z2a[k]) / layers for k in ("s", "ops")}
+    return {"fetches_per_layer": (z3b["fetches"] - z3a["fetches"]) / layers, "param_modules_per_layer": 9,
+            **_host_split(per_layer["s"] / passes, per_layer["ops"] / passes, base["s"], base["ops"])}
 
 
 def per_unit(runs: dict) -> dict:
-    """Host seconds FSDP2 adds per decoder-layer unit in forward and in backward (the FSDP model's
-    time less the plain one's, per layer)."""
+    """What FSDP2 adds per decoder-layer unit in forward and in backward over the model without it
+    (per layer of the 10-layer model less the 2-layer one): operators, host seconds, and the Python
+    part (_host_split)."""
     layers = FETCH_LAYERS[1] - FETCH_LAYERS[0]
     (plain_a, plain_b), (fsdp_a, fsdp_b) = runs["False"], runs["True"]
-    return {f"host_s_{p}": ((fsdp_b[f"{p}_s"] - fsdp_a[f"{p}_s"]) - (plain_b[f"{p}_s"] - plain_a[f"{p}_s"])) / layers
-            for p in ("forward", "backward")}
+
+    def layer(run_a, run_b, key):
+        return (run_b[key] - run_a[key]) / layers
+
+    out = {}
+    for p in ("forward", "backward"):
+        base_s, base_ops = layer(plain_a, plain_b, f"{p}_s"), layer(plain_a, plain_b, f"{p}_ops")
+        out[p] = _host_split(layer(fsdp_a, fsdp_b, f"{p}_s") - base_s, layer(fsdp_a, fsdp_b, f"{p}_ops") - base_ops,
+                             base_s, base_ops)
+    return out
 
 
 def measure() -> dict:
@@ -267,8 +295,10 @@ def main() -> None:
                   "(TorchDispatchMode; 2-layer Llama less 1-layer); zero3_fetch: ZeRO-3's submodule fetches per layer "
                   "and their host seconds beyond ZeRO-2's (forward + backward at hidden 32, 8 tokens; 10-layer Llama "
                   "less 2-layer; median of 8 steps); fsdp_unit: FSDP2's host seconds per decoder-layer unit in "
-                  "forward and in backward beyond the model without it (same shapes and method); one gloo rank, "
-                  "DS_ACCELERATOR=cpu, on this CPU",
+                  "forward and in backward beyond the model without it (same shapes and method); each with the "
+                  "operators dispatched (counted in one more step) and the Python left (python_s: host_s less ops "
+                  "at the baseline's seconds per operator, cpu_s_per_op); one gloo rank, DS_ACCELERATOR=cpu, "
+                  "on this CPU",
         "versions": {"deepspeed": deepspeed.__version__, "torch": torch.__version__,
                      "transformers": transformers.__version__},
         "cpu": platform.processor() or platform.machine(),

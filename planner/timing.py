@@ -466,19 +466,29 @@ def zero3_rank_copies_s(model: ModelSpec, training: Training, lay: Layouts, c: d
 
 
 def param_fetch_s(model: ModelSpec, training: Training, lay: Layouts, c: dict) -> np.ndarray:
-    """Host seconds per block and pass that fetching sharded parameters costs. DeepSpeed ZeRO-3: its
-    hooks fetch and release each parameter-owning submodule one by one (0.19.8
-    partitioned_param_coordinator.py fetch_sub_module, release_sub_module), zero3_fetch_host_s each:
-    one per GEMM as the engine runs it (per local expert of an expert GEMM) and per other module with
-    parameters (norms, router). FSDP2 (--zero 2/3): one unit a block whose hooks unshard, copy in and
-    out, reshard and reduce-scatter (torch 2.13 _fully_shard/_fsdp_state.py, _fsdp_param_group.py),
-    fsdp_unit_host_s a pass."""
+    """Host seconds per block and pass that fetching sharded parameters costs, as counted and timed
+    on the real engines beyond the same step without it (data/references/engine_host_cpu.json,
+    python -m calibrate.engine_host): the operators the hooks dispatch, at eager_op_host_s each, and
+    the Python around them. DeepSpeed ZeRO-3: its hooks fetch and release each parameter-owning
+    submodule one by one (0.19.8 partitioned_param_coordinator.py fetch_sub_module,
+    release_sub_module): one per GEMM as the engine runs it (per local expert of an expert GEMM) and
+    per other module with parameters (norms, router). FSDP2 (--zero 2/3): one unit a block whose hooks
+    unshard, copy in and out, reshard and reduce-scatter (torch 2.13 _fully_shard/_fsdp_state.py,
+    _fsdp_param_group.py); its forward and backward costs averaged into one a pass."""
+    from planner.data import catalog
+
+    counted = catalog("references/engine_host_cpu.json")
+
+    def host_s(part):  # one counted fetch: operators on this host, Python as timed
+        return part["ops"] * c["eager_op_host_s"] + part["python_s"]
+
     if training.engine.zero3_fetch_per_block:
-        return np.where(lay.zero >= 2, c["fsdp_unit_host_s"], 0.0)
+        unit = counted["fsdp_unit"]
+        return np.where(lay.zero >= 2, (host_s(unit["forward"]) + host_s(unit["backward"])) / 2.0, 0.0)
     local_experts = np.maximum(model.experts // lay.ep, 1)
     modules = sum(np.where(g.expert, local_experts, 1) for g in model.gemms(training.engine.fused_gemms)) \
         + len({t.module for t in model.block_tensors() if t.gemm is None})
-    return np.where(lay.zero == 3, modules * c["zero3_fetch_host_s"], 0.0)
+    return np.where(lay.zero == 3, modules * host_s(counted["zero3_fetch"]), 0.0)
 
 
 def param_fetch_exposed_s(step, pipe) -> np.ndarray:

@@ -4,7 +4,9 @@
 datasheets of data/gpus.json, and the engines' code for when they communicate. The arithmetic is
 written beside each assert. A term 10x wrong fails a named test here (benchmarks/mutants.py)."""
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ LLAMA7 = lookup("llama-2-7b")
 # Llama-2-7B's per-block linear weights (HF config): q,k,v,o 4096x4096, gate,up,down 4096x11008
 LLAMA7_BLOCK_WEIGHTS = 4 * 4096 * 4096 + 3 * 4096 * 11008  # 202,375,168
 PSI7 = 6_738_415_616
+ENGINE_HOST = Path(__file__).resolve().parent.parent / "data" / "references" / "engine_host_cpu.json"
 
 
 def gpt(layers, hidden, heads, vocab=51200, seq=2048):
@@ -551,19 +554,29 @@ def test_zero3_fetch_host_cost_per_submodule():
         layer = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).model.layers[0]
     owners = [m for m in layer.modules() if any(True for _ in m.parameters(recurse=False))]
     model, lay = from_hf_config({**cfg, "model_type": "llama"}), layout.single(dp=8, zero=3)
-    f = C["zero3_fetch_host_s"]
-    assert len(owners) == 9
+    counted = json.loads(ENGINE_HOST.read_text())
+    fetch = counted["zero3_fetch"]
+    f = fetch["ops"] * C["eager_op_host_s"] + fetch["python_s"]  # ~0.14 ms, nearly all Python
+    assert len(owners) == 9 == fetch["param_modules_per_layer"]
     assert timing.param_fetch_s(model, layout.Training(engine="deepspeed"), lay, C)[0] == pytest.approx(9 * f)
     assert timing.param_fetch_s(model, layout.Training(engine="megatron-deepspeed"), lay, C)[0] == pytest.approx(6 * f)
-    # FSDP2 runs its unit's hooks once a pass (fsdp_unit_host_s, timed on the real engine: 0.26-0.49 ms here)
-    assert timing.param_fetch_s(model, layout.Training(engine="fsdp"), lay, C)[0] == C["fsdp_unit_host_s"]
+    # FSDP2 runs its unit's hooks once a pass: 25 operators forward and 44 backward beyond the model
+    # without it, at 15.1 us on a GPU host, and 0.15 / 0.26 ms of Python: ~0.7 ms a pass, averaged
+    unit = counted["fsdp_unit"]
+    assert (unit["forward"]["ops"], unit["backward"]["ops"]) == (25, 44)
+    per_pass = sum(unit[p]["ops"] * C["eager_op_host_s"] + unit[p]["python_s"] for p in ("forward", "backward")) / 2
+    assert timing.param_fetch_s(model, layout.Training(engine="fsdp"), lay, C)[0] == pytest.approx(per_pass)
+    assert 4e-4 < per_pass < 1.2e-3
+    # doubling the host's cost per operator (a slower host, or a calibration) raises FSDP's share
+    assert timing.param_fetch_s(model, layout.Training(engine="fsdp"), lay, dict(C, eager_op_host_s=2 * C["eager_op_host_s"]))[0] \
+        == pytest.approx(per_pass + 34.5 * C["eager_op_host_s"])  # (25 + 44) / 2 operators more
     assert timing.param_fetch_s(model, layout.Training(engine="deepspeed"), layout.single(dp=8, zero=2), C)[0] == 0
 
 
 def test_zero3_fetches_show_where_the_host_is_the_bottleneck():
     """The host dispatches a pass's kernels and its fetches in turn: SmolLM-135M (30 layers x 9 submodules)
     at 1 x 1024 tokens is host-bound, so ZeRO-3's fetches add about their whole 30 x 9 x f a pass, forward
-    and backward (73 ms at the 135 us prior); Llama-2-7B at 4096 tokens keeps its GPU busier than its
+    and backward (~75 ms at ~0.14 ms a fetch); Llama-2-7B at 4096 tokens keeps its GPU busier than its
     host, and they hide."""
     from planner.hf_config import from_hf_config
 
@@ -577,7 +590,8 @@ def test_zero3_fetches_show_where_the_host_is_the_bottleneck():
         pipe = timing._pipeline_terms(model, cluster, training, lay, C)
         return float(timing.param_fetch_exposed_s(timing._step_terms(model, cluster, training, lay, C), pipe)[0])
 
-    whole = 2 * 30 * 9 * C["zero3_fetch_host_s"]
+    fetch = json.loads(ENGINE_HOST.read_text())["zero3_fetch"]
+    whole = 2 * 30 * 9 * (fetch["ops"] * C["eager_op_host_s"] + fetch["python_s"])
     assert 0.8 * whole < exposed(smol, 1024) <= whole * (1 + 1e-9)
     assert exposed(LLAMA7, 4096) == 0.0
 
