@@ -27,6 +27,12 @@ pytestmark = pytest.mark.slow
 P, D = 158_016, 2
 
 
+def _why(record) -> str:
+    """A failed run's status, error and the end of its log (pytest truncates the outcome's repr)."""
+    out = record["outcome"]
+    return f"{out['status']} (returncode {out.get('returncode')}): {out.get('error', '')}\n{out.get('log_tail', '')[-3000:]}"
+
+
 @pytest.fixture(scope="module")
 def records():
     return {r["name"]: r for r in (run_case(c) for c in cases("cpu"))}
@@ -34,7 +40,7 @@ def records():
 
 def test_bf16_optimizer_with_fp32_accumulation(records):
     r = records["deepspeed/bf16-optimizer/zero1-fp32-accum"]
-    assert r["outcome"]["status"] == "ok", r["outcome"]
+    assert r["outcome"]["status"] == "ok", _why(r)
     m = r["measurement"]
     assert m["optimizer_class"] == "BF16_Optimizer"
     assert 0 <= m["model_state_bytes"] - (2 + 2 + 4 + 12 / D) * P <= SCALARS_BYTES  # 14 P
@@ -43,7 +49,7 @@ def test_bf16_optimizer_with_fp32_accumulation(records):
 
 def test_zero_disabled_bf16_keeps_whole_fp32_master(records):
     r = records["deepspeed/fp16-unfused/zero0-bf16"]
-    assert r["outcome"]["status"] == "ok", r["outcome"]
+    assert r["outcome"]["status"] == "ok", _why(r)
     m = r["measurement"]
     assert m["optimizer_class"] == "FP16_UnfusedOptimizer"
     assert 0 <= m["model_state_bytes"] - 16 * P <= SCALARS_BYTES
@@ -52,7 +58,7 @@ def test_zero_disabled_bf16_keeps_whole_fp32_master(records):
 
 def test_pipeline_without_zero_holds_bf16_optimizer_gradients_through_the_schedule(records):
     r = records["deepspeed/pipe/bf16-optimizer-zero0"]
-    assert r["outcome"]["status"] == "ok", r["outcome"]
+    assert r["outcome"]["status"] == "ok", _why(r)
     m = r["measurement"]
     assert m["optimizer_class"] == "BF16_Optimizer"
     assert m["model_state_bytes_per_param"] == pytest.approx(18.0, abs=1e-3)  # 0-d scalars apart
