@@ -122,6 +122,11 @@ def cluster_from_sidebar() -> dict:
     per_node = int(st.sidebar.number_input("GPUs per node (0: the GPU's usual node)", 0, 1024, 0, key="gpus_per_node"))
     if per_node:
         cluster["gpus_per_node"] = per_node
+    pod = int(st.sidebar.number_input("GPUs per pod (0: a non-blocking network)", 0, 1_000_000, 0, key="pod_gpus"))
+    if pod:
+        cluster["pod_gpus"] = pod
+        cluster["oversubscription"] = float(st.sidebar.number_input("Oversubscription above a pod (7 for 1:7)", 1.0,
+                                                                    1024.0, 1.0, key="oversubscription"))
     profiles = ["none", *sorted(p.stem for p in CALIBRATION_DIR.glob("*.json"))]
     profile = st.sidebar.selectbox("Calibration profile", profiles, key="calibration")
     if profile != "none":

@@ -208,7 +208,8 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     if pins and result["valid"].size == 0:
         _raise_contradiction(spec, clus, train, max_mbs, pins, pinned)
     assumptions = {
-        "gpu": clus.gpu.name, "gpus_per_node": clus.gpus_per_node, "seq_len": train.seq_len, "gbs": gbs,
+        "gpu": clus.gpu.name, "gpus_per_node": clus.gpus_per_node, "pod_gpus": clus.pod_gpus,
+        "oversubscription": clus.oversubscription, "seq_len": train.seq_len, "gbs": gbs,
         "tokens_per_step": gbs * train.seq_len, "engine": train.engine.name, "precision": str(train.precision),
         "optimizer": str(train.optimizer), "flash_attention": train.flash_attention, "memory_headroom": headroom,
         "pp_edge_layers": train.pipeline_edge_layers,
@@ -425,7 +426,8 @@ def stage_records(model: ModelSpec, cluster: Cluster, training: Training, lay: L
 def cluster_dict(cluster: Cluster) -> dict:
     cal = cluster.calibration
     return {"gpu": cluster.gpu.name, "num_gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node,
-            "num_nodes": cluster.num_nodes, "memory_bytes": cluster.gpu.memory_bytes,
+            "num_nodes": cluster.num_nodes, "memory_bytes": cluster.gpu.memory_bytes, "pod_gpus": cluster.pod_gpus,
+            "oversubscription": cluster.oversubscription,
             "calibration": None if cal is None else {"profile": cal.name, "path": cal.path,
                                                      "coefficients": {f"{s}.{n}": v for s, n, v in cal.overrides},
                                                      "bands": dict(cal.bands)}}

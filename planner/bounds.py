@@ -46,6 +46,8 @@ BOUNDS: dict[str, Bound] = {
     # cluster
     "gpus": Bound(1, _GPUS, why="a million GPUs, ~5x the largest cluster built"),
     "gpus_per_node": Bound(1, 1024, why="NVLink domain (NVL72 racks have 72)"),
+    "pod_gpus": Bound(0, _GPUS, why="GPUs under one non-blocking switch domain; 0: the whole network"),
+    "oversubscription": Bound(1, 1024, integer=False, why="bandwidth into the pod's switches over that out of them"),
     # capacities and rates from 1/1000 of the unit up (1 MiB, 1 GB/s / 1000, 1 GFLOP/s): smaller ones
     # round device memory to 0 bytes or overflow step times to infinity
     "gpu_memory_gib": Bound(0.001, 65536, integer=False),

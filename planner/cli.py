@@ -80,7 +80,8 @@ def _h(text: str, key: str | None = None) -> str:
 MODEL_FLAGS = ("model", "params", "layers", "hidden", "heads", "kv_heads", "ffn", "ffn_kind", "vocab", "tied_embeddings",
                "experts", "experts_per_token", "shared_expert_ffn", "dense_layers", "dense_ffn", "moe_layer_step")
 CLUSTER_FLAGS = ("gpu", "gpus", "gpus_per_node", "gpu_memory_gib", "peak_tflops", "hbm_gb_per_s", "intra_node_gb_per_s",
-                 "inter_node_gb_per_s", "pcie_gb_per_s", "host_ram_gib", "nvme_gb_per_s", "calibration")
+                 "inter_node_gb_per_s", "pcie_gb_per_s", "host_ram_gib", "nvme_gb_per_s", "calibration", "pod_gpus",
+                 "oversubscription")
 ZERO_FLAGS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
               "stage3_max_reuse_distance", "stage3_param_persistence_threshold", "sub_group_size")
 
@@ -119,6 +120,11 @@ def add_cluster_flags(p):
                       ("inter_node_gb_per_s", "network per GPU per direction"), ("pcie_gb_per_s", ""),
                       ("host_ram_gib", "CPU memory per node"), ("nvme_gb_per_s", "NVMe bandwidth per node")):
         g.add_argument("--" + key.replace("_", "-"), type=positive_float, help=_h(text, key))
+    g.add_argument("--pod-gpus", type=non_negative_int,
+                   help=_h("GPUs under one non-blocking switch domain (default 0: the whole network is)", "pod_gpus"))
+    g.add_argument("--oversubscription", type=positive_float,
+                   help=_h("a pod's NIC bandwidth over its uplinks above the pod, e.g. 7 for 1:7 (default 1)",
+                           "oversubscription"))
     g.add_argument("--calibration", metavar="NAME|PATH",
                    help="a measured profile (data/calibration/NAME.json or a path) whose fitted coefficients and "
                         "error bands replace the priors; 'none' for the priors (default)")

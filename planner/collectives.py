@@ -110,15 +110,51 @@ def intra_node_bus_bytes_per_s(cluster: Cluster, coef: dict) -> float:
 def group_bus_bytes_per_s(cluster: Cluster, stride, n, coef: dict) -> np.ndarray:
     """Achievable bus bandwidth of a group of n ranks spaced `stride` apart (Megatron rank order
     tp, cp, dp, pp: DP stride = t). Inside a node: NVLink busbw. Across nodes NCCL runs one ring per
-    NIC (rail), so k members per node move k NICs' worth (hierarchical), capped by NVLink."""
+    NIC (rail), so k members per node move k NICs' worth (hierarchical), capped by NVLink, and by
+    the uplinks above a pod where the group leaves it (ring_pod_share)."""
     gpu = cluster.gpu
     intra = intra_node_bus_bytes_per_s(cluster, coef)
     inter = ranks_per_node(cluster, stride, n) * gpu.inter_node_bytes_per_s * coef["bus_efficiency_inter_node"]
+    inter = inter * ring_pod_share(cluster, stride, n)
     return np.where(stride * n > cluster.gpus_per_node, np.minimum(intra, inter), intra)
 
 
-def p2p_bytes_per_s(cluster: Cluster, crosses_nodes, coef: dict) -> np.ndarray:
-    """One GPU's send bandwidth: its NVLink, or its own NIC when the peer is on another node."""
+def members_per_pod(cluster: Cluster, stride, n) -> np.ndarray:
+    """Members of a group of n ranks `stride` apart inside one pod (ranks fill pods in order)."""
+    n = np.asarray(n, dtype=np.float64)
+    if not cluster.pod_gpus:
+        return n
+    return np.clip(cluster.pod_gpus // np.maximum(stride, 1), 1, np.maximum(n, 1.0))
+
+
+def ring_pod_share(cluster: Cluster, stride, n) -> np.ndarray:
+    """Share of its NICs' rate a ring keeps on its edges between pods when every group of its kind
+    runs the collective at once (the data-parallel groups of a step do). NCCL's rings go through
+    the nodes in rank order (src/graph/connect.cpp connectRings), so a group with k members per
+    node and m per pod leaves a pod by one edge per rail ring: the pod's G/m groups send G k/m
+    flows out through uplinks worth G/r NICs (a fat tree's capacity at that level, Leiserson 1985
+    'Fat-trees'; r the oversubscription): min(1, m / (k r)). 1 for a group inside one pod. NCCL's
+    trees cross a pod by a few edges more (src/graph/trees.cc); priced as the ring."""
+    m, k = members_per_pod(cluster, stride, n), ranks_per_node(cluster, stride, n)
+    leaves = np.asarray(n) > m
+    return np.where(leaves, np.minimum(1.0, m / (k * cluster.oversubscription)), 1.0)
+
+
+def p2p_pod_share(cluster: Cluster, stride, n) -> np.ndarray:
+    """Share of its NIC's rate a send to the next of n ranks `stride` apart keeps (pipeline stages:
+    every rank of a stage sends to its peer at once). Where the chain leaves a pod, the min(G,
+    stride) ranks of a pod next to a stage boundary at its edge send out of it through uplinks
+    worth G/r NICs: min(1, G / (r min(G, stride))) (fat-tree capacity as in ring_pod_share)."""
+    if not cluster.pod_gpus:
+        return np.ones_like(np.asarray(stride, dtype=np.float64))
+    G = float(cluster.pod_gpus)
+    leaves = np.asarray(stride) * np.asarray(n) > G
+    return np.where(leaves, np.minimum(1.0, G / (cluster.oversubscription * np.minimum(G, stride))), 1.0)
+
+
+def p2p_bytes_per_s(cluster: Cluster, crosses_nodes, coef: dict, pod_share=1.0) -> np.ndarray:
+    """One GPU's send bandwidth: its NVLink, or its own NIC (times its `pod_share` where the peer
+    sits beyond an oversubscribed pod) when the peer is on another node."""
     gpu = cluster.gpu
-    return np.where(crosses_nodes, gpu.inter_node_bytes_per_s * coef["bus_efficiency_inter_node"],
+    return np.where(crosses_nodes, gpu.inter_node_bytes_per_s * coef["bus_efficiency_inter_node"] * pod_share,
                     gpu.intra_node_bytes_per_s * coef["bus_efficiency_intra_node"])

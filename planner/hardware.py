@@ -59,6 +59,12 @@ class Cluster:
     """GPUs per node; TP groups stay inside a node."""
     calibration: Calibration | None = None
     """A measured profile whose fitted coefficients replace the priors (None: the priors)."""
+    pod_gpus: int = 0
+    """GPUs under one non-blocking switch domain (a pod: full bisection bandwidth inside it); 0: the
+    whole network is non-blocking (NVIDIA DGX SuperPOD reference architecture: a full fat tree)."""
+    oversubscription: float = 1.0
+    """Ratio of a pod's NIC bandwidth to its uplink bandwidth above the pod (Llama 3's RoCE cluster:
+    pods of 3072 GPUs, 1:7 above them; Dubey et al. 2024 section 3.3.1). 1: non-blocking."""
 
     def __post_init__(self):
         check("gpus", self.num_gpus)
@@ -67,6 +73,13 @@ class Cluster:
             raise InputError(
                 f"--gpus: {self.num_gpus} is not a whole number of nodes of --gpus-per-node {self.gpus_per_node}"
             )
+        check("pod_gpus", self.pod_gpus)
+        check("oversubscription", self.oversubscription)
+        if self.pod_gpus % self.gpus_per_node:
+            raise InputError(f"--pod-gpus: {self.pod_gpus} is not a whole number of nodes of --gpus-per-node "
+                             f"{self.gpus_per_node} (0: no pod boundary)")
+        if self.oversubscription > 1 and not self.pod_gpus:
+            raise InputError("--oversubscription: needs --pod-gpus (the GPUs below the oversubscribed switches)")
 
     @property
     def num_nodes(self) -> int:

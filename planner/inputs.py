@@ -139,6 +139,10 @@ class ClusterInput:
     nvme_gb_per_s: float | None = None
     calibration: str | None = None
     """A calibration profile's name (data/calibration/<name>.json) or path; None or 'none': the priors."""
+    pod_gpus: int | None = None
+    """GPUs under one non-blocking switch domain (default 0: the whole network is non-blocking)."""
+    oversubscription: float | None = None
+    """A pod's NIC bandwidth over its uplink bandwidth (default 1: non-blocking)."""
 
     def __post_init__(self):
         _checked(self, [f.name for f in fields(self) if f.name not in ("gpu", "calibration")])
@@ -169,7 +173,8 @@ class ClusterInput:
         per_node = self.gpus_per_node or min(gpu.gpus_per_node, num)
         from planner.calibration import load
 
-        return H.Cluster(gpu=gpu, num_gpus=num, gpus_per_node=per_node, calibration=load(self.calibration, gpu.name))
+        return H.Cluster(gpu=gpu, num_gpus=num, gpus_per_node=per_node, calibration=load(self.calibration, gpu.name),
+                         pod_gpus=self.pod_gpus or 0, oversubscription=self.oversubscription or 1.0)
 
 
 @dataclass(frozen=True)

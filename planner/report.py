@@ -34,9 +34,15 @@ def describe(model, cluster, training) -> str:
     return (f"model {model.name}: {model.params:,} params, L={model.layers} h={model.hidden} a={model.heads} "
             f"kv={model.kv_heads} ffn={model.ffn} ({model.ffn_kind}) V={model.vocab}{moe}\n"
             f"cluster {cluster.num_gpus} x {cluster.gpu.name} ({cluster.gpus_per_node} per node, "
-            f"{cluster.gpu.memory_bytes / 2**30:.1f} GiB each); seq {training.seq_len}, {training.precision}, "
+            f"{cluster.gpu.memory_bytes / 2**30:.1f} GiB each{pod_text(cluster)}); seq {training.seq_len}, {training.precision}, "
             f"{training.optimizer}, engine {training.engine.name}, "
             f"flash attention {'on' if training.flash_attention else 'off'}")
+
+
+def pod_text(cluster) -> str:
+    if cluster.oversubscription == 1:
+        return ""
+    return f"; pods of {cluster.pod_gpus} GPUs, 1:{cluster.oversubscription:g} above them"
 
 
 def memory_table(memory: dict) -> str:

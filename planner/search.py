@@ -435,7 +435,7 @@ def what_would_fit(model: ModelSpec, cluster: Cluster, training: Training, headr
     for factor in (2, 4, 8, 16):
         if cluster.num_gpus * factor > 2**20:
             break
-        bigger = Cluster(cluster.gpu, cluster.num_gpus * factor, cluster.gpus_per_node, cluster.calibration)
+        bigger = replace(cluster, num_gpus=cluster.num_gpus * factor)
         if res := attempt(bigger, training):
             hints.append(f"--gpus {bigger.num_gpus} fits ({best_text(res)})")
             break

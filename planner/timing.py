@@ -18,7 +18,8 @@ import numpy as np
 
 from planner import compute as C
 from planner.activations import checkpoint_partitions, checkpoints_on_host, recomputed_layers
-from planner.collectives import group_collective_s, p2p_bytes_per_s, ranks_per_node
+from planner.collectives import (group_collective_s, members_per_pod, p2p_bytes_per_s, p2p_pod_share, ranks_per_node,
+                                  ring_pod_share)
 from planner.compute import flops_per_step, peak_flops_per_s, tokens_per_microbatch
 from planner.engines import Buffers, ExpertTP, GradBuckets, Modules, SelectivePolicy
 from planner.grouping import Lazy, grouped
@@ -127,6 +128,10 @@ def ep_all_to_all_s(model: ModelSpec, cluster: Cluster, training: Training, lay:
     nbytes = T / per_rank * rows * model.hidden * training.precision.element_bytes
     intra = nbytes * (on_node - 1) / ep / p2p_bytes_per_s(cluster, False, c)
     inter = nbytes * (ep - on_node) / ep / p2p_bytes_per_s(cluster, True, c)
+    # the shares for members beyond the rank's pod: every rank of the pod sends them at once through
+    # uplinks worth 1/r of its NICs (fat-tree capacity; collectives.ring_pod_share)
+    beyond_pod = nbytes * (ep - members_per_pod(cluster, stride, ep)) / ep * cluster.oversubscription
+    inter = np.maximum(inter, beyond_pod / p2p_bytes_per_s(cluster, True, c))
     return np.where(ep > 1, (ep - 1) * c["p2p_latency_s"] + np.maximum(intra, inter), 0.0)
 
 
@@ -144,7 +149,7 @@ def cp_ring_exposed_s(model: ModelSpec, cluster: Cluster, training: Training, la
         gather = group_collective_s(cluster, c, "all_gather", whole, lay.cp, lay.tp, count=2)
         return gather * (1.0 + (lay.recompute != Recompute.NONE)) + group_collective_s(
             cluster, c, "reduce_scatter", whole, lay.cp, lay.tp, count=2)
-    bw = p2p_bytes_per_s(cluster, lay.tp * lay.cp > cluster.gpus_per_node, c)
+    bw = p2p_bytes_per_s(cluster, lay.tp * lay.cp > cluster.gpus_per_node, c, ring_pod_share(cluster, lay.tp, lay.cp))
     kv_pass = (lay.cp - 1) * (c["p2p_latency_s"] + T * (model.kv_width + model.v_width) / t * e / bw)
     recomputed = lay.recompute != Recompute.NONE
     return np.maximum(kv_pass - core_fwd, 0.0) * (1.0 + recomputed) + np.maximum(2.0 * kv_pass - core_bwd, 0.0)
@@ -261,7 +266,9 @@ def pipeline_p2p_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     split = (lay.sequence_parallel > 0) | training.engine.p2p_split_over_tp
     nbytes = tokens_per_microbatch(training, lay) * model.hidden * training.precision.element_bytes
     nbytes = nbytes / np.where(split, lay.tp, 1)
-    one = c["p2p_latency_s"] + nbytes / p2p_bytes_per_s(cluster, lay.world > cluster.gpus_per_node, c)
+    # the slowest stage boundary (one at a pod's edge) paces the chain
+    share = p2p_pod_share(cluster, lay.world // lay.pp, lay.pp)
+    one = c["p2p_latency_s"] + nbytes / p2p_bytes_per_s(cluster, lay.world > cluster.gpus_per_node, c, share)
     transfers = p2p_transfers(lay.pp, lay.vpp, lay.gas, lay.schedule)
     v = chunks_per_stage(lay.vpp, lay.schedule)
     overlaps = training.engine.p2p_overlaps_interleaved & training.overlap_p2p & (v > 1) & (lay.pp > 1)

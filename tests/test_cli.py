@@ -207,6 +207,9 @@ for command in ("estimate", "recommend"):
 # Megatron's pipeline-split and p2p-overlap switches (issue 8), with the other training flags
 for command in ("estimate", "recommend"):
     FROZEN[command] = FROZEN[command] + ["--no-overlap-p2p", "--pp-edge-layers"]
+# a pod boundary and the oversubscription above it (issue 8), with the other cluster flags
+for command in ("estimate", "recommend", "check"):
+    FROZEN[command] = FROZEN[command] + ["--pod-gpus", "--oversubscription"]
 FROZEN = {command: sorted(flags) for command, flags in FROZEN.items()}
 
 

@@ -103,7 +103,8 @@ SENSIBLE = {
     "tokens_per_step": ["1M", "4194304", "16m"], "price_per_gpu_hour": ["0.5", "2", "12.75"],
     "gpu_memory_gib": ["16", "40", "80", "141"], "peak_tflops": ["100", "989.4"], "hbm_gb_per_s": ["900", "3350"],
     "intra_node_gb_per_s": ["25", "450"], "inter_node_gb_per_s": ["12.5", "50"], "pcie_gb_per_s": ["25"],
-    "host_ram_gib": ["256", "2048"], "nvme_gb_per_s": ["5", "50"],
+    "host_ram_gib": ["256", "2048"], "nvme_gb_per_s": ["5", "50"], "pod_gpus": ["0", "16", "256", "3072"],
+    "oversubscription": ["1", "2", "7"],
     "reduce_bucket_size": ["5e8", "500000000"], "allgather_bucket_size": ["5e8"], "sub_group_size": ["1e9"],
     "stage3_prefetch_bucket_size": ["0", "5e7"], "stage3_max_live_parameters": ["0", "1e9"],
     "stage3_max_reuse_distance": ["0", "1e9"], "stage3_param_persistence_threshold": ["0", "1e5"],
@@ -408,6 +409,7 @@ EXTREME = {
     "gpu_memory_gib": ["65536", "0.001"], "peak_tflops": ["1e6", "0.001"], "hbm_gb_per_s": ["1e6", "0.001"],
     "intra_node_gb_per_s": ["1e6", "0.001"], "inter_node_gb_per_s": ["1e6", "0.001"], "pcie_gb_per_s": ["0.001"],
     "host_ram_gib": ["1073741824", "0.001"], "nvme_gb_per_s": ["0.001", "1e6"], "memory_headroom": ["0", "0.999999"],
+    "pod_gpus": ["1048576", "8", "0"], "oversubscription": ["1024", "1"],
     "reduce_bucket_size": ["1e13", "1"], "sub_group_size": ["1e15", "1"], "stage3_max_live_parameters": ["1e15", "0"],
 }
 

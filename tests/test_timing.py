@@ -690,6 +690,75 @@ def test_dp_group_across_nodes_uses_one_nic_per_member_on_the_node():
     assert float(collectives.p2p_bytes_per_s(cluster, False, C)) == pytest.approx(300e9 * 0.78)
 
 
+# Llama 3's RoCE cluster (Dubey et al. 2024, 'The Llama 3 Herd of Models', section 3.3.1): 24K GPUs,
+# pods of 3,072 with full bisection bandwidth, 1:7 oversubscribed above them; 8 H100 per node
+LLAMA3_POD, LLAMA3_OVERSUB = 3072, 7.0
+
+
+def test_rings_leaving_an_oversubscribed_pod_share_its_uplinks():
+    flat = hardware.Cluster(H100, 16384, 8)
+    llama3 = hardware.Cluster(H100, 16384, 8, pod_gpus=LLAMA3_POD, oversubscription=LLAMA3_OVERSUB)
+    nic = H100.inter_node_bytes_per_s * C["bus_efficiency_inter_node"]
+
+    def bus(cluster, stride, n):
+        return float(collectives.group_bus_bytes_per_s(cluster, stride, n, C))
+
+    # Llama 3 405B's DP groups (order TP, CP, PP, DP: 128 ranks 8 x 16 apart): 3072 / 128 = 24 in a
+    # pod, one a node; a pod's 3072 / 24 = 128 groups leave it by 128 ring edges, under the 3072 / 7
+    # = 439 NICs its uplinks carry: full speed (the paper's reason to put DP outermost)
+    assert bus(llama3, 128, 128) == pytest.approx(nic) == bus(flat, 128, 128)
+    # 2048 apart (cp 16 on top): one member a pod, so every rank's ring edge leaves it: 1/7
+    assert bus(llama3, 2048, 8) == pytest.approx(nic / 7)  # 3072 flows through 3072 / 7 NICs
+    # 512 apart: 6 members a pod, 3072 / 6 = 512 edges out through 439 NICs: 6/7
+    assert bus(llama3, 512, 32) == pytest.approx(nic * 6 / 7)
+    # 64 ranks 8 apart span 512 GPUs: the group never leaves its pod
+    assert bus(llama3, 8, 64) == pytest.approx(nic)  # 64 x 8 = 512 GPUs < 3072
+    # the whole time of a bandwidth-bound all-gather follows: 7x at one member a pod
+    big = 2**32
+    t_flat = collectives.group_collective_s(flat, C, "all_gather", big, 8, 2048)
+    t_pod = collectives.group_collective_s(llama3, C, "all_gather", big, 8, 2048)
+    assert float(t_pod) == pytest.approx(7 * float(t_flat), rel=0.01)
+
+
+def test_pipeline_sends_across_a_pod_edge_share_its_uplinks():
+    llama3 = hardware.Cluster(H100, 16384, 8, pod_gpus=LLAMA3_POD, oversubscription=LLAMA3_OVERSUB)
+    # pp outermost (Megatron's tp-cp-ep-dp-pp, torchtitan's mesh pp first): stages 16384 / 16 = 1024
+    # GPUs apart; the 1024 ranks of the stage at a pod's edge all send out through 3072 / 7 NICs:
+    # 3072 / (7 x 1024) = 0.43 of a NIC each
+    assert float(collectives.p2p_pod_share(llama3, 1024, 16)) == pytest.approx(3072 / 7 / 1024)
+    assert float(collectives.p2p_pod_share(llama3, 4096, 4)) == pytest.approx(1 / 7)  # all 3072 leave
+    assert float(collectives.p2p_pod_share(llama3, 128, 16)) == 1.0  # 2048 GPUs: inside a pod
+    # the whole pipeline's p2p term: a send of 8192 x 16384 x 2 B / 8 (SP) = 32 MiB takes 7/3 as long
+    m = lookup("llama-3.1-405b")
+    train = layout.Training(seq_len=8192, engine="megatron")
+    lay = layout.single(tp=8, pp=16, dp=128, mbs=1, gas=16, sequence_parallel=True, schedule=Schedule.ONE_F_ONE_B)
+    flat = timing.pipeline_p2p_s(m, hardware.Cluster(H100, 16384, 8), train, lay, C)[0]
+    pod = timing.pipeline_p2p_s(m, hardware.Cluster(H100, 16384, 8, pod_gpus=3072, oversubscription=7), train, lay, C)[0]
+    transfers = 2 * (16 + 16 - 1)  # pipeline.p2p_transfers, 1F1B: 2 (m + p - 1)
+    one_s = 8192 * 16384 * 2 / 8 / (H100.inter_node_bytes_per_s * C["bus_efficiency_inter_node"])
+    assert pod - flat == pytest.approx(transfers * one_s * (7 * 1024 / 3072 - 1), rel=1e-6)
+
+
+def test_expert_all_to_all_beyond_the_pod_goes_through_its_uplinks():
+    # 64 experts over 64 GPUs in pods of 16 GPUs, 1:2 above them; DeepSpeed's EP group is 64 ranks 1 apart
+    m = ModelSpec(layers=2, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000, experts=64, experts_per_token=2)
+    lay = layout.single(ep=64, dp=64)
+    flat = timing.ep_all_to_all_s(m, hardware.Cluster(H100, 64, 8), DS, lay, C)[0]
+    pod = timing.ep_all_to_all_s(m, hardware.Cluster(H100, 64, 8, pod_gpus=16, oversubscription=2), DS, lay, C)[0]
+    latency = 63 * C["p2p_latency_s"]
+    # beyond the node: 56/64 of the rows at a NIC; beyond the pod: 48/64 of them at half a NIC
+    assert (pod - latency) / (flat - latency) == pytest.approx((48 / 64 * 2) / (56 / 64), rel=1e-9)
+
+
+def test_pod_flags_are_checked():
+    with pytest.raises(InputError, match="--pod-gpus"):
+        hardware.Cluster(H100, 64, 8, pod_gpus=12, oversubscription=2)  # not whole nodes
+    with pytest.raises(InputError, match="--oversubscription: needs --pod-gpus"):
+        hardware.Cluster(H100, 64, 8, oversubscription=2)
+    with pytest.raises(InputError, match="--oversubscription"):
+        hardware.Cluster(H100, 64, 8, pod_gpus=16, oversubscription=0.5)
+
+
 # ---------------------------------------------------------------------------------------------
 # whole layers and steps against published measurements
 
