@@ -21,7 +21,9 @@ def layers_on_stage(layers: int, pp, stage, edge_layers: int = 0) -> np.ndarray:
     pipeline_parallel_first/last_stage_less_layers = 1; 32 layers on 4 stages: 8, 9, 8, 7)."""
     effective = layers + 2 * edge_layers
     n = effective // pp + (stage < effective % pp)
-    return n - edge_layers * ((stage == 0) + (stage == pp - 1))
+    # counted as integers: numpy adds two booleans as a logical or, which gave one stage (pp 1) L + 1 blocks
+    ends = np.asarray(stage == 0, dtype=np.int64) + np.asarray(stage == pp - 1, dtype=np.int64)
+    return n - edge_layers * ends
 
 
 def interleaved_layers(model, training) -> int:

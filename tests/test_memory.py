@@ -59,6 +59,21 @@ def test_rank_params_are_the_exact_tensor_count_split_by_tp_pp():
     assert first[0] + last[0] == pytest.approx((m.params - 8192 * 32 - 4096) / 2 + 8192 * 32 + 4096)
 
 
+def test_one_stage_holds_every_block_where_the_engine_trims_the_edge_stages():
+    # torchtitan (pipeline_edge_layers 1) gives the first and last pipeline stage one block less; with
+    # one stage that stage is both and holds the whole model: Llama-3-8B's 8,030,261,248 parameters
+    # (Meta's model card), not 8,248,373,248 (one 218,112,000-parameter block more: numpy once added the
+    # two "is an end stage" booleans as a logical or)
+    m = lookup("llama-3-8b")
+    for engine in ("torchtitan", "fsdp", "megatron"):
+        dense, _ = sharding.rank_params(m, layout.Training(engine=engine), layout.single(), 0)
+        assert dense[0] == 8_030_261_248
+    # 32 blocks on 1, 2, 4 stages with the edges trimmed: 32; 16 + 16; 8, 9, 8, 7 (torchtitan
+    # pipeline_parallel.py _generate_llm_fqn_per_model_part, first/last_stage_less_layers = 1)
+    assert pipeline.max_layers_on_stage(32, np.array([1, 2, 4]), 1).tolist() == [32, 16, 9]
+    assert pipeline.layers_on_stage(32, np.full(4, 4), np.arange(4), 1).tolist() == [8, 9, 8, 7]
+
+
 def test_moe_experts_split_over_ep_ranks():
     # Mixtral-8x7B block: 8 experts x 3 x 4096 x 14336 = 1,409,286,144 expert params; ep 4 keeps 2 experts
     m = lookup("mixtral-8x7b")
