@@ -27,6 +27,7 @@ TERMS = [
     ("planner.memory", "host_bytes"), ("planner.memory", "deepspeed_reduce_buckets"),
     ("planner.memory", "deepspeed_straddle_bytes"), ("planner.memory", "deepspeed_step_grad_copies"),
     ("planner.memory", "reduction_copy_bytes"), ("planner.memory", "zero3_live_param_bytes"), ("planner.memory", "fsdp_unsharded_unit_bytes"),
+    ("planner.memory", "torchtitan_edge_unit_bytes"),
     ("planner.memory", "overhead_bytes"),
     ("planner.activations", "layer_bytes"), ("planner.activations", "recompute_working_bytes"),
     ("planner.activations", "embedding_dropout_bytes"), ("planner.activations", "head_input_bytes"),
@@ -68,7 +69,8 @@ DELIBERATE = [
 FAST_TESTS = ["tests/test_memory.py", "tests/test_timing.py", "tests/test_validate.py", "tests/test_search.py",
               "tests/test_cli.py", "tests/test_terms.py", "tests/test_activations_real.py", "tests/test_engines.py",
               "tests/test_moe_capacity.py", "tests/test_dense_first.py",
-              "tests/test_expert_tp.py", "tests/test_activations_deepseek.py", "tests/test_step_time_h200.py"]
+              "tests/test_expert_tp.py", "tests/test_activations_deepseek.py", "tests/test_step_time_h200.py",
+              "tests/test_fsdp_torchtitan.py"]
 
 
 def run(spec: str, pytest_args: list[str]) -> tuple[bool, str, float]:

@@ -59,6 +59,10 @@ KINDS = {  # torch 2.13, torch/distributed/fsdp/_fully_shard/...
                         "unsharded storage (resized to 0 by free_unsharded_param at reshard)",
     "unsharded_grads": "autograd's gradients of the unsharded parameters (FSDPParam._unsharded_param.grad), "
                        "dropped by _fsdp_param_group.py post_backward after foreach_reduce copied them",
+    "unsharded_accumulated_grads": "_fsdp_param.py to_accumulated_grad_if_needed: an unsharded gradient cast to "
+                                   "reduce_dtype and accumulated there while gradient sync is off "
+                                   "(set_requires_gradient_sync(False): torchtitan's chunked loss before its last "
+                                   "chunk); handed to foreach_reduce by the synced post_backward",
     "reduce_scatter_input": "_fsdp_collectives.py foreach_reduce: reduce_scatter_input, the unit's gradients in "
                             "reduce_dtype (kept in comm_ctx.reduce_scatter_states until the next unit's "
                             "post_backward, max_input_buffers 1)",
@@ -80,7 +84,8 @@ class BufferTracker:
     reduce-scatter buffer's allocation. Installed by wrapping the torch 2.13 functions that allocate
     them (restored by `remove()`); what FSDP does is unchanged."""
 
-    def __init__(self, model, fsdp_params):
+    def __init__(self, model, fsdp_params, unit_of=_unit):
+        self.unit_of = unit_of  # parameter fqn -> its fully_shard unit
         self.fsdp_params = fsdp_params  # the unsharded parameters are summed from their storages' sizes
         self.held = set()  # storages that are not transient (sharded parameters, gradients)
         for p in model.parameters():
@@ -113,7 +118,7 @@ class BufferTracker:
         for fp in self.fsdp_params:
             n = sum(t.untyped_storage().nbytes() for t in fp.all_gather_outputs)
             if n:
-                key = f"unsharded_params/{_unit(fp._param_fqn)}"
+                key = f"unsharded_params/{self.unit_of(fp._param_fqn)}"
                 by[key] = by.get(key, 0) + n
         total = sum(by.values())
         if total > self.peaks.get(self.phase, {"peak": -1})["peak"]:
@@ -137,7 +142,7 @@ class BufferTracker:
                 out = original(fsdp_params)
                 for ts in out:
                     for t in ts:
-                        tracker.add("all_gather_input", _unit(fsdp_params[0]._param_fqn), t)
+                        tracker.add("all_gather_input", tracker.unit_of(fsdp_params[0]._param_fqn), t)
                 return out
             return wrapped
 
@@ -145,7 +150,7 @@ class BufferTracker:
             def wrapped(self, size, *, dtype, device):
                 out = original(self, size, dtype=dtype, device=device)
                 caller = sys._getframe(1)
-                unit = _unit(caller.f_locals["fsdp_params"][0]._param_fqn)
+                unit = tracker.unit_of(caller.f_locals["fsdp_params"][0]._param_fqn)
                 if caller.f_code.co_name == "foreach_all_gather":
                     kind = "all_gather_output"
                 else:  # foreach_reduce: the input first, then the output
@@ -172,6 +177,16 @@ class BufferTracker:
                     tracker.phase = "after"
             return wrapped
 
+        def accumulated(original):  # FSDPParam.to_accumulated_grad_if_needed: the reduce_dtype copy it keeps
+            def wrapped(self, *args, **kwargs):
+                out = original(self, *args, **kwargs)
+                if self.unsharded_accumulated_grad is not None:
+                    tracker.add("unsharded_accumulated_grads", tracker.unit_of(self._param_fqn),
+                                self.unsharded_accumulated_grad)
+                return out
+            return wrapped
+
+        self._patch(fparam.FSDPParam, "to_accumulated_grad_if_needed", accumulated)
         self._patch(fstate.FSDPState, "_root_post_backward_final_callback", final)
         self._patch(coll, "_get_param_all_gather_inputs", inputs)
         self._patch(coll.DefaultAllocMixin, "allocate", allocate)
@@ -179,7 +194,7 @@ class BufferTracker:
         self._patch(fparam.FSDPParam, "alloc_all_gather_outputs", after)
         for fp in self.fsdp_params:  # the unsharded nn.Parameter is made once and reused
             hook = fp._unsharded_param.register_post_accumulate_grad_hook(
-                lambda p, fp=fp: tracker.add("unsharded_grads", _unit(fp._param_fqn), p.grad))
+                lambda p, fp=fp: tracker.add("unsharded_grads", tracker.unit_of(fp._param_fqn), p.grad))
             self._undo.append((hook, None, None))
 
     def remove(self) -> None:
@@ -259,9 +274,9 @@ def run(cfg: dict) -> dict:
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**llama)).to(device())
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cfg["mixed"] \
         else MixedPrecisionPolicy()
-    layers = {f"model.layers.{i}": sum(p.numel() for p in layer.parameters())
-              for i, layer in enumerate(model.model.layers)}
-    units = {**layers, "root": sum(p.numel() for p in model.parameters()) - sum(layers.values())}
+    units = {}
+    for fqn, p in model.named_parameters():
+        units[_unit(fqn)] = units.get(_unit(fqn), 0) + p.numel()
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=mp, reshard_after_forward=cfg["reshard_after_forward"])
     fully_shard(model, mp_policy=mp, reshard_after_forward=cfg["reshard_after_forward"])

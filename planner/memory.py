@@ -242,9 +242,13 @@ def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts
     3 blocks: the middle one shows the steady state; with 2 blocks the backward measured 566,656 B of
     the 658,944 this books). --zero 2 (reshard_after_forward False): what exceeds every unit gathered,
     which weight_bytes books for the whole step. None for --zero 0 and where a pipeline keeps the
-    stage gathered (not measured). torchtitan wraps the embedding and
-    [norm, output] as units of their own and its root holds nothing: its root terms are left out
-    (not measured), its blocks are FSDP2's as measured."""
+    stage gathered (not measured). torchtitan (0.3.0 distributed/fsdp.py apply_fsdp_to_decoder,
+    untied) wraps the embedding and [norm, lm_head] as units of their own, the latter not resharded
+    after forward, its root holding nothing, and runs lm_head chunk by chunk in its loss
+    (components/loss.py ChunkedLossWrapper), each chunk's backward at once: the exact peaks of its
+    own model, wrapping and loss on 2 gloo ranks (python -m calibrate.torchtitan_fsdp ->
+    data/references/torchtitan_fsdp_cpu.json). Tied torchtitan models ([embedding, norm, lm_head]
+    one unit): their edge terms are left out (not measured)."""
     s, t = model.sums, lay.tp
     w = training.precision.element_bytes  # torch 2.13 _fsdp_api.py MixedPrecisionPolicy.param_dtype (unsharded)
     g = w  # torch 2.13 _fsdp_param.py unsharded_grad_data: autograd's gradient, in the parameter's dtype
@@ -278,13 +282,16 @@ def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts
     # or beside its reduce_output and the last gradient
     red = np.maximum(w * root + g * root + r * block,
                      r * root + np.maximum(g * root, r * root / shards + g * root_last))
-    red = np.where(hf_root, red, 0.0)  # torchtitan's embedding unit: not measured
+    red = np.where(hf_root, red, 0.0)
     # --zero 2, torch 2.13 _fsdp_param_group.py reshard (after backward only), beyond every unit gathered:
     # forward, the last two blocks' all-gather outputs (or the first block's copy-out beside the root's
     # all-gather output); backward, a block's gradients beside the root's first ones and the previous
     # block's reduce_scatter_input, that block resharded (g B = w B); the reduction, only the root gathered
     fwd2 = w * np.maximum(2 * block, 2 * (root + block) - rank)
     bwd2 = g * root_out + r * block
+    titan = (training.engine.modules is Modules.TORCHTITAN) & ~tied
+    fwd, bwd, red, fwd2, bwd2 = (np.where(titan, a, b) for a, b in zip(
+        torchtitan_edge_unit_bytes(model, training, lay, block, rank), (fwd, bwd, red, fwd2, bwd2)))
     red2 = np.maximum(0.0, red - w * rank)
     zero3 = lay.zero >= 3
     by_moment = {"forward": np.where(zero3, fwd, fwd2), "backward": np.where(zero3, bwd, bwd2),
@@ -292,6 +299,42 @@ def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts
     by_moment["peak"] = np.maximum(by_moment["forward"], by_moment["backward"])
     on = (lay.zero >= 2) & ~deferred_reduction(training, lay)
     return np.where(on, np.ceil(by_moment[moment]), 0.0)
+
+
+def torchtitan_edge_unit_bytes(model: ModelSpec, training: Training, lay: Layouts, block, rank) -> tuple:
+    """(forward, backward, reduction, forward beyond every unit gathered, backward beyond it) of
+    fsdp_unsharded_unit_bytes under torchtitan 0.3.0's wrapping and chunked loss, bytes: the
+    embedding E and [norm, lm_head] Hd units (lm = lm_head's elements), blocks B, the rank's P; each
+    the exact peak of torchtitan's Llama3Model on 2 gloo ranks (calibrate/torchtitan_fsdp.py)."""
+    s, t = model.sums, lay.tp
+    w, g, r = training.precision.element_bytes, training.precision.element_bytes, state_bytes(training).grads
+    E, lm = s.first_split / t + s.first_replicated, s.output / t
+    head = s.last_replicated + lm
+    # the chunks before the last accumulate lm_head's gradient in reduce_dtype while sync is off (torch 2.13
+    # _fsdp_param.py to_accumulated_grad_if_needed); foreach_reduce's loop variable keeps it to the end
+    acc = np.where(training.engine.loss_chunks > 1, r, g)
+    # forward, torch 2.13 _fsdp_param_group.py wait_for_unshard: each unit's copy-out beside the previous
+    # unit's all-gather output (the embedding's; a block's; [norm, lm_head]'s at the final norm)
+    fwd = w * np.maximum(np.maximum(2 * E, E + 2 * block), np.maximum(3 * block, block + 2 * head))
+    # ChunkedLossWrapper's last chunk: lm_head kept gathered, its accumulated gradient, its reduce_scatter
+    # input and output (_fsdp_collectives.py foreach_reduce); the decoder's backward: [norm, lm_head]
+    # gathered again for the norm (all-gather output and parameters) beside lm_head's reduce_scatter_input
+    # (comm_ctx.reduce_scatter_states); a middle block as FSDP2's (with no root); block 0 with the
+    # embedding prefetched
+    loss = w * head + (acc + r + r / lay.zero_ranks) * lm
+    bwd = np.maximum(np.maximum(loss, r * lm + 2 * w * head),
+                     np.maximum((2 * w + g + r) * block, w * E + (w + g + r) * block))
+    # the final callback: the embedding unit's post_backward (its input needs no gradient), as the root's
+    red = np.maximum(w * E + g * E + r * block, r * E + g * E + r * E / lay.zero_ranks)
+    # reshard_after_forward_policy "never" (--zero 2), beyond every unit gathered: forward, the last block's
+    # copy-out before [norm, lm_head] is gathered or [norm, lm_head]'s own; backward, lm_head's last
+    # chunk, or [norm, lm_head]'s all-gather output again beside lm_head's reduce_scatter_input (the loss
+    # resharded it: lm_head.reshard()), or a block's gradients with [norm, lm_head] and the previous block
+    # resharded beside that block's reduce_scatter_input
+    fwd2 = np.maximum(w * np.maximum(2 * E, 2 * (E + block)) - w * rank,
+                      w * np.maximum(2 * block - head, block + head))
+    bwd2 = np.maximum(np.maximum(loss - w * head, r * lm + w * head), (g + r - w) * block - w * head)
+    return fwd, bwd, red, fwd2, bwd2
 
 
 def reduction_copy_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple:
