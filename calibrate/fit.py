@@ -4,7 +4,8 @@ Each FitGroup pairs the records of one kind with the planner formula that predic
 planner's own function, called with trial coefficients: no second copy of a formula) and the
 coefficients it may move, each inside bounds. scipy.optimize.least_squares (trust-region
 reflective, bounded) minimizes the relative errors log(predicted / measured). The error each
-quantity keeps is measured on held-out runs: k-fold, fit on k-1 folds, predict the k-th.
+quantity keeps is measured on held-out runs: k-fold, fit on k-1 folds, predict the k-th (the runs of
+one case, measured again in another session, share a fold).
 """
 
 from __future__ import annotations
@@ -208,10 +209,19 @@ def fit_group(group: FitGroup, records: list, coef: dict, ref: dict) -> dict:
     return dict(zip(names, np.exp(res.x).tolist()))
 
 
-def folds(n: int, k: int) -> list:
-    """k interleaved folds of range(n) (deterministic: records are in measurement order)."""
-    k = max(2, min(k, n))
-    return [list(range(i, n, k)) for i in range(k)]
+def case_keys(records: list) -> list:
+    """Each record's case: its name (the same config measured again, in another session, shares it),
+    or its position for an unnamed record."""
+    return [r.get("name") or i for i, r in enumerate(records)]
+
+
+def folds(keys: list, k: int) -> list:
+    """k folds of the record indices, interleaved over the distinct cases in measurement order
+    (deterministic): every run of a case falls in one fold, so no run is predicted by a fit that saw
+    its own case measured again."""
+    cases = {key: i for i, key in enumerate(dict.fromkeys(keys))}
+    k = max(2, min(k, len(cases)))
+    return [[i for i, key in enumerate(keys) if cases[key] % k == f] for f in range(k)]
 
 
 def held_out_errors(group: FitGroup, records: list, coef: dict, ref: dict, k: int) -> np.ndarray:
@@ -220,9 +230,10 @@ def held_out_errors(group: FitGroup, records: list, coef: dict, ref: dict, k: in
     if not group.coefficients:
         return np.abs(relative_errors(group, records, coef, ref))
     errors = np.full(len(records), np.nan)
-    if len(records) < 2:
+    keys = case_keys(records)
+    if len(set(keys)) < 2:
         return errors
-    for held in folds(len(records), k):
+    for held in folds(keys, k):
         values = fit_group(group, [r for i, r in enumerate(records) if i not in held], coef, ref)
         fitted = _with(coef, list(values), values.values())
         errors[held] = np.abs(relative_errors(group, [records[i] for i in held], fitted, ref))
@@ -256,7 +267,8 @@ def fit(records: list, ref: dict, k: int = 5) -> dict:
         errors[f"{group.kind}.{group.quantity}"] = {
             "runs": len(rows), "fitted": bool(group.coefficients), "kept": taken, "note": group.note, "before_mean": float(before.mean()),
             "before_max": float(before.max()), "after_mean": float(after.mean()) if held else None,
-            "after_max": float(after.max()) if held else None, "folds": min(k, len(rows))}
+            "after_max": float(after.max()) if held else None,
+            "folds": min(k, len(set(case_keys(rows))))}
         if group.band and held and not taken:
             # the band covers the worst held-out run, rounded up to 0.1 %: a fit call is then "fits"
             # only when every held-out run would have fitted

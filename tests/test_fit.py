@@ -58,6 +58,15 @@ def test_noisy_collectives_fit_latency_and_bandwidth():
     assert e["after_mean"] < 0.05 < e["before_mean"]
 
 
+def test_a_case_measured_again_shares_its_fold():
+    # the H200 profile holds the same step cases from two sessions: held out together, or the fit that
+    # predicts one has seen the other
+    keys = F.case_keys([{"name": "tiny"}, {"name": "tiny"}, {"name": "small"}, {}, {"name": "small"}])
+    assert keys == ["tiny", "tiny", "small", 3, "small"]
+    assert F.folds(keys, 5) == [[0, 1], [2, 4], [3]]  # 3 cases: 3 folds
+    assert F.folds(keys, 2) == [[0, 1, 3], [2, 4]]
+
+
 def test_fit_stays_inside_bounds():
     records = gemm_records(emax=3.0, f_half=3e9)  # faster than peak: a wrong datasheet figure
     c = F.fit(records, REF, k=2)["coefficients"]["time"]
