@@ -27,9 +27,12 @@ from pathlib import Path
 OUT = Path(__file__).resolve().parent.parent / "data" / "references" / "torchtitan_fsdp_cpu.json"
 D, MBS, SEQ, CHUNKS = 2, 2, 32, 8
 DIM, HEADS, KV_HEADS, FFN, LAYERS = 64, 4, 2, 160, 3
-RUNS = [  # (name, param dtype, reshard_after_forward_policy, vocab)
-    (f"{dtype}/{policy}/vocab-{vocab}", dtype, policy, vocab)
-    for dtype in ("bf16", "fp32") for policy in ("default", "never") for vocab in (256, 4096)]
+RUNS = [  # (name, param dtype, reshard_after_forward_policy, vocab, tied embeddings)
+    *[(f"{dtype}/{policy}/vocab-{vocab}", dtype, policy, vocab, False)
+      for dtype in ("bf16", "fp32") for policy in ("default", "never") for vocab in (256, 4096)],
+    # Llama 3.2 1B/3B and the small Qwen3s tie the output to the embedding (enable_weight_tying)
+    *[(f"bf16/{policy}/vocab-{vocab}/tied", "bf16", policy, vocab, True)
+      for policy in ("default", "never") for vocab in (256, 4096)]]
 
 
 def unit_of(fqn: str) -> str:
@@ -40,7 +43,13 @@ def unit_of(fqn: str) -> str:
     return "embed" if parts[0] == "tok_embeddings" else "head"
 
 
-def build(vocab: int):
+def tied_unit_of(fqn: str) -> str:
+    """Tied: [tok_embeddings, norm, lm_head] is one unit, 'edges'."""
+    unit = unit_of(fqn)
+    return unit if unit.startswith("layers.") else "edges"
+
+
+def build(vocab: int, tied: bool = False):
     from calibrate.torchtitan_sac import _eager_flex_attention, _stub_triton_kernels
 
     _stub_triton_kernels()  # torchtitan imports triton for its MoE all-to-all (unused by a dense Llama)
@@ -53,7 +62,7 @@ def build(vocab: int):
                                   rope=ComplexRoPE.Config(dim=DIM // HEADS, max_seq_len=4096, theta=500000),
                                   fuse_qkv=True, attn_backend="flex")
     config = dataclasses.replace(
-        base, dim=DIM, vocab_size=vocab, layers=blocks,
+        base, dim=DIM, vocab_size=vocab, layers=blocks, enable_weight_tying=tied,
         tok_embeddings=dataclasses.replace(base.tok_embeddings, embedding_dim=DIM, num_embeddings=vocab),
         norm=dataclasses.replace(base.norm, normalized_shape=DIM),
         lm_head=dataclasses.replace(base.lm_head, in_features=DIM, out_features=vocab))
@@ -65,7 +74,7 @@ def build(vocab: int):
     return model.train()
 
 
-def run(name: str, dtype: str, policy: str, vocab: int) -> dict:
+def run(name: str, dtype: str, policy: str, vocab: int, tied: bool) -> dict:
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -76,10 +85,11 @@ def run(name: str, dtype: str, policy: str, vocab: int) -> dict:
     from calibrate.fsdp_transient_worker import BufferTracker, private_copy_comms
     from calibrate.fsdp_worker import storage_bytes
 
-    model = build(vocab)
+    model = build(vocab, tied)
+    unit_of_param = tied_unit_of if tied else unit_of
     units = {}
     for fqn, p in model.named_parameters():
-        units[unit_of(fqn)] = units.get(unit_of(fqn), 0) + p.numel()
+        units[unit_of_param(fqn)] = units.get(unit_of_param(fqn), 0) + p.numel()
     mesh = init_device_mesh("cpu", (D,), mesh_dim_names=("fsdp",))
     param_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     apply_fsdp_to_decoder(model, mesh, param_dtype=param_dtype, reduce_dtype=torch.float32, pp_enabled=False,
@@ -138,14 +148,14 @@ def run(name: str, dtype: str, policy: str, vocab: int) -> dict:
                                                if torch.is_tensor(v) and v.dim() > 0)}
     fsdp_params = list({id(fp): fp for m in fsdp_modules for g in m._get_fsdp_state()._fsdp_param_groups
                         for fp in g.fsdp_params}.values())
-    tracker = BufferTracker(model, fsdp_params, unit_of)
+    tracker = BufferTracker(model, fsdp_params, unit_of_param)
     tracker.install()
     try:
         step(tracker)
     finally:
         tracker.remove()
     dist.barrier()
-    return {"name": name, "dtype": dtype, "policy": policy, "vocab": vocab, "units": units,
+    return {"name": name, "dtype": dtype, "policy": policy, "vocab": vocab, "tied": tied, "units": units,
             "model_states": states, "peaks": tracker.peaks}
 
 

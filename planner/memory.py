@@ -247,8 +247,8 @@ def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts
     after forward, its root holding nothing, and runs lm_head chunk by chunk in its loss
     (components/loss.py ChunkedLossWrapper), each chunk's backward at once: the exact peaks of its
     own model, wrapping and loss on 2 gloo ranks (python -m calibrate.torchtitan_fsdp ->
-    data/references/torchtitan_fsdp_cpu.json). Tied torchtitan models ([embedding, norm, lm_head]
-    one unit): their edge terms are left out (not measured)."""
+    data/references/torchtitan_fsdp_cpu.json), tied ([embedding, norm, lm_head] one unit, kept
+    gathered like a Hugging Face root) and untied."""
     s, t = model.sums, lay.tp
     w = training.precision.element_bytes  # torch 2.13 _fsdp_api.py MixedPrecisionPolicy.param_dtype (unsharded)
     g = w  # torch 2.13 _fsdp_param.py unsharded_grad_data: autograd's gradient, in the parameter's dtype
@@ -258,15 +258,21 @@ def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts
     dense, expert = rank_params(model, training, lay, stage)
     rank = dense + expert
     hf_root = training.engine.modules is Modules.HUGGING_FACE
+    titan = training.engine.modules is Modules.TORCHTITAN
     tied = s.tied & (lay.pp == 1)
-    # torch 2.13 _fully_shard.py fully_shard(model): the root unit is what no block unit took (the edges)
-    root = hf_root * (s.first_split / t + s.first_replicated + s.last_replicated + np.where(tied, 0, s.output / t))
-    # torch 2.13 _fsdp_state.py _root_post_backward_final_callback: the root's first gradients (final norm,
-    # output layer; tied: the embedding, by reading, autograd's InputBuffer, not measured) stay to the end
-    root_out = hf_root * (s.last_replicated + np.where(tied, s.first_split, s.output) / t)
+    # the unit holding the model's edges for the whole step: a Hugging Face model's root (torch 2.13
+    # _fully_shard.py fully_shard(model): what no block unit took), or torchtitan's tied [embedding, norm,
+    # lm_head] (0.3.0 distributed/fsdp.py apply_fsdp_to_decoder, enable_weight_tying: not resharded after
+    # forward)
+    held = hf_root | (titan & tied)
+    root = held * (s.first_split / t + s.first_replicated + s.last_replicated + np.where(tied, 0, s.output / t))
+    # torch 2.13 _fsdp_state.py _root_post_backward_final_callback: the unit's first gradients stay to the
+    # end: the final norm and the output layer (tied: the embedding, by reading, autograd's InputBuffer, not
+    # measured); torchtitan's tied unit, whose output gradient its loss reduced already: the final norm
+    root_out = held * (s.last_replicated + hf_root * np.where(tied, s.first_split, s.output) / t)
     # torch 2.13 _fsdp_collectives.py foreach_reduce: its loop variable keeps the unit's last unsharded
     # gradient (the output layer, registered last; the final norm when tied) until it returns
-    root_last = hf_root * np.where(tied, s.last_replicated, s.output / t)
+    root_last = held * np.where(tied, s.last_replicated, s.output / t)
     # forward, torch 2.13 _fsdp_param_group.py wait_for_unshard: the previous unit's all-gather output
     # lives until this unit's copy-out is done (prev_all_gather_state), the root unit gathered for the
     # whole forward; the first block's copy-out (beside the root's all-gather output) or a later block's
@@ -282,16 +288,16 @@ def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts
     # or beside its reduce_output and the last gradient
     red = np.maximum(w * root + g * root + r * block,
                      r * root + np.maximum(g * root, r * root / shards + g * root_last))
-    red = np.where(hf_root, red, 0.0)
+    red = np.where(held, red, 0.0)
     # --zero 2, torch 2.13 _fsdp_param_group.py reshard (after backward only), beyond every unit gathered:
     # forward, the last two blocks' all-gather outputs (or the first block's copy-out beside the root's
     # all-gather output); backward, a block's gradients beside the root's first ones and the previous
     # block's reduce_scatter_input, that block resharded (g B = w B); the reduction, only the root gathered
     fwd2 = w * np.maximum(2 * block, 2 * (root + block) - rank)
     bwd2 = g * root_out + r * block
-    titan = (training.engine.modules is Modules.TORCHTITAN) & ~tied
-    fwd, bwd, red, fwd2, bwd2 = (np.where(titan, a, b) for a, b in zip(
-        torchtitan_edge_unit_bytes(model, training, lay, block, rank), (fwd, bwd, red, fwd2, bwd2)))
+    if titan:
+        fwd, bwd, red, fwd2, bwd2 = torchtitan_edge_unit_bytes(model, training, lay, block, rank,
+                                                               (fwd, bwd, red, fwd2, bwd2))
     red2 = np.maximum(0.0, red - w * rank)
     zero3 = lay.zero >= 3
     by_moment = {"forward": np.where(zero3, fwd, fwd2), "backward": np.where(zero3, bwd, bwd2),
@@ -301,40 +307,45 @@ def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts
     return np.where(on, np.ceil(by_moment[moment]), 0.0)
 
 
-def torchtitan_edge_unit_bytes(model: ModelSpec, training: Training, lay: Layouts, block, rank) -> tuple:
+def torchtitan_edge_unit_bytes(model: ModelSpec, training: Training, lay: Layouts, block, rank, held: tuple) -> tuple:
     """(forward, backward, reduction, forward beyond every unit gathered, backward beyond it) of
-    fsdp_unsharded_unit_bytes under torchtitan 0.3.0's wrapping and chunked loss, bytes: the
-    embedding E and [norm, lm_head] Hd units (lm = lm_head's elements), blocks B, the rank's P; each
-    the exact peak of torchtitan's Llama3Model on 2 gloo ranks (calibrate/torchtitan_fsdp.py)."""
+    fsdp_unsharded_unit_bytes under torchtitan 0.3.0's wrapping and chunked loss, bytes: untied, the
+    embedding E and [norm, lm_head] Hd units (lm = lm_head's elements); tied, the `held` moments of
+    its one [embedding, norm, lm_head] unit X, kept gathered like a Hugging Face root, with the loss's;
+    blocks B, the rank's P. Each the exact peak of torchtitan's Llama3Model on 2 gloo ranks
+    (calibrate/torchtitan_fsdp.py)."""
     s, t = model.sums, lay.tp
     w, g, r = training.precision.element_bytes, training.precision.element_bytes, state_bytes(training).grads
-    E, lm = s.first_split / t + s.first_replicated, s.output / t
-    head = s.last_replicated + lm
+    tied = s.tied & (lay.pp == 1)
+    fwd_held, bwd_held, red_held, fwd2_held, bwd2_held = held
+    E, lm = s.first_split / t + s.first_replicated, np.where(tied, s.first_split, s.output) / t
+    head = np.where(tied, E + s.last_replicated, s.last_replicated + lm)  # the unit lm_head is in
     # the chunks before the last accumulate lm_head's gradient in reduce_dtype while sync is off (torch 2.13
     # _fsdp_param.py to_accumulated_grad_if_needed); foreach_reduce's loop variable keeps it to the end
     acc = np.where(training.engine.loss_chunks > 1, r, g)
-    # forward, torch 2.13 _fsdp_param_group.py wait_for_unshard: each unit's copy-out beside the previous
-    # unit's all-gather output (the embedding's; a block's; [norm, lm_head]'s at the final norm)
-    fwd = w * np.maximum(np.maximum(2 * E, E + 2 * block), np.maximum(3 * block, block + 2 * head))
     # ChunkedLossWrapper's last chunk: lm_head kept gathered, its accumulated gradient, its reduce_scatter
-    # input and output (_fsdp_collectives.py foreach_reduce); the decoder's backward: [norm, lm_head]
-    # gathered again for the norm (all-gather output and parameters) beside lm_head's reduce_scatter_input
-    # (comm_ctx.reduce_scatter_states); a middle block as FSDP2's (with no root); block 0 with the
-    # embedding prefetched
+    # input and output (_fsdp_collectives.py foreach_reduce); then lm_head.reshard(), and in the decoder's
+    # backward its unit gathered again for the norm (all-gather output and parameters) beside lm_head's
+    # reduce_scatter_input (comm_ctx.reduce_scatter_states)
     loss = w * head + (acc + r + r / lay.zero_ranks) * lm
-    bwd = np.maximum(np.maximum(loss, r * lm + 2 * w * head),
-                     np.maximum((2 * w + g + r) * block, w * E + (w + g + r) * block))
-    # the final callback: the embedding unit's post_backward (its input needs no gradient), as the root's
+    regather = r * lm + 2 * w * head
+    # untied, forward (torch 2.13 _fsdp_param_group.py wait_for_unshard): each unit's copy-out beside the
+    # previous unit's all-gather output (the embedding's; a block's; [norm, lm_head]'s at the final norm)
+    fwd = w * np.maximum(np.maximum(2 * E, E + 2 * block), np.maximum(3 * block, block + 2 * head))
+    # untied, backward: a middle block as FSDP2's with no root; block 0 with the embedding prefetched
+    bwd = np.maximum((2 * w + g + r) * block, w * E + (w + g + r) * block)
+    # untied, the final callback: the embedding unit's post_backward (its input needs no gradient)
     red = np.maximum(w * E + g * E + r * block, r * E + g * E + r * E / lay.zero_ranks)
-    # reshard_after_forward_policy "never" (--zero 2), beyond every unit gathered: forward, the last block's
-    # copy-out before [norm, lm_head] is gathered or [norm, lm_head]'s own; backward, lm_head's last
-    # chunk, or [norm, lm_head]'s all-gather output again beside lm_head's reduce_scatter_input (the loss
-    # resharded it: lm_head.reshard()), or a block's gradients with [norm, lm_head] and the previous block
-    # resharded beside that block's reduce_scatter_input
+    # reshard_after_forward_policy "never" (--zero 2), untied, beyond every unit gathered: forward, the last
+    # block's copy-out before [norm, lm_head] is gathered or [norm, lm_head]'s own; backward, a block's
+    # gradients with [norm, lm_head] (resharded by the loss) and the previous block resharded beside that
+    # block's reduce_scatter_input
     fwd2 = np.maximum(w * np.maximum(2 * E, 2 * (E + block)) - w * rank,
                       w * np.maximum(2 * block - head, block + head))
-    bwd2 = np.maximum(np.maximum(loss - w * head, r * lm + w * head), (g + r - w) * block - w * head)
-    return fwd, bwd, red, fwd2, bwd2
+    bwd2 = (g + r - w) * block - w * head
+    return (np.where(tied, fwd_held, fwd), np.maximum(np.maximum(loss, regather), np.where(tied, bwd_held, bwd)),
+            np.where(tied, red_held, red), np.where(tied, fwd2_held, fwd2),
+            np.maximum(np.maximum(loss, regather) - w * head, np.where(tied, bwd2_held, bwd2)))
 
 
 def reduction_copy_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple:

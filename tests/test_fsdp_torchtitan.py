@@ -10,7 +10,8 @@ larger of loss and backward: both come while the decoder's activations are alive
 
 Sizes (elements): a block B = 43,136 (wqkv 64 x 128, wo 64 x 64, w1/w3 160 x 64, w2 64 x 160, two
 norms 2 x 64); the embedding E = 64 V; [norm, lm_head] Hd = 64 + 64 V with lm = 64 V; V = 256 or
-4,096. Bytes per element: unsharded parameters and their gradients w (bf16 2, fp32 4), reduce dtype r =
+4,096. Tied (enable_weight_tying, as Llama 3.2 1B/3B): one unit [embedding, norm, lm_head] of X = 64 +
+64 V, not resharded after forward. Bytes per element: unsharded parameters and their gradients w (bf16 2, fp32 4), reduce dtype r =
 4; D = 2 shard ranks. reshard_after_forward_policy "default" is the planner's --zero 3, "never" its
 --zero 2, for which the planner books every unit gathered (w P) as weights for the whole step and the
 rest as buffers.
@@ -38,7 +39,7 @@ def _sizes(row):
 
 def _plan(row) -> dict:
     model = ModelSpec(layers=row["layers"], hidden=row["dim"], heads=row["heads"], kv_heads=row["kv_heads"],
-                      ffn=row["ffn"], vocab=row["vocab"])
+                      ffn=row["ffn"], vocab=row["vocab"], tied_embeddings=row["tied"])
     training = layout.Training(seq_len=row["seq"], precision=row["dtype"], engine="torchtitan")
     lay = layout.single(dp=row["ranks"], zero=3 if row["policy"] == "default" else 2, mbs=row["batch"])
     out = {m: float(memory.fsdp_unsharded_unit_bytes(model, training, lay, 0, moment=m)[0])
@@ -56,12 +57,20 @@ def test_reference_is_torchtitans_own_model_and_the_planners_shape():
     assert json.loads(REFERENCE.read_text())["environment"]["torchtitan"] == "0.3.0"
     for row in ROWS.values():
         E, Hd, _, _ = _sizes(row)
-        assert row["units"] == {"embed": E, "layers.0": B, "layers.1": B, "layers.2": B, "head": Hd}
+        blocks = {"layers.0": B, "layers.1": B, "layers.2": B}
         plan = _plan(row)
-        assert plan["block"] == B and plan["rank"] == E + 3 * B + Hd
+        assert plan["block"] == B
+        if row["tied"]:  # one unit [embedding, norm, lm_head]: the output is the embedding
+            assert row["units"] == {"edges": Hd, **blocks} and plan["rank"] == 3 * B + Hd
+        else:
+            assert row["units"] == {"embed": E, **blocks, "head": Hd} and plan["rank"] == E + 3 * B + Hd
 
 
-@pytest.mark.parametrize("name", [n for n in ROWS if "/default/" in n])
+UNTIED = [n for n in ROWS if not ROWS[n]["tied"]]
+TIED = [n for n in ROWS if ROWS[n]["tied"]]
+
+
+@pytest.mark.parametrize("name", [n for n in UNTIED if "/default/" in n])
 def test_zero3_forward_gathers_no_root(name):
     """Forward: each unit's copy-out beside the previous unit's all-gather output; the edges are units
     of their own and the root holds nothing, so a middle block's copy-out, 3 w B, or at the final norm
@@ -76,7 +85,7 @@ def test_zero3_forward_gathers_no_root(name):
     assert _plan(row)["forward"] == got
 
 
-@pytest.mark.parametrize("name", [n for n in ROWS if "/default/" in n])
+@pytest.mark.parametrize("name", [n for n in UNTIED if "/default/" in n])
 def test_zero3_chunked_loss_and_backward(name):
     """The loss: lm_head gathered through the chunks; the chunks before the last accumulate its
     gradient in reduce dtype (sync off), the last reduce-scatters it: w Hd + (r + r + r/D) lm, the
@@ -95,7 +104,7 @@ def test_zero3_chunked_loss_and_backward(name):
     assert _plan(row)["backward"] == max(loss, bwd)
 
 
-@pytest.mark.parametrize("name", [n for n in ROWS if "/default/" in n])
+@pytest.mark.parametrize("name", [n for n in UNTIED if "/default/" in n])
 def test_final_callback_reduces_the_embedding(name):
     """After autograd the embedding unit's post_backward (its input needs no gradient): its start, the
     embedding gathered with its gradient and block 0's reduce_scatter_input, w E + w E + r B; or its
@@ -107,7 +116,7 @@ def test_final_callback_reduces_the_embedding(name):
     assert _plan(row)["reduction"] == got
 
 
-@pytest.mark.parametrize("name", [n for n in ROWS if "/never/" in n])
+@pytest.mark.parametrize("name", [n for n in UNTIED if "/never/" in n])
 def test_zero2_beyond_every_unit_gathered(name):
     """reshard_after_forward_policy "never": the planner books w P for the whole step. Forward: the
     last block's copy-out before [norm, lm_head] is gathered, w P - w Hd + 2 w B, or [norm, lm_head]'s,
@@ -130,6 +139,38 @@ def test_zero2_beyond_every_unit_gathered(name):
     assert plan["forward"] == fwd - w * P
     assert plan["backward"] == max(loss, bwd - gap) - w * P
     assert plan["reduction"] == max(0, _peak(row, "final_callback") - w * P)
+
+
+@pytest.mark.parametrize("name", TIED)
+def test_tied_edges_stay_gathered_like_a_root(name):
+    """Tied: the one unit X is gathered at the embedding and kept through forward (the policy's
+    reshard_after_forward is "always" only): block 0's copy-out beside X's all-gather output and X,
+    w (2X + 2B), or a later block's beside X, w (X + 3B); the loss as untied with X for Hd; the
+    decoder's backward: X gathered again for the norm beside lm_head's reduce_scatter_input, r lm + 2 w X,
+    or a middle block's FSDP2 moment beside X and the norm's gradient (g h: the loss reduced lm_head's),
+    (3w + r) B + w X + w h; after autograd X's post_backward as a root's, max(w X + w X + r B, r X +
+    r X / D + w h) (the norm, registered last, is foreach_reduce's last gradient). "never": beyond w P
+    as for FSDP2's root, the backward's block moment one 128-B loop-variable gradient short."""
+    row = ROWS[name]
+    _, X, lm, w = _sizes(row)
+    P = X + 3 * B
+    fwd, loss, bwd, red = (_peak(row, m) for m in ("forward", "loss", "backward", "final_callback"))
+    # X gathered (inside w P under "never") + fp32 accumulated grad + RS input + RS output
+    assert loss == (w * X if row["policy"] == "default" else w * P) + (4 + 4 + 4 / D) * lm
+    plan = _plan(row)
+    if row["policy"] == "default":
+        assert fwd == w * max(2 * X + 2 * B, X + 3 * B)
+        assert bwd == max(R_BYTES * lm + 2 * w * X, (3 * w + R_BYTES) * B + w * X + w * H)
+        assert red == max(2 * w * X + R_BYTES * B, R_BYTES * X + R_BYTES * X // D + w * H)
+        assert (plan["forward"], plan["backward"], plan["reduction"]) == (fwd, max(loss, bwd), red)
+    else:
+        assert fwd == w * P + max(2 * w * B, w * (2 * X + 2 * B) - w * P)
+        gap = 2 * H if row["vocab"] == 256 else 0  # the last block gradient foreach_reduce keeps
+        # lm_head's reduce_scatter_input beside X gathered again, or block 2's reduction with block 2
+        # resharded: -w B + r B + r B / D + w h (the norm's gradient), = r B + w h at D = 2
+        assert bwd == w * P + max(R_BYTES * lm + w * X, R_BYTES * B + w * H) + gap
+        assert plan["forward"] == fwd - w * P and plan["backward"] == max(loss, bwd - gap) - w * P
+        assert plan["reduction"] == max(0, red - w * P)
 
 
 def test_edges_are_most_of_what_torchtitan_holds_for_a_large_vocabulary():
