@@ -101,12 +101,12 @@ def forward_retained_bytes(model, seq: int, batch: int, pass_positions: bool = T
     return allocated - out.numel() * out.element_size()
 
 
-def write_recording(out: Path, source: str, rows: list) -> None:
-    """The recording with the installed torch and torchtitan versions, written atomically."""
-    import torchtitan  # noqa: F401  (the measurement is of the installed torchtitan)
+def write_recording(out: Path, source: str, rows: list, package: str = "torchtitan") -> None:
+    """The recording with the installed torch and `package` (the engine measured) versions, written
+    atomically."""
     from importlib.metadata import version
 
-    doc = {"_source": source, "environment": {"torch": torch.__version__, "torchtitan": version("torchtitan"),
+    doc = {"_source": source, "environment": {"torch": torch.__version__, package: version(package),
                                               "device": "cpu"}, "rows": rows}
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
@@ -126,11 +126,11 @@ def measure() -> list[dict]:
     return rows
 
 
-def run_cli(argv, doc: str, default_out: Path, source: str, measure_rows) -> int:
+def run_cli(argv, doc: str, default_out: Path, source: str, measure_rows, package: str = "torchtitan") -> int:
     """`python -m calibrate.<script> [--out PATH]`: measure and write the recording."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--out", type=Path, default=default_out)
-    write_recording(p.parse_args(argv).out, source, measure_rows())
+    write_recording(p.parse_args(argv).out, source, measure_rows(), package)
     return 0
 
 

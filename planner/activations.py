@@ -13,18 +13,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.engines import Modules, SelectivePolicy
+from planner.engines import MoeCapacity, Modules, SelectivePolicy
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
 from planner.moe import routed_per_token
 from planner.options import Recompute, RecomputeMethod
 from planner.pipeline import blocks_on_stage, microbatches_in_flight, p2p_buffers
+from planner.sharding import expert_tp
 
 # how a saved tensor divides over the TP ranks
-TP, SP, WHOLE = "tp", "sp", "whole"
+TP, SP, WHOLE, ROWS = "tp", "sp", "whole", "rows"
 """TP: split by t (inside the tensor-parallel region); SP: split by t only under sequence
 parallelism (the 'replicated' LayerNorm/dropout region, Korthikanti section 4.2.2); WHOLE: every
-TP rank keeps all of it (a DTensor linear's input, all-gathered before the matmul saves it)."""
+TP rank keeps all of it (a DTensor linear's input, all-gathered before the matmul saves it); ROWS:
+routed expert rows, full width, split by t / etp (the TP ranks holding other experts share the rows;
+the expert-TP ranks of one expert each keep all of its rows)."""
 
 
 @dataclass(frozen=True)
@@ -520,6 +523,8 @@ def megatron_saved(model: ModelSpec, training: Training, seq: float, routed) -> 
     if dropout:
         out.append(Saved("attention-output dropout mask", 1.0 * h, SP))
     out += [Saved("mlp norm input", e * h, SP), Saved("mlp input", e * h, SP)]
+    if model.experts > 1:
+        out += megatron_moe_routing_saved(model, training, routed)
     w = model.mlp_width(routed)  # each token's rows in the routed experts (padding included) and a shared one
     if model.ffn_kind == "swiglu":
         out += [Saved("fc1 output [gate|up]", e * 2 * w, TP), Saved("fc2 input", e * w, TP)]
@@ -527,6 +532,26 @@ def megatron_saved(model: ModelSpec, training: Training, seq: float, routed) -> 
         out += [Saved("activation input", e * w, TP), Saved("fc2 input", e * w, TP)]
     if dropout:
         out.append(Saved("mlp dropout mask", 1.0 * h, SP))
+    return out
+
+
+def megatron_moe_routing_saved(model: ModelSpec, training: Training, routed) -> list[Saved]:
+    """What a routed MoE MLP saves beyond its experts' SwiGLU, per token of the router's shard, with
+    `routed` expert rows per token: the experts' first GEMM keeps its input, the permuted copy of each
+    row (h wide). megatron-core 0.16.1 (counted on its MoELayer: calibrate/megatron_moe.py) also keeps,
+    for the fused SwiGLU's prob weighting, each row's routing prob (fusions/fused_bias_swiglu.py
+    WeightedSwiGLUFunction); in the router (moe_utils.py topk_routing_with_score_function) the top-k
+    indices (int64) and the fp32 softmax over them, or with moe_router_pre_softmax (which top-1 needs)
+    the fp32 softmax over all E and the indices; in the dispatcher (moe_utils.py permute) the
+    routing map (bool, E), the dense probs (E) and each row's sorted index (int64). Megatron-DeepSpeed's
+    deepspeed.moe gating and combine weights: not measured, only the experts' input is booked."""
+    e, h, E, k = training.precision.element_bytes, model.hidden, model.experts, model.experts_per_token
+    out = [Saved("expert fc1 input (permuted rows)", e * h * routed, ROWS)]
+    if training.engine.moe_capacity is MoeCapacity.MEGATRON:
+        router = 4.0 * E + 8 * k if k == 1 else (8 + 4.0) * k
+        out += [Saved("routing prob per row (WeightedSwiGLU)", e * routed, ROWS),
+                Saved("router top-k indices and softmax", router, SP),
+                Saved("dispatcher routing map, dense probs, sorted row indices", (1.0 + e) * E + 8 * routed, SP)]
     return out
 
 
@@ -678,9 +703,10 @@ def layer_bytes(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
     s = training.seq_len / lay.cp  # context parallelism splits the sequence
     tokens = s * lay.mbs
     sp = np.where(lay.sequence_parallel > 0, t, 1.0)
+    rows_split = t / expert_tp(training, lay)
     whole, stored = 0.0, 0.0
     for x in saved_tensors(model, training, s, routed_per_token(model, training, lay, tokens), lay.mbs):
-        part = tokens * x.bytes_per_token / {TP: t, SP: sp, WHOLE: 1.0}[x.split]
+        part = tokens * x.bytes_per_token / {TP: t, SP: sp, WHOLE: 1.0, ROWS: rows_split}[x.split]
         whole = whole + part
         stored = stored + (0.0 if x.core else part)
     whole = whole + cp_gathered_kv_bytes(model, training, lay)

@@ -125,17 +125,20 @@ def test_expert_gemm_time_scales_by_the_factor():
 
 def test_routed_activations_scale_shared_expert_does_not():
     """Megatron's fused SwiGLU keeps the fc1 output (2w) and the fc2 input (w), 3 x 2 bytes per
-    routed row per expert-ffn column: per token 6 x 14336 x rows. Padded to C = 2 (4 rows per
-    token instead of 2) one block keeps 4096 tokens x 6 x 14336 x 2 = 704,643,072 bytes more. A
-    shared expert (Qwen2-MoE style, 5632 wide) is run once per token whatever the capacity."""
+    routed row per expert-ffn column, and each row's permuted fc1 input (2 h), routing prob (2) and
+    sorted index (8) (megatron-core's MoELayer, counted: tests/test_activations_megatron_moe.py): per
+    row 6 x 14336 + 2 x 4096 + 10 = 94,218 B. Padded to C = 2 (4 rows per token instead of 2) one
+    block keeps 4096 tokens x 2 x 94,218 = 771,833,856 bytes more. A shared expert (Qwen2-MoE style,
+    5632 wide) is run once per token whatever the capacity."""
     lay = layout.single()
+    row = 6 * 14336 + 2 * 4096 + 2 + 8
     base = activations.layer_bytes(MIXTRAL, _training("megatron"), lay)[0][0]
     padded = activations.layer_bytes(MIXTRAL, _training("megatron", 2.0, True), lay)[0][0]
-    assert padded - base == pytest.approx(4096 * 6 * 14336 * 2, rel=1e-12)  # 704,643,072 B
+    assert padded - base == pytest.approx(4096 * 2 * row, rel=1e-12)  # 771,833,856 B
     shared = with_overrides(MIXTRAL, shared_expert_ffn=5632)
     base_s = activations.layer_bytes(shared, _training("megatron"), lay)[0][0]
     padded_s = activations.layer_bytes(shared, _training("megatron", 2.0, True), lay)[0][0]
-    assert padded_s - base_s == pytest.approx(4096 * 6 * 14336 * 2, rel=1e-12)  # the shared 5632 columns cancel
+    assert padded_s - base_s == pytest.approx(4096 * 2 * row, rel=1e-12)  # the shared 5632 columns cancel
     assert base_s - base == pytest.approx(4096 * 6 * 5632, rel=1e-12)  # 138,412,032 B: once per token
 
 
