@@ -265,6 +265,19 @@ def cpu_only_peak(fn) -> dict:
     return peak
 
 
+def states_and_fsdp_params(model, opt, fsdp_modules) -> tuple[dict, list]:
+    """The model states' bytes after a step (parameters, gradients, optimizer states) and FSDP's
+    parameters, each once (a unit of several modules, torchtitan's [norm, lm_head], is one state
+    that each of its modules returns)."""
+    params = list(model.parameters())
+    states = {"param_bytes": storage_bytes(params), "grad_bytes": storage_bytes(p.grad for p in params),
+              "optimizer_bytes": storage_bytes(v for st in opt.state.values() for v in st.values()
+                                               if torch.is_tensor(v) and v.dim() > 0)}
+    fsdp_params = {id(fp): fp for m in fsdp_modules for g in m._get_fsdp_state()._fsdp_param_groups
+                   for fp in g.fsdp_params}
+    return states, list(fsdp_params.values())
+
+
 def run(cfg: dict) -> dict:
     import transformers
 
@@ -294,11 +307,7 @@ def run(cfg: dict) -> dict:
         forward().backward()
     opt.step()
     opt.zero_grad(set_to_none=False)
-    params = list(model.parameters())
-    states = {"param_bytes": storage_bytes(params), "grad_bytes": storage_bytes(p.grad for p in params),
-              "optimizer_bytes": storage_bytes(v for st in opt.state.values() for v in st.values()
-                                               if torch.is_tensor(v) and v.dim() > 0)}
-    fsdp_params = [fp for m in fsdp_modules for g in m._get_fsdp_state()._fsdp_param_groups for fp in g.fsdp_params]
+    states, fsdp_params = states_and_fsdp_params(model, opt, fsdp_modules)
     micro = []
     for _ in range(cfg["gas"]):
         tracker = BufferTracker(model, fsdp_params)

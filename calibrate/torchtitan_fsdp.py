@@ -82,8 +82,7 @@ def run(name: str, dtype: str, policy: str, vocab: int, tied: bool) -> dict:
     from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
 
     from calibrate.deepspeed_transient_worker import _micro
-    from calibrate.fsdp_transient_worker import BufferTracker, private_copy_comms
-    from calibrate.fsdp_worker import storage_bytes
+    from calibrate.fsdp_transient_worker import BufferTracker, private_copy_comms, states_and_fsdp_params
 
     model = build(vocab, tied)
     unit_of_param = tied_unit_of if tied else unit_of
@@ -142,12 +141,7 @@ def run(name: str, dtype: str, policy: str, vocab: int, tied: bool) -> dict:
     step()  # lazy init, optimizer states
     opt.step()
     opt.zero_grad(set_to_none=False)
-    params = list(model.parameters())
-    states = {"param_bytes": storage_bytes(params), "grad_bytes": storage_bytes(p.grad for p in params),
-              "optimizer_bytes": storage_bytes(v for st in opt.state.values() for v in st.values()
-                                               if torch.is_tensor(v) and v.dim() > 0)}
-    fsdp_params = list({id(fp): fp for m in fsdp_modules for g in m._get_fsdp_state()._fsdp_param_groups
-                        for fp in g.fsdp_params}.values())
+    states, fsdp_params = states_and_fsdp_params(model, opt, fsdp_modules)
     tracker = BufferTracker(model, fsdp_params, unit_of_param)
     tracker.install()
     try:
