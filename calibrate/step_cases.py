@@ -53,7 +53,7 @@ def _reduce(ranks: list) -> dict:
     worst = max(ranks, key=lambda r: r.get("reserved_peak_bytes", 0))
     out = {k: worst[k] for k in ("params", "allocated_peak_bytes", "reserved_peak_bytes", "device_used_bytes",
                                  "forward_s", "backward_s", "optimizer_s", "inactive_split_peak_bytes",
-                                 "alloc_retries", "segments_peak", "kernel_s") if k in worst}
+                                 "alloc_retries", "segments_peak", "kernel_s", "optimizer_kernel_s") if k in worst}
     # a synchronous step waits for the slowest; communicators as calibrate/record.py gpu_memory counts them;
     # every timed step of every rank kept: their spread is the step-to-step jitter a straggler term needs
     return {**out, "step_s": max(r["step_s"] for r in ranks), "process_groups": 1 + (len(ranks) > 1),
