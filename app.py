@@ -143,6 +143,8 @@ def training_from_sidebar() -> dict:
                 "flash_attention": sb.checkbox("FlashAttention", True, key="flash_attention")}
     if training["engine"] == "megatron" and sb.checkbox("TP comm overlap (--tp-comm-overlap)", key="tp_comm_overlap"):
         training["tp_comm_overlap"] = True
+    if training["engine"] in ("deepspeed", "fsdp") and sb.checkbox("torch.compile the blocks (--compile)", key="compile"):
+        training["compile"] = True
     if training["engine"] == "megatron":
         if not sb.checkbox("Interleaved pipeline sends overlap compute", True, key="overlap_p2p"):
             training["overlap_p2p"] = False  # --no-overlap-p2p-communication

@@ -74,9 +74,11 @@ def _eager_prediction() -> dict:
     from calibrate.deepspeed_worker import LLAMA
     from planner.compute import eager_host_s
     from planner.hf_config import from_hf_config
+    from planner.layout import Training
     from planner.memory import coefficients
 
-    fwd, bwd = eager_host_s(from_hf_config({**LLAMA, "model_type": "llama"}), coefficients("time"))
+    fwd, bwd = eager_host_s(from_hf_config({**LLAMA, "model_type": "llama"}), Training(engine="fsdp"),
+                            coefficients("time"))
     return {"layer_host_s": fwd + bwd}
 
 

@@ -49,6 +49,8 @@ def saved_tensors(model: ModelSpec, training: Training, seq: float, routed, mbs)
     query (the attention scores per token), `routed` expert rows per token (planner/moe.py
     routed_per_token: k dropless; Hugging Face and torchtitan blocks are dropless) and `mbs`
     sequences a micro-batch (only GPT-NeoX's eager attention keeps a different list at 1)."""
+    if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "llama" and training.compile:
+        return hf_llama_compiled_saved(model, training)
     if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "llama":
         return hf_llama_saved(model, training, seq)
     if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "llama4":
@@ -160,6 +162,26 @@ def hf_llama_mlp_saved(model: ModelSpec, training: Training) -> list[Saved]:
     if model.experts > 1:  # the sparse MoE block in place of LlamaMLP
         return out + hf_moe_mlp_saved(model, training)
     return out + hf_swiglu_mlp_saved(e, model.ffn, "")
+
+
+def hf_llama_compiled_saved(model: ModelSpec, training: Training) -> list[Saved]:
+    """transformers' LlamaDecoderLayer under torch.compile (Inductor, default mode), what AOT
+    Autograd's partitioner saves (torch 2.13 _functorch/partitioners.py
+    min_cut_rematerialization_partition; counted: data/references/hf_compiled_cpu.json, python -m
+    calibrate.hf_compiled): each RMSNorm its 16-bit output and fp32 rstd (the normalization is
+    recomputed from them, not kept as fp32 copies), SDPA's q and k after rotary, v, output and fp32
+    log-sum-exp, o_proj's input as a copy of that output, gate's and up's outputs and down's input
+    (act(gate) recomputed): per token 4h + 6q + 4kv + 4a + 6f + 8 bytes in bf16, where eager keeps
+    16h + 4q + 4kv + 4a + 8f + 8 (hf_llama_saved)."""
+    e, h, q, kv, a, f = (training.precision.element_bytes, model.hidden, model.q_width, model.kv_width, model.heads,
+                         model.ffn)
+    o = model.attention_out_width
+    norm = [Saved("norm output", e * h, SP), Saved("norm rstd (fp32)", 4.0, SP)]
+    attention = [Saved("q after rotary", e * q, TP), Saved("k after rotary", e * kv, TP), Saved("v", e * kv, TP),
+                 Saved("attention output", e * o, TP), Saved("flash log-sum-exp (fp32)", 4.0 * a, TP, core=True),
+                 Saved("o_proj input (copy)", e * o, TP)]
+    mlp = [Saved(name, e * f, TP) for name in ("gate output", "up output", "down input")]
+    return norm + attention + norm + mlp
 
 
 def hf_llama_saved(model: ModelSpec, training: Training, seq: float) -> list[Saved]:

@@ -211,8 +211,8 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
         "gpu": clus.gpu.name, "gpus_per_node": clus.gpus_per_node, "pod_gpus": clus.pod_gpus,
         "oversubscription": clus.oversubscription, "seq_len": train.seq_len, "gbs": gbs,
         "tokens_per_step": gbs * train.seq_len, "engine": train.engine.name, "precision": str(train.precision),
-        "optimizer": str(train.optimizer), "flash_attention": train.flash_attention, "memory_headroom": headroom,
-        "pp_edge_layers": train.pipeline_edge_layers,
+        "optimizer": str(train.optimizer), "flash_attention": train.flash_attention, "compile": train.compile,
+        "memory_headroom": headroom, "pp_edge_layers": train.pipeline_edge_layers,
         "calibration": clus.calibration.name if clus.calibration else None,
         "peak_memory_band": clus.calibration.band("peak_memory") if clus.calibration else prior_band("peak_memory"),
     }

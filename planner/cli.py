@@ -148,6 +148,9 @@ def add_training_flags(p):
                    help="DeepSpeed data_types.grad_accum_dtype fp32 (bf16 + ZeRO-1: BF16_Optimizer)")
     g.add_argument("--tp-comm-overlap", action="store_true", default=None,
                    help="Megatron --tp-comm-overlap (TransformerEngine): SP collectives pipelined with their GEMMs")
+    g.add_argument("--compile", action="store_true", default=None,
+                   help="torch.compile each Hugging Face block (Inductor): fused elementwise kernels, fewer launches, "
+                        "what its partitioner saves (--engine deepspeed or fsdp, Llama-style dense blocks)")
     g.add_argument("--no-overlap-p2p", dest="overlap_p2p", action="store_false", default=None,
                    help="Megatron --no-overlap-p2p-communication: interleaved pipeline sends wait (default: they run "
                         "beside the next chunk's compute)")
@@ -280,6 +283,7 @@ def training_input(args):
                          flash_attention=not args.no_flash_attention, engine=args.engine,
                          overlap_comm=args.overlap_comm, contiguous_gradients=False if args.no_contiguous_gradients else None,
                          fp32_grad_accum=args.fp32_grad_accum, tp_comm_overlap=args.tp_comm_overlap,
+                         compile=args.compile,
                          overlap_p2p=args.overlap_p2p, pipeline_edge_layers=args.pp_edge_layers,
                          partition_activations=args.partition_activations, cpu_checkpointing=args.cpu_checkpointing,
                          moe_capacity_factor=args.moe_capacity_factor, moe_pad_to_capacity=args.moe_pad_to_capacity,

@@ -196,11 +196,14 @@ def _elementwise_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     e = training.precision.element_bytes
     T = tokens_per_microbatch(training, lay)
     routed = routed_per_token(model, training, lay, T)
-    measured = eager_layer_bytes(model, routed) if training.engine.eager_elementwise and e == 2 else None
+    # torch.compile fuses each pointwise and reduction region into one kernel (Ansel et al. 2024, 'PyTorch 2',
+    # ASPLOS, section 5: Inductor's scheduler fusion): a compiled block moves what fused kernels move
+    eager = training.engine.eager_elementwise and not training.compile
+    measured = eager_layer_bytes(model, routed) if eager and e == 2 else None
     if measured is not None:
         replicated, act, rope = measured[backward]
     else:
-        bytes_of = eager_elementwise_bytes if training.engine.eager_elementwise else fused_elementwise_bytes
+        bytes_of = eager_elementwise_bytes if eager else fused_elementwise_bytes
         scale = 1.5 if backward else 1.0
         replicated, act, rope = (scale * b for b in bytes_of(model, e, routed))
     t = lay.tp.astype(np.float64)
@@ -233,17 +236,25 @@ def eager_ops_variant(model: ModelSpec) -> str | None:
     return "gpt_neox" if model.architecture == "gpt_neox" else None
 
 
-def eager_host_s(model: ModelSpec, c: dict) -> tuple:
-    """(forward, backward) seconds the host spends dispatching one eager Hugging Face block: the aten
-    operators the real layer dispatches in training (counted: data/references/eager_ops_cpu.json,
+def eager_host_s(model: ModelSpec, training: Training, c: dict) -> tuple:
+    """(forward, backward) seconds the host spends dispatching one Hugging Face block: the aten
+    operators the real eager layer dispatches in training (counted: data/references/eager_ops_cpu.json,
     python -m calibrate.eager_ops) x eager_op_host_s. Eager PyTorch launches each kernel from the
-    host, so a block's GPU time cannot be shorter (what torch.compile and CUDA graphs remove)."""
+    host, so a block's GPU time cannot be shorter. Compiled (Training.compile), the block launches
+    Inductor's generated kernels and its extern GEMMs and attention instead (counted on the CPU
+    backend: data/references/hf_compiled_cpu.json, python -m calibrate.hf_compiled), each from the
+    compiled graph's wrapper at a launch's host cost."""
     from planner.data import catalog
 
     variant = eager_ops_variant(model)
     if variant is None:
         return 0.0, 0.0
-    ops = catalog("references/eager_ops_cpu.json")["layer_ops"][variant]
+    if training.compile:
+        row = next(r for r in catalog("references/hf_compiled_cpu.json")["rows"]
+                   if (r["kv_heads"] < r["heads"]) == (model.kv_heads < model.heads))
+        ops = {p: row[f"{p}_kernels"] + row[f"{p}_extern"] for p in ("forward", "backward")}
+    else:
+        ops = catalog("references/eager_ops_cpu.json")["layer_ops"][variant]
     return ops["forward"] * c["eager_op_host_s"], ops["backward"] * c["eager_op_host_s"]
 
 

@@ -311,6 +311,10 @@ def accelerate_config(model: ModelSpec, cluster: Cluster, training: Training, ro
             mlm["megatron_lm_expert_model_parallel_size"] = row["ep"]
         cfg["megatron_lm_config"] = mlm
         cfg["mixed_precision"] = mixed
+    if training.compile:
+        # accelerate/commands/config/config_args.py ClusterConfig.dynamo_config: accelerate launch sets
+        # ACCELERATE_DYNAMO_BACKEND and Accelerator.prepare torch.compiles the model with Inductor
+        cfg["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
     cfg.update({
         "machine_rank": 0,
         "main_training_function": "main",

@@ -205,6 +205,8 @@ class TrainingInput:
     """DeepSpeed data_types.grad_accum_dtype "fp32" (default: the model dtype)."""
     tp_comm_overlap: bool | None = None
     """Megatron --tp-comm-overlap (default off)."""
+    compile: bool | None = None
+    """torch.compile on each Hugging Face block (default off; Training.compile)."""
     overlap_p2p: bool | None = None
     """Interleaved pipeline sends beside compute where the engine does so (default on; Training.overlap_p2p)."""
     pipeline_edge_layers: int | None = None
@@ -231,6 +233,7 @@ class TrainingInput:
         _boolean(self.contiguous_gradients, "--no-contiguous-gradients")
         _boolean(self.fp32_grad_accum, "--fp32-grad-accum")
         _boolean(self.tp_comm_overlap, "--tp-comm-overlap")
+        _boolean(self.compile, "--compile")
         _boolean(self.overlap_p2p, "--no-overlap-p2p")
         _boolean(self.partition_activations, "activation_checkpointing.partition_activations")
         _boolean(self.cpu_checkpointing, "activation_checkpointing.cpu_checkpointing")
@@ -247,7 +250,8 @@ class TrainingInput:
                         precision=self.precision or DEFAULTS["precision"],
                         optimizer=self.optimizer or DEFAULTS["optimizer"], flash_attention=self.flash_attention,
                         engine=engine, zero_config=ZeroConfig(**{k: v for k, v in zero.items() if v is not None}),
-                        tp_comm_overlap=bool(self.tp_comm_overlap), moe_capacity_factor=self.moe_capacity_factor,
+                        tp_comm_overlap=bool(self.tp_comm_overlap), compile=bool(self.compile),
+                        moe_capacity_factor=self.moe_capacity_factor,
                         overlap_p2p=self.overlap_p2p is not False, pipeline_edge_layers=self.pipeline_edge_layers,
                         moe_pad_to_capacity=bool(self.moe_pad_to_capacity))
 

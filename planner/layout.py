@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 from planner.bounds import check
-from planner.engines import Engine, MoeCapacity, lookup as engine_lookup
+from planner.engines import Engine, Modules, MoeCapacity, lookup as engine_lookup
 from planner.errors import InputError
 from planner.options import Offload, Optimizer, Precision, Recompute, RecomputeMethod, Schedule
 
@@ -96,6 +96,10 @@ class Training:
     capacity_settings: DeepSpeed-MoE 1.0 under megatron-deepspeed, dropless elsewhere)."""
     moe_pad_to_capacity: bool = False
     """Megatron --moe-pad-expert-input-to-capacity: every expert runs exactly its capacity."""
+    compile: bool = False
+    """torch.compile on each Hugging Face block (Inductor's default mode): fused elementwise kernels,
+    fewer launches and what AOT Autograd's partitioner saves (measured: data/references/
+    hf_compiled_cpu.json); the engines with their own fused kernels or blocks take none."""
 
     def __post_init__(self):
         check("seq_len", self.seq_len)
@@ -109,6 +113,11 @@ class Training:
         if not isinstance(self.overlap_p2p, bool):
             raise InputError(f"overlap_p2p: must be true or false, got {self.overlap_p2p!r}")
         self._check_edge_layers()
+        if not isinstance(self.compile, bool):
+            raise InputError(f"--compile: must be true or false, got {self.compile!r}")
+        if self.compile and self.engine.modules is not Modules.HUGGING_FACE:
+            raise InputError(f"--compile: measured for Hugging Face blocks (--engine deepspeed or fsdp); --engine "
+                             f"{self.engine.name} runs its own blocks")
         if self.tp_comm_overlap and not self.engine.tp_comm_overlap:
             raise InputError(f"--tp-comm-overlap: --engine {self.engine.name} has no TP communication overlap "
                              "(Megatron-LM with TransformerEngine has: --engine megatron)")
@@ -144,9 +153,10 @@ class Training:
 
     def for_engine(self, engine) -> "Training":
         """These settings under another engine, less what that engine does not take (--tp-comm-overlap,
-        --moe-capacity-factor, --moe-pad-to-capacity): the search's comparisons across engines."""
+        --compile, --moe-capacity-factor, --moe-pad-to-capacity): the search's comparisons across engines."""
         other = engine_lookup(engine)
         return replace(self, engine=other, tp_comm_overlap=self.tp_comm_overlap and other.tp_comm_overlap,
+                       compile=self.compile and other.modules is Modules.HUGGING_FACE,
                        pipeline_edge_layers=self.pipeline_edge_layers if other.pipeline_edge_choice
                        and self.pipeline_edge_layers != self.engine.pipeline_edge_layers else None,
                        moe_capacity_factor=None if other.moe_capacity is MoeCapacity.DROPLESS else self.moe_capacity_factor,

@@ -164,7 +164,7 @@ def block_s(block: ModelSpec, cluster: Cluster, training: Training, lay: Layouts
     core_fwd, core_bwd = C.attention_core_s(block, cluster, training, lay, c)
     tp_ar, units = tp_all_reduce_s(block, cluster, training, lay, c), tp_pass_units(block, training, lay)
     # eager Hugging Face modules: the GPU waits where the host dispatches the block's kernels slower
-    host_fwd, host_bwd = C.eager_host_s(block, c) if training.engine.modules is Modules.HUGGING_FACE else (0.0, 0.0)
+    host_fwd, host_bwd = C.eager_host_s(block, training, c) if training.engine.modules is Modules.HUGGING_FACE else (0.0, 0.0)
     gpu_fwd = gemm + core_fwd + C.elementwise_fwd_s(block, cluster, training, lay, c)
     gpu_bwd = 2.0 * gemm + core_bwd + C.elementwise_bwd_s(block, cluster, training, lay, c)  # dgrad + wgrad
     out = {"fwd": np.maximum(gpu_fwd, host_fwd), "bwd": np.maximum(gpu_bwd, host_bwd),

@@ -207,6 +207,9 @@ for command in ("estimate", "recommend"):
 # Megatron's pipeline-split and p2p-overlap switches (issue 8), with the other training flags
 for command in ("estimate", "recommend"):
     FROZEN[command] = FROZEN[command] + ["--no-overlap-p2p", "--pp-edge-layers"]
+# torch.compile of Hugging Face blocks (issue 8), with the other training flags
+for command in ("estimate", "recommend"):
+    FROZEN[command] = FROZEN[command] + ["--compile"]
 # a pod boundary and the oversubscription above it (issue 8), with the other cluster flags
 for command in ("estimate", "recommend", "check"):
     FROZEN[command] = FROZEN[command] + ["--pod-gpus", "--oversubscription"]

@@ -990,8 +990,8 @@ def test_eager_blocks_wait_for_the_host_dispatching_their_operators():
     big = timing.block_s(LLAMA7, h100, layout.Training(seq_len=4096, engine="fsdp"), lay, C)
     assert big["fwd"][0] > 2 * 81 * C["eager_op_host_s"]  # 3.4 ms of kernels against 1.2 ms of dispatch
     # Qwen3's q/k norms: 99 and 186 operators; GPT-2 with dropout 80 and 102; MoE blocks not counted
-    assert compute.eager_host_s(lookup("qwen3-8b"), C) == pytest.approx((99 * C["eager_op_host_s"], 186 * C["eager_op_host_s"]))
-    assert compute.eager_host_s(lookup("mixtral-8x7b"), C) == (0.0, 0.0)
+    assert compute.eager_host_s(lookup("qwen3-8b"), layout.Training(engine="fsdp"), C) == pytest.approx((99 * C["eager_op_host_s"], 186 * C["eager_op_host_s"]))
+    assert compute.eager_host_s(lookup("mixtral-8x7b"), layout.Training(engine="fsdp"), C) == (0.0, 0.0)
 
 
 def test_fsdp2_copies_of_a_step():
