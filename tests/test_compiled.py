@@ -77,10 +77,18 @@ def test_compile_is_refused_where_it_was_not_measured():
         api.estimate("qwen3-8b", {"gpus": 8}, {"engine": "fsdp", "compile": True}, {"dp": 8, "zero": 3})
 
 
-def test_compile_is_exported_to_accelerate():
+def test_compile_is_exported_to_accelerate(tmp_path):
+    """accelerate launch reads dynamo_config from the file and hands the backend to the training
+    process (accelerate/utils/launch.py prepare_multi_gpu_env: ACCELERATE_DYNAMO_BACKEND)."""
+    from accelerate.commands import launch as accel_launch
+    from accelerate.utils import launch as accel_launch_utils
+
     m, cluster = lookup("llama-3-8b"), hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 8, 8)
     row = {"tp": 1, "pp": 1, "dp": 8, "cp": 1, "ep": 1, "zero": 3, "mbs": 1, "gas": 1, "recompute": "none",
            "sequence_parallel": False, "offload_optimizer": "none", "offload_params": "none"}
-    cfg = export.accelerate_config(m, cluster, layout.Training(engine="fsdp", compile=True), row, "ds.json")
-    assert cfg["dynamo_config"] == {"dynamo_backend": "INDUCTOR"}
+    path = tmp_path / "accelerate_config.yaml"
+    path.write_text(export.accelerate_yaml(m, cluster, layout.Training(engine="fsdp", compile=True), row, "ds.json"))
+    args = accel_launch.launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
+    args, _, _ = accel_launch._validate_launch_command(args)
+    assert accel_launch_utils.prepare_multi_gpu_env(args)["ACCELERATE_DYNAMO_BACKEND"] == "INDUCTOR"
     assert "dynamo_config" not in export.accelerate_config(m, cluster, layout.Training(engine="fsdp"), row, "ds.json")
