@@ -1,7 +1,9 @@
 """A Megatron-style GPT block in plain torch, to count what Megatron keeps for backward on CPU.
 
-megatron-core needs CUDA (its checkpoint saves CUDA RNG states, its softmax is a CUDA kernel), so
-this block runs the same ops in the same order as megatron-core 0.16.1's local layer spec
+megatron-core's own layer runs on the CPU only with stand-ins (its checkpoint saves CUDA RNG states,
+its fused softmax is a CUDA kernel: megatron_core_layer_saved_bytes counts it with the RNG tracker's
+fork a no-op and the unfused softmax), so this block runs the same ops in the same order as
+megatron-core 0.16.1's local layer spec
 (models/gpt/gpt_layer_specs.py get_gpt_layer_local_spec): input LayerNorm, linear_qkv, core
 attention as transformer/dot_product_attention.py DotProductAttention.forward (baddbmm of views of
 the fused QKV output, softmax, attention dropout, bmm with the value view), linear_proj, bias-dropout-
@@ -109,3 +111,71 @@ def block_method_saved_bytes(layers: int, recomputed: int, seq: int, batch: int,
         for i, block in enumerate(blocks):
             h = checkpoint(block, h, causal, use_reentrant=True) if i < recomputed else block(h, causal)
     return c.total_bytes
+
+
+def megatron_core_layer_saved_bytes(seq: int, batch: int, hidden: int, heads: int, ffn: int) -> int:
+    """Bytes megatron-core 0.16.1's own TransformerLayer (get_gpt_layer_local_spec: LayerNorm, unfused
+    DotProductAttention, GeLU with biases, dropout 0.1, bf16) keeps for backward in one forward on the
+    CPU, its input and parameters left out; run in a fresh process (python -m calibrate.megatron_block
+    SEQ BATCH HIDDEN HEADS FFN): parallel_state and the process group are global. CPU stand-ins as
+    calibrate/megatron_moe.py's, and the CUDA RNG tracker's fork (attention dropout) a no-op;
+    masked_softmax_fusion off (its kernel is CUDA's), so FusedScaleMaskSoftmax runs its torch path."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "calibrate.megatron_block",
+                           *map(str, (seq, batch, hidden, heads, ffn))], capture_output=True, text=True,
+                          cwd=str(Path(__file__).resolve().parent.parent), timeout=300)
+    if proc.returncode:
+        raise RuntimeError(f"megatron_block: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])["saved_bytes"]
+
+
+def _megatron_core_count(seq: int, batch: int, hidden: int, heads: int, ffn: int) -> int:
+    import contextlib
+    import os
+    import socket
+
+    from calibrate.megatron_moe import _cpu_stand_ins
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    from calibrate.saved import counting
+
+    parallel_state.initialize_model_parallel(1, 1)
+    torch.manual_seed(0)
+    _cpu_stand_ins({})
+    tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+    config = TransformerConfig(num_layers=1, hidden_size=hidden, num_attention_heads=heads, ffn_hidden_size=ffn,
+                               params_dtype=torch.bfloat16, bf16=True, use_cpu_initialization=True,
+                               gradient_accumulation_fusion=False, bias_activation_fusion=False,
+                               masked_softmax_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False,
+                               hidden_dropout=0.1, attention_dropout=0.1)
+    layer = TransformerLayer(config, get_gpt_layer_local_spec().submodules, layer_number=1).train()
+    x = torch.randn(seq, batch, hidden, dtype=torch.bfloat16, requires_grad=True)
+    causal = torch.triu(torch.ones(1, 1, seq, seq, dtype=torch.bool), 1)
+    with counting([*layer.parameters(), causal, x]) as c:
+        out = layer(x, attention_mask=causal)
+    (out[0] if isinstance(out, tuple) else out).float().sum().backward()
+    return c.total_bytes
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    import os
+
+    print(json.dumps({"saved_bytes": _megatron_core_count(*map(int, sys.argv[1:6]))}))
+    sys.stdout.flush()
+    os._exit(0)  # no process-group teardown

@@ -37,6 +37,17 @@ def _planned(row) -> dict:
     return {"routing": routing, "experts": sum(x.bytes_per_token for x in mlp) - routing}
 
 
+@pytest.mark.slow
+def test_megatron_core_saves_what_the_reference_says():
+    """The count itself, on the installed megatron-core (a test extra): the same bytes by part as the
+    shipped reference, configuration by configuration (about 30 s, a process each)."""
+    from calibrate.megatron_moe import measure
+
+    for row in measure():
+        assert row["megatron_core"] == "0.16.1"
+        assert row["bytes_per_token"] == ROWS[row["name"]]["bytes_per_token"], row["name"]
+
+
 def test_reference_is_megatron_cores_own_layer():
     assert json.loads(REFERENCE.read_text())["environment"]["megatron-core"] == "0.16.1"
     assert {r["dispatcher"] for r in ROWS.values()} == {"MoEAlltoAllTokenDispatcher", "MoEAllGatherTokenDispatcher"}

@@ -154,8 +154,9 @@ def test_step_peak_is_activations_plus_logits(layers, vocab):
 
 
 # ---------------------------------------------------------------------------------------------
-# Megatron: a Megatron-style GPT block (calibrate/megatron_block.py; megatron-core needs CUDA),
-# full recompute of the first N layers of the chunk (--recompute-method block --recompute-num-layers)
+# Megatron: a Megatron-style GPT block (calibrate/megatron_block.py: the ops of megatron-core's layer
+# with CUDA's fused softmax as it saves), full recompute of the first N layers of the chunk
+# (--recompute-method block --recompute-num-layers), and megatron-core's own layer beside it
 
 MEGATRON_SHAPES = [  # (seq, batch, hidden, heads, ffn)
     (128, 2, 256, 8, 1024),
@@ -202,6 +203,24 @@ def test_megatron_block_recompute_keeps(recomputed, seq, batch, hidden, heads, f
     sbh, as2b = seq * batch * hidden, heads * seq * seq * batch
     assert measured == recomputed * 2 * sbh + (4 - recomputed) * (34 * sbh + 5 * as2b)
     assert megatron_kept_bytes(4, recomputed, seq, batch, hidden, heads, ffn) == pytest.approx(measured, rel=0.02)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seq, batch, hidden, heads, ffn", MEGATRON_SHAPES)
+def test_megatron_core_layer_keeps_what_the_style_block_keeps(seq, batch, hidden, heads, ffn):
+    """megatron-core 0.16.1's own TransformerLayer (local spec, bf16, dropout 0.1) on the CPU keeps
+    what the Megatron-style block keeps but for three things, each explained: the layer's input is
+    left out here (2sbh: the previous layer keeps it); LayerNorm's mean and rstd come in fp32 (4 of
+    sb, 2 bytes more each); and with masked_softmax_fusion off (its kernel is CUDA's) FusedScaleMask-
+    Softmax upcasts the scores to fp32 (attention_softmax_in_fp32) and keeps that softmax, 2 bytes an
+    a s^2 b element more than CUDA's ScaledUpperTriangMaskedSoftmax keeps in bf16, which the style
+    block counts. So the style block's tests (above) hold for megatron-core's layer on CUDA."""
+    from calibrate.megatron_block import block_method_saved_bytes, megatron_core_layer_saved_bytes
+
+    style = block_method_saved_bytes(1, 0, seq, batch, hidden, heads, ffn)
+    core = megatron_core_layer_saved_bytes(seq, batch, hidden, heads, ffn)
+    # s128 b2 h256 a8: 4,329,472 = 3,934,208 - 131,072 + 2,048 + 524,288
+    assert core == style - 2 * seq * batch * hidden + 4 * seq * batch * 2 + heads * seq * seq * batch * 2
 
 
 @pytest.mark.parametrize("group", [2, 4])
