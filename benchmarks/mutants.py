@@ -42,7 +42,7 @@ TERMS = [
     ("planner.pipeline", "first_routed_stage"),
     # step time
     ("planner.compute", "flops_per_step"), ("planner.compute", "gemm_fwd_s"), ("planner.compute", "attention_core_s"),
-    ("planner.compute", "elementwise_fwd_s"), ("planner.compute", "op_sac_recompute_s"), ("planner.compute", "elementwise_bwd_s"), ("planner.compute", "head_s"),
+    ("planner.compute", "elementwise_fwd_s"), ("planner.compute", "eager_host_s"), ("planner.compute", "op_sac_recompute_s"), ("planner.compute", "elementwise_bwd_s"), ("planner.compute", "head_s"),
     ("planner.collectives", "nccl_time_s"), ("planner.collectives", "ring_latency_us"),
     ("planner.collectives", "tree_latency_us"), ("planner.collectives", "group_bus_bytes_per_s"),
     ("planner.collectives", "p2p_bytes_per_s"), ("planner.collectives", "ring_pod_share"),
@@ -70,7 +70,7 @@ FAST_TESTS = ["tests/test_memory.py", "tests/test_timing.py", "tests/test_valida
               "tests/test_cli.py", "tests/test_terms.py", "tests/test_activations_real.py", "tests/test_engines.py",
               "tests/test_moe_capacity.py", "tests/test_dense_first.py",
               "tests/test_expert_tp.py", "tests/test_activations_deepseek.py", "tests/test_step_time_h200.py",
-              "tests/test_fsdp_torchtitan.py"]
+              "tests/test_fsdp_torchtitan.py", "tests/test_compiled.py", "tests/test_activations_megatron_moe.py"]
 
 
 def run(spec: str, pytest_args: list[str]) -> tuple[bool, str, float]:
