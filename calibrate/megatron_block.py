@@ -113,27 +113,50 @@ def block_method_saved_bytes(layers: int, recomputed: int, seq: int, batch: int,
     return c.total_bytes
 
 
-def megatron_core_layer_saved_bytes(seq: int, batch: int, hidden: int, heads: int, ffn: int) -> int:
+def megatron_core_layer_saved_bytes(seq: int, batch: int, hidden: int, heads: int, ffn: int,
+                                    llama: bool = False) -> int:
     """Bytes megatron-core 0.16.1's own TransformerLayer (get_gpt_layer_local_spec: LayerNorm, unfused
     DotProductAttention, GeLU with biases, dropout 0.1, bf16) keeps for backward in one forward on the
     CPU, its input and parameters left out; run in a fresh process (python -m calibrate.megatron_block
     SEQ BATCH HIDDEN HEADS FFN): parallel_state and the process group are global. CPU stand-ins as
     calibrate/megatron_moe.py's, and the CUDA RNG tracker's fork (attention dropout) a no-op;
-    masked_softmax_fusion off (its kernel is CUDA's), so FusedScaleMaskSoftmax runs its torch path."""
+    masked_softmax_fusion off (its kernel is CUDA's), so FusedScaleMaskSoftmax runs its torch path.
+    llama: the Llama-style layer instead (RMSNorm, SwiGLU with Megatron-LM's fused bias_swiglu, no
+    biases, no dropout) with SDPA as its core attention (SDPACore: flash's saves on the CPU)."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
     proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "calibrate.megatron_block",
-                           *map(str, (seq, batch, hidden, heads, ffn))], capture_output=True, text=True,
+                           *map(str, (seq, batch, hidden, heads, ffn, int(llama)))], capture_output=True, text=True,
                           cwd=str(Path(__file__).resolve().parent.parent), timeout=300)
     if proc.returncode:
         raise RuntimeError(f"megatron_block: exit {proc.returncode}\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])["saved_bytes"]
 
 
-def _megatron_core_count(seq: int, batch: int, hidden: int, heads: int, ffn: int) -> int:
+def _sdpa_core():
+    """A core attention for megatron-core's layer specs computing torch SDPA, causal ([s, b, n, d] in,
+    [s, b, n d] out), which saves what a flash kernel saves: q, k, v, output and log-sum-exp."""
+    from megatron.core.transformer.module import MegatronModule
+
+    class SDPACore(MegatronModule):
+        def __init__(self, config, layer_number, attn_mask_type, attention_type, attention_dropout=None,
+                     softmax_scale=None, **kwargs):
+            super().__init__(config)
+
+        def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                    packed_seq_params=None, **kwargs):
+            s, b = query.shape[:2]
+            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+    return SDPACore
+
+
+def _megatron_core_count(seq: int, batch: int, hidden: int, heads: int, ffn: int, llama: bool = False) -> int:
     import contextlib
     import os
     import socket
@@ -156,12 +179,19 @@ def _megatron_core_count(seq: int, batch: int, hidden: int, heads: int, ffn: int
     torch.manual_seed(0)
     _cpu_stand_ins({})
     tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
-    config = TransformerConfig(num_layers=1, hidden_size=hidden, num_attention_heads=heads, ffn_hidden_size=ffn,
-                               params_dtype=torch.bfloat16, bf16=True, use_cpu_initialization=True,
-                               gradient_accumulation_fusion=False, bias_activation_fusion=False,
-                               masked_softmax_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False,
-                               hidden_dropout=0.1, attention_dropout=0.1)
-    layer = TransformerLayer(config, get_gpt_layer_local_spec().submodules, layer_number=1).train()
+    common = dict(num_layers=1, hidden_size=hidden, num_attention_heads=heads, ffn_hidden_size=ffn,
+                  params_dtype=torch.bfloat16, bf16=True, use_cpu_initialization=True, gradient_accumulation_fusion=False,
+                  masked_softmax_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False)
+    if llama:
+        config = TransformerConfig(**common, normalization="RMSNorm", gated_linear_unit=True,
+                                   activation_func=torch.nn.functional.silu, add_bias_linear=False,
+                                   bias_activation_fusion=True, hidden_dropout=0.0, attention_dropout=0.0)
+        spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+        spec.submodules.self_attention.submodules.core_attention = _sdpa_core()
+    else:
+        config = TransformerConfig(**common, bias_activation_fusion=False, hidden_dropout=0.1, attention_dropout=0.1)
+        spec = get_gpt_layer_local_spec()
+    layer = TransformerLayer(config, spec.submodules, layer_number=1).train()
     x = torch.randn(seq, batch, hidden, dtype=torch.bfloat16, requires_grad=True)
     causal = torch.triu(torch.ones(1, 1, seq, seq, dtype=torch.bool), 1)
     with counting([*layer.parameters(), causal, x]) as c:
@@ -176,6 +206,6 @@ if __name__ == "__main__":
 
     import os
 
-    print(json.dumps({"saved_bytes": _megatron_core_count(*map(int, sys.argv[1:6]))}))
+    print(json.dumps({"saved_bytes": _megatron_core_count(*map(int, sys.argv[1:6]), llama=sys.argv[6:7] == ["1"])}))
     sys.stdout.flush()
     os._exit(0)  # no process-group teardown

@@ -223,6 +223,28 @@ def test_megatron_core_layer_keeps_what_the_style_block_keeps(seq, batch, hidden
     assert core == style - 2 * seq * batch * hidden + 4 * seq * batch * 2 + heads * seq * seq * batch * 2
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("seq, batch, hidden, heads, ffn", [(128, 2, 256, 8, 1024), (64, 2, 512, 8, 1376)])
+def test_megatron_core_llama_layer_keeps_what_the_planner_books(seq, batch, hidden, heads, ffn):
+    """megatron-core 0.16.1's own Llama-style TransformerLayer (RMSNorm, Megatron-LM's fused
+    bias_swiglu, no biases, no dropout, bf16) with SDPA as its core attention (flash's saves: q, k, v
+    as views of linear_qkv's output, the output, o_proj's input a view of it, and an fp32 log-sum-exp),
+    counted on the CPU. The translation: each torch RMSNorm keeps on the CPU its input and normalized
+    input in fp32 and the rstd, 8h + 4 bytes a token; on CUDA its fused kernel (and TE's) keeps the
+    16-bit input and the rstd, 2h + 4, of which the planner books 2h (the rstd, 4 bytes a norm, is
+    Korthikanti's omission too). Then the planner's Megatron list, 16h + 4a + 6f, is exact."""
+    from calibrate.megatron_block import megatron_core_layer_saved_bytes
+    from planner.model import ModelSpec
+
+    counted = megatron_core_layer_saved_bytes(seq, batch, hidden, heads, ffn, llama=True) / (seq * batch)
+    # s128 b2 h256 a8 f1024: 13,352 = 2 x (8 x 256 + 4) + 2h + 6h + 2h + 4a + 2h + 4f + 2f
+    assert counted == 2 * (8 * hidden + 4) + 12 * hidden + 4 * heads + 6 * ffn
+    on_cuda = counted - 2 * (8 * hidden + 4) + 2 * (2 * hidden + 4)
+    model = ModelSpec(layers=1, hidden=hidden, heads=heads, kv_heads=heads, ffn=ffn, vocab=256)
+    saved = activations.saved_tensors(model, layout.Training(seq_len=seq, engine="megatron"), seq, 1.0, batch)
+    assert on_cuda == sum(x.bytes_per_token for x in saved) + 2 * 4  # 10,280 = 16h + 4a + 6f + two rstd
+
+
 @pytest.mark.parametrize("group", [2, 4])
 def test_megatron_uniform_recompute_keeps_a_group_input_and_reruns_a_group(group):
     """--recompute-method uniform --recompute-num-layers N over 4 Megatron-style blocks (s128 b2
