@@ -114,7 +114,7 @@ def block_method_saved_bytes(layers: int, recomputed: int, seq: int, batch: int,
 
 
 def megatron_core_layer_saved_bytes(seq: int, batch: int, hidden: int, heads: int, ffn: int,
-                                    llama: bool = False) -> int:
+                                    llama: bool = False, groups: int = 0) -> int:
     """Bytes megatron-core 0.16.1's own TransformerLayer (get_gpt_layer_local_spec: LayerNorm, unfused
     DotProductAttention, GeLU with biases, dropout 0.1, bf16) keeps for backward in one forward on the
     CPU, its input and parameters left out; run in a fresh process (python -m calibrate.megatron_block
@@ -122,14 +122,16 @@ def megatron_core_layer_saved_bytes(seq: int, batch: int, hidden: int, heads: in
     calibrate/megatron_moe.py's, and the CUDA RNG tracker's fork (attention dropout) a no-op;
     masked_softmax_fusion off (its kernel is CUDA's), so FusedScaleMaskSoftmax runs its torch path.
     llama: the Llama-style layer instead (RMSNorm, SwiGLU with Megatron-LM's fused bias_swiglu, no
-    biases, no dropout) with SDPA as its core attention (SDPACore: flash's saves on the CPU)."""
+    biases, no dropout) with SDPA as its core attention (SDPACore: flash's saves on the CPU). groups:
+    num_query_groups (0: one a head)."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
     proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "calibrate.megatron_block",
-                           *map(str, (seq, batch, hidden, heads, ffn, int(llama)))], capture_output=True, text=True,
+                           *map(str, (seq, batch, hidden, heads, ffn, int(llama), groups or heads))],
+                          capture_output=True, text=True,
                           cwd=str(Path(__file__).resolve().parent.parent), timeout=300)
     if proc.returncode:
         raise RuntimeError(f"megatron_block: exit {proc.returncode}\n{proc.stderr[-3000:]}")
@@ -156,7 +158,8 @@ def _sdpa_core():
     return SDPACore
 
 
-def _megatron_core_count(seq: int, batch: int, hidden: int, heads: int, ffn: int, llama: bool = False) -> int:
+def _megatron_core_count(seq: int, batch: int, hidden: int, heads: int, ffn: int, llama: bool = False,
+                         groups: int = 0) -> int:
     import contextlib
     import os
     import socket
@@ -179,7 +182,8 @@ def _megatron_core_count(seq: int, batch: int, hidden: int, heads: int, ffn: int
     torch.manual_seed(0)
     _cpu_stand_ins({})
     tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
-    common = dict(num_layers=1, hidden_size=hidden, num_attention_heads=heads, ffn_hidden_size=ffn,
+    common = dict(num_layers=1, hidden_size=hidden, num_attention_heads=heads, num_query_groups=groups or heads,
+                  ffn_hidden_size=ffn,
                   params_dtype=torch.bfloat16, bf16=True, use_cpu_initialization=True, gradient_accumulation_fusion=False,
                   masked_softmax_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False)
     if llama:
@@ -206,6 +210,7 @@ if __name__ == "__main__":
 
     import os
 
-    print(json.dumps({"saved_bytes": _megatron_core_count(*map(int, sys.argv[1:6]), llama=sys.argv[6:7] == ["1"])}))
+    print(json.dumps({"saved_bytes": _megatron_core_count(*map(int, sys.argv[1:6]), llama=sys.argv[6:7] == ["1"],
+                                                          groups=int(sys.argv[7]) if len(sys.argv) > 7 else 0)}))
     sys.stdout.flush()
     os._exit(0)  # no process-group teardown

@@ -519,6 +519,12 @@ def megatron_saved(model: ModelSpec, training: Training, seq: float, routed) -> 
         Saved("qkv input", e * h, SP),
         Saved("q", e * q, TP), Saved("k", e * kv, TP), Saved("v", e * model.v_width, TP),
     ]
+    if not training.flash_attention and model.kv_heads < model.heads and not model.kv_lora_rank:
+        # megatron-core 0.16.1 dot_product_attention.py DotProductAttention.forward (unfused): key and
+        # value repeat_interleave'd to every head, new tensors its matmuls keep (counted:
+        # tests/test_activations_real.py, as many bytes as MHA's q, k, v)
+        out[3:] = [Saved("k repeated to every head", e * q, TP),
+                   Saved("v repeated to every head", e * model.attention_out_width, TP)]
     if model.kv_lora_rank:
         # multi-head latent attention (megatron-core 0.16.1 multi_latent_attention.py MLASelfAttention
         # get_query_key_value_tensors): the duplicated down projections run on the SP shard, then

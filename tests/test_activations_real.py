@@ -224,6 +224,30 @@ def test_megatron_core_layer_keeps_what_the_style_block_keeps(seq, batch, hidden
 
 
 @pytest.mark.slow
+def test_megatron_core_unfused_attention_repeats_grouped_keys_and_values():
+    """With GQA and no flash kernel, megatron-core's DotProductAttention repeat_interleaves key and
+    value to every head (new tensors the matmuls keep): 8 heads in 2 groups at h 256 keep q, k and v
+    at every head's width, 3 e h = 1,536 bytes a token, as MHA does, not e (q + 2 kv) = 768; the
+    planner's unfused Megatron list alike (it booked 768 before)."""
+    from calibrate.megatron_block import megatron_core_layer_saved_bytes
+    from planner.model import ModelSpec
+
+    s, b, h, a, f = 128, 2, 256, 8, 1024
+    mha = megatron_core_layer_saved_bytes(s, b, h, a, f)
+    gqa = megatron_core_layer_saved_bytes(s, b, h, a, f, groups=2)
+    assert gqa == mha  # q copied out of linear_qkv's output, k and v repeated: 3 e h either way
+
+    def planned(kv_heads):
+        m = ModelSpec(layers=1, hidden=h, heads=a, kv_heads=kv_heads, ffn=f, vocab=128, ffn_kind="gelu",
+                      norm="layernorm", bias=True, positions="learned", max_positions=s, dropout=True,
+                      architecture="gpt2")
+        training = layout.Training(seq_len=s, flash_attention=False, engine="megatron")
+        return sum(x.bytes_per_token for x in activations.saved_tensors(m, training, s, 1.0, b))
+
+    assert planned(2) == planned(8)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("seq, batch, hidden, heads, ffn", [(128, 2, 256, 8, 1024), (64, 2, 512, 8, 1376)])
 def test_megatron_core_llama_layer_keeps_what_the_planner_books(seq, batch, hidden, heads, ffn):
     """megatron-core 0.16.1's own Llama-style TransformerLayer (RMSNorm, Megatron-LM's fused
