@@ -108,6 +108,24 @@ def test_changed_inputs_and_pinned_axes_follow_the_cli():
 
 
 @pytest.mark.slow
+def test_compile_and_an_oversubscribed_pod_follow_the_cli():
+    at = started()
+    at.selectbox(key="model_name").set_value("llama-3-8b")
+    at.number_input(key="gpus").set_value(32)
+    at.selectbox(key="engine").set_value("fsdp")
+    at.number_input(key="pod_gpus").set_value(16)
+    at.run()
+    at.checkbox(key="compile").check()  # shown for the Hugging Face engines
+    at.number_input(key="oversubscription").set_value(4.0)
+    at.run()
+    assert not problems(at)
+    answer = cli_json("recommend", "--model", "llama-3-8b", "--gpus", "32", "--engine", "fsdp", "--compile",
+                      "--pod-gpus", "16", "--oversubscription", "4", "--top", "10")
+    assert answer["assumptions"]["compile"] is True and answer["assumptions"]["oversubscription"] == 4
+    assert_table_is(at, answer)
+
+
+@pytest.mark.slow
 def test_manual_layout_time_to_train_and_bad_layouts():
     at = started()
     at.radio(key="mode").set_value("manual").run()  # the layout widgets appear in manual mode
