@@ -206,9 +206,8 @@ def test_zero3_gathered_parameters(measured, name):
     (2P = 316,032 B; the reduce bucket was allocated at init, before). Measured 316,044.
     DeepSpeed's allocations alone peak higher, in backward, by the reduce-scatter of the largest
     gradient while everything is still gathered (measured +65,664 B: lm_head's 65,536-B gradient
-    flattened by coalesced_collectives.py reduce_scatter_coalesced + scalars), once in CI with the
-    next gradient's flattened copy beside it (+73,984 B: overlap_comm, ZeRO-3's default, lets the next
-    reduce-scatter start before the previous one's input is freed): bounded here by two of
+    flattened by coalesced_collectives.py reduce_scatter_coalesced + scalars); once in CI 8,320 B
+    more (+73,984 B: the size of another flattened gradient, not identified): bounded here by two of
     2 B x max(reduce_bucket_size, largest parameter), not a planner term."""
     plan = _plan(name)
     for micro in range(RUNS[name][1]):
