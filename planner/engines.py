@@ -229,6 +229,11 @@ class Engine:
     (1: the whole micro-batch's logits at once)."""
     launcher: Launcher
     """Launch script style of planner/export.py."""
+    selective_recompute: bool = True
+    """--recompute selective can be launched: Megatron's --recompute-granularity selective, torchtitan's
+    op-level SAC. Hugging Face modules have no such switch (transformers 5.25 modeling_utils.py
+    _activation_checkpointing_enable wraps whole decoder layers in torch.utils.checkpoint; accelerate's
+    fsdp_activation_checkpointing likewise), so a selective plan there is not one a user can run."""
     partial_recompute: bool = False
     """Full recompute can cover only the first N layers of each model chunk (--recompute-layers)."""
     deepspeed_checkpointing: bool = False
@@ -323,7 +328,8 @@ _DS_COMMON = dict(
 DEEPSPEED = Engine(
     name="deepspeed", summary="DeepSpeed ZeRO 0-3 + offload on Hugging Face modules; 1F1B PipelineModule (ZeRO 0/1)",
     tensor_parallel=False, fused_gemms=False, eager_elementwise=True, p2p_split_over_tp=False, p2p_overlaps_interleaved=False,
-    modules=Modules.HUGGING_FACE, launcher=Launcher.DEEPSPEED, expert_tp=ExpertTP.SPLIT, **_DS_COMMON)
+    modules=Modules.HUGGING_FACE, launcher=Launcher.DEEPSPEED, expert_tp=ExpertTP.SPLIT, selective_recompute=False,
+    **_DS_COMMON)
 
 MEGATRON_DEEPSPEED = Engine(
     name="megatron-deepspeed", summary="Megatron TP/SP/CP and fused kernels + DeepSpeed ZeRO, offload and pipeline",
@@ -445,6 +451,7 @@ FSDP = Engine(
     tp_comm_overlap=False,
     p2p_split_over_tp=False, p2p_overlaps_interleaved=False,
     selective_policy=SelectivePolicy.CORE_ATTENTION,
+    selective_recompute=False,  # Hugging Face modules: whole-layer checkpointing only
     loss_chunks=1,
     launcher=Launcher.FSDP,
 )
@@ -475,6 +482,7 @@ TORCHTITAN = replace(
     optimizer_step_copy=False,
     expert_tp=ExpertTP.BY_EP,
     selective_policy=SelectivePolicy.OP_SAC,  # Trainer.Config.activation_checkpoint = SelectiveAC.Config
+    selective_recompute=True,
     loss_chunks=8,  # components/loss.py ChunkedLossWrapper.Config.num_chunks, set by every llama3 config
     launcher=Launcher.TORCHTITAN,
     cp_gathers_kv=True,  # its models' FlexAttention under CP (models/*/parallelize.py apply_cp_to_forward)

@@ -203,6 +203,10 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr, l: (l.recompute_layers > 0) & (not tr.engine.partial_recompute),
          lambda m, cl, tr: f"--recompute-layers: --engine {tr.engine.name} recomputes every layer or none "
                            f"(engines with it: {_names(e for e in ENGINES.values() if e.partial_recompute)})"),
+    Rule("engine_selective_recompute", ENGINE_RULE,
+         lambda m, cl, tr, l: (l.recompute == Recompute.SELECTIVE) & (not tr.engine.selective_recompute),
+         lambda m, cl, tr: f"--recompute: --engine {tr.engine.name} checkpoints whole layers (none or full); "
+                           f"selective is launched by {_names(e for e in ENGINES.values() if e.selective_recompute)}"),
     Rule("engine_zero", ENGINE_RULE, lambda m, cl, tr, l: ~np.isin(l.zero, tr.engine.zero_stages),
          lambda m, cl, tr: f"--zero: --engine {tr.engine.name} takes --zero {_stages(tr.engine.zero_stages)}"),
 )

@@ -240,7 +240,8 @@ def test_recompute_layers_pin_and_its_contradictions(capsys):
     assert code == 0
     assert {r["layout"]["recompute_layers"] for r in json.loads(text)["layouts"]} == {4}
     for argv, flag in ((["--recompute", "selective", "--recompute-layers", "4"], "--recompute-layers"),
-                       (["--engine", "deepspeed", "--recompute-layers", "4"], "--recompute-layers")):
+                       (["--engine", "deepspeed", "--recompute-layers", "4"], "--recompute-layers"),
+                       (["--engine", "fsdp", "--recompute", "selective"], "--recompute")):
         code, _ = recommend("--model", "llama-3-70b", "--gpus", "64", *argv)
         err = capsys.readouterr().err.strip()
         assert code == 2 and len(err.splitlines()) == 1 and err.startswith(f"planner: error: {flag}")
@@ -288,3 +289,23 @@ def test_recommend_lowers_zero3_live_parameters_where_that_decides_the_fit():
     # told the knobs, recommend keeps them (and with the defaults nothing of these pins fits)
     told = api.recommend("llama-2-7b", cluster, {"seq_len": 4096, "stage3_max_live_parameters": 10**9}, pinned=pins, top=1)
     assert not told.layouts
+
+
+def test_hugging_face_engines_offer_only_the_recompute_gradient_checkpointing_launches():
+    """transformers 5.25 modeling_utils.py _activation_checkpointing_enable wraps whole decoder layers
+    in torch.utils.checkpoint and accelerate's fsdp_activation_checkpointing is a bool, so DeepSpeed
+    and FSDP on Hugging Face modules checkpoint every layer or none; a 'selective' plan there would be
+    launched without recompute and hold every activation. Llama-3-8B at 8K tokens on 8 GPUs: the
+    search ranks selective layouts among the first 40 when the engine is allowed it."""
+    import inspect
+
+    from planner import api
+
+    modeling_utils = pytest.importorskip("transformers.modeling_utils")
+    knobs = inspect.signature(modeling_utils.PreTrainedModel.activation_checkpointing_enable).parameters
+    assert set(knobs) == {"self", "activation_checkpointing_kwargs", "every_n_layers", "offload"}  # no selective one
+    for name in ("deepspeed", "fsdp"):
+        rec = api.recommend("llama-3-8b", {"gpus": 8}, {"engine": name, "seq_len": 8192}, top=40)
+        assert {r["layout"]["recompute"] for r in rec.layouts} <= {"none", "full"}
+    rec = api.recommend("llama-3-8b", {"gpus": 8}, {"engine": "torchtitan", "seq_len": 8192}, top=40)
+    assert "selective" in {r["layout"]["recompute"] for r in rec.layouts}  # op-level SAC is launchable there
