@@ -98,6 +98,7 @@ def hf_saved_counter(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat
     """The SavedCounter of one forward of the transformers base model (AutoModel) of `hf_config`:
     its model_type (default llama; gpt2, gpt_neox, ... alike) and fields go to AutoConfig.for_model;
     num_hidden_layers works for every model_type (GPT2Config.attribute_map maps it to n_layer).
+    checkpointing: True checkpoints every decoder layer, an int k every k-th.
     live: count only what the graph still holds after the forward (LiveSavedCounter).
     device: "cuda" counts what CUDA's kernels save (fp32 GQA SDPA: the math kernel's, not a flash kernel's).
     Call .table() on it to see each saved tensor."""
@@ -107,8 +108,10 @@ def hf_saved_counter(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat
     fields = dict(hf_config)
     config = transformers.AutoConfig.for_model(fields.pop("model_type", "llama"), **fields)
     model = transformers.AutoModel.from_config(config).to(getattr(torch, dtype)).to(device).train()
-    if checkpointing:
+    if checkpointing is True:
         model.gradient_checkpointing_enable()  # transformers: torch.utils.checkpoint around each decoder layer
+    elif checkpointing:  # an int k: every k-th decoder layer from the first (transformers 5.25 every_n_layers)
+        model.activation_checkpointing_enable(every_n_layers=int(checkpointing))
     ids = torch.randint(0, hf_config["vocab_size"], (batch, seq), device=device)
     with counting(model.parameters(), live) as c:
         out = model(input_ids=ids, use_cache=False)

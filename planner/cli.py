@@ -198,7 +198,8 @@ def add_layout_flags(g, pinning: bool):
     g.add_argument("--recompute", default=default("recompute"), help="none, selective, full" + pin)
     g.add_argument("--recompute-layers", type=positive_int, default=None,
                    help=_h("with --recompute full: layers per model chunk recomputed, the rest keep their "
-                           "activations (Megatron --recompute-method block); default every layer" + pin, "recompute_layers"))
+                           "activations (Megatron --recompute-method block; Hugging Face engines: every k-th layer, N = ceil(L/k)); "
+                           "default every layer" + pin, "recompute_layers"))
     g.add_argument("--recompute-method", default=default("recompute_method"),
                    help="block, uniform: with --recompute-layers N, the first N layers of each chunk (block) or "
                         "every layer in checkpoints of N (uniform; Megatron --recompute-method)" + pin)

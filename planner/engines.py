@@ -236,6 +236,10 @@ class Engine:
     fsdp_activation_checkpointing likewise), so a selective plan there is not one a user can run."""
     partial_recompute: bool = False
     """Full recompute can cover only the first N layers of each model chunk (--recompute-layers)."""
+    recompute_every_n: bool = False
+    """Its partial recompute checkpoints every k-th decoder layer from the first (transformers 5.25
+    modeling_utils.py _set_gradient_checkpointing: layer_index % every_n_layers == 0), so N layers
+    recomputed means N = ceil(L / k), on one pipeline stage; the bytes and seconds depend only on N."""
     deepspeed_checkpointing: bool = False
     """Full recompute runs through deepspeed.checkpointing, so the ds_config's activation_checkpointing
     partition_activations and cpu_checkpointing decide where the layer inputs wait."""
@@ -329,7 +333,7 @@ DEEPSPEED = Engine(
     name="deepspeed", summary="DeepSpeed ZeRO 0-3 + offload on Hugging Face modules; 1F1B PipelineModule (ZeRO 0/1)",
     tensor_parallel=False, fused_gemms=False, eager_elementwise=True, p2p_split_over_tp=False, p2p_overlaps_interleaved=False,
     modules=Modules.HUGGING_FACE, launcher=Launcher.DEEPSPEED, expert_tp=ExpertTP.SPLIT, selective_recompute=False,
-    **_DS_COMMON)
+    partial_recompute=True, recompute_every_n=True, **_DS_COMMON)
 
 MEGATRON_DEEPSPEED = Engine(
     name="megatron-deepspeed", summary="Megatron TP/SP/CP and fused kernels + DeepSpeed ZeRO, offload and pipeline",
@@ -452,6 +456,7 @@ FSDP = Engine(
     p2p_split_over_tp=False, p2p_overlaps_interleaved=False,
     selective_policy=SelectivePolicy.CORE_ATTENTION,
     selective_recompute=False,  # Hugging Face modules: whole-layer checkpointing only
+    partial_recompute=True, recompute_every_n=True,  # model.activation_checkpointing_enable(every_n_layers=k)
     loss_chunks=1,
     launcher=Launcher.FSDP,
 )
@@ -482,7 +487,7 @@ TORCHTITAN = replace(
     optimizer_step_copy=False,
     expert_tp=ExpertTP.BY_EP,
     selective_policy=SelectivePolicy.OP_SAC,  # Trainer.Config.activation_checkpoint = SelectiveAC.Config
-    selective_recompute=True,
+    selective_recompute=True, partial_recompute=False, recompute_every_n=False,
     loss_chunks=8,  # components/loss.py ChunkedLossWrapper.Config.num_chunks, set by every llama3 config
     launcher=Launcher.TORCHTITAN,
     cp_gathers_kv=True,  # its models' FlexAttention under CP (models/*/parallelize.py apply_cp_to_forward)

@@ -349,8 +349,9 @@ def _fsdp_config(cluster: Cluster, training: Training, row: dict) -> dict:
         "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         "fsdp_cpu_ram_efficient_loading": True,
         "fsdp_sync_module_states": True,  # required by cpu_ram_efficient_loading (utils/launch.py)
-        # FSDP checkpointing is whole-layer (full); selective recompute has no FSDP switch
-        "fsdp_activation_checkpointing": row["recompute"] == "full",
+        # accelerate's FSDP checkpointing wraps every decoder layer; a partial plan is the train
+        # script's every_n_layers call instead (launch.sh says which, hf_checkpointing_line)
+        "fsdp_activation_checkpointing": row["recompute"] == "full" and not row["recompute_layers"],
     })
     return cfg
 
@@ -525,6 +526,7 @@ def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: d
         f"# training: engine={training.engine.name} precision={training.precision} optimizer={training.optimizer}"
         f" seq_len={training.seq_len} flash_attention={training.flash_attention}",
     ]
+    lines += hf_checkpointing_line(model, training, row)
     for k, v in (opts or {}).items():
         if k not in EXTRA_DEFAULTS:
             lines.append(f"# {_one_line(k)}: {_one_line(v)}")
@@ -577,6 +579,21 @@ def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: d
                   "    ;;"]
     lines += ['  *) echo "launch.sh: unknown LAUNCHER=$LAUNCHER" >&2; exit 2 ;;', "esac", ""]
     return "\n".join(lines)
+
+
+def hf_checkpointing_line(model: ModelSpec, training: Training, row: dict) -> list[str]:
+    """What the train script must call for the plan's recompute on Hugging Face modules, where no
+    config file switches it: transformers 5.25 PreTrainedModel.activation_checkpointing_enable
+    (every_n_layers=k checkpoints layers 0, k, 2k, ...: ceil(L / k) of them). Under accelerate's FSDP
+    recompute of every layer is fsdp_activation_checkpointing instead."""
+    if not training.engine.recompute_every_n or row["recompute"] != "full":
+        return []
+    n = row["recompute_layers"] or model.layers
+    if training.engine.launcher is Launcher.FSDP and n == model.layers:
+        return ["# recompute: accelerate's fsdp_activation_checkpointing checkpoints every decoder layer"]
+    k = -(-model.layers // n)  # rules.every_n_layers_broken: ceil(L / ceil(L / N)) == N
+    return [f"# recompute: the train script calls model.activation_checkpointing_enable(every_n_layers={k})"
+            f" (transformers >= 5.25): {n} of {model.layers} decoder layers checkpointed"]
 
 
 def _one_line(v) -> str:

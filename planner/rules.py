@@ -66,6 +66,19 @@ def stages_by_weight_exist(weights, stages) -> np.ndarray:
     return (stages <= 1) | (smallest * (stages - 1) < weights)
 
 
+def every_n_layers_broken(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
+    """--recompute-layers N an engine that checkpoints every k-th layer cannot launch: N must be
+    ceil(L / k) for some k, which holds exactly when k = ceil(L / N) gives it back (for any k with
+    ceil(L / k) = N, L / N <= k, so ceil(L / N) <= k and ceil(L / ceil(L / N)) is N), on one stage,
+    with the block count of layers rather than uniform groups."""
+    if not training.engine.recompute_every_n:
+        return np.zeros(lay.size, dtype=bool)
+    n = np.maximum(lay.recompute_layers, 1)
+    k = -(-model.layers // n)
+    expressible = (-(-model.layers // k) == n) & (lay.pp == 1) & (lay.recompute_method == RecomputeMethod.BLOCK)
+    return (lay.recompute_layers > 0) & ~expressible
+
+
 def _ep_ranks_broken(training: Training, lay: Layouts) -> np.ndarray:
     """EP ranks: from the data-parallel ranks (dp % ep), or where EP folds over TP the ranks
     tp x cp x dp / etp (megatron-core parallel_state.py: expert ranks etp x ep x edp)."""
@@ -207,6 +220,10 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr, l: (l.recompute == Recompute.SELECTIVE) & (not tr.engine.selective_recompute),
          lambda m, cl, tr: f"--recompute: --engine {tr.engine.name} checkpoints whole layers (none or full); "
                            f"selective is launched by {_names(e for e in ENGINES.values() if e.selective_recompute)}"),
+    Rule("recompute_every_n_layers", ENGINE_RULE, lambda m, cl, tr, l: every_n_layers_broken(m, tr, l),
+         lambda m, cl, tr: f"--recompute-layers: --engine {tr.engine.name} recomputes every k-th of the {m.layers} "
+                           "layers (transformers activation_checkpointing_enable(every_n_layers=k)): N must be "
+                           f"ceil({m.layers}/k) for some k, with --pp 1 and --recompute-method block"),
     Rule("engine_zero", ENGINE_RULE, lambda m, cl, tr, l: ~np.isin(l.zero, tr.engine.zero_stages),
          lambda m, cl, tr: f"--zero: --engine {tr.engine.name} takes --zero {_stages(tr.engine.zero_stages)}"),
 )

@@ -18,7 +18,7 @@ from planner.layout import Layouts, Training
 from planner.model import ModelSpec
 from planner.options import Offload, Recompute, Schedule
 from planner.pipeline import interleaved_layers, max_layers_on_stage
-from planner.rules import DIVISIBILITY, first_violation
+from planner.rules import DIVISIBILITY, every_n_layers_broken, first_violation
 
 VPP_CHOICES = (1, 2, 3, 4, 6, 8)
 CP_CHOICES = (1, 2, 4, 8)
@@ -309,8 +309,8 @@ REFINED_PARENTS = 256
 
 
 def partial_recompute_variants(model: ModelSpec, training: Training, valid: Layouts, ev: dict) -> Layouts:
-    """Where the engine can recompute only the first N layers of each chunk (Megatron --recompute-
-    method block), the variants N = 1 .. layers per chunk - 1 of the fitting full-recompute layouts
+    """Where the engine can recompute only N layers of each chunk (Megatron --recompute-method block:
+    the first N; transformers every_n_layers: every k-th, N = ceil(L / k)), the variants N = 1 .. layers per chunk - 1 of the fitting full-recompute layouts
     that could beat the fastest fitting layout without their recompute seconds (an upper bound on
     every variant's speed), the most promising REFINED_PARENTS of them: partial recompute trades
     the memory a layout leaves free for speed, so it is tried where memory is left."""
@@ -330,7 +330,8 @@ def partial_recompute_variants(model: ModelSpec, training: Training, valid: Layo
     out = valid.take(np.repeat(parents, counts))
     starts = np.repeat(np.cumsum(counts) - counts, counts)
     out.recompute_layers = np.arange(out.size, dtype=np.int64) - starts + 1  # 1 .. chunk-1 per parent
-    return out
+    # engines that checkpoint every k-th layer reach only N = ceil(L / k); N = 1 always (k = L)
+    return out.take(~every_n_layers_broken(model, training, out))
 
 
 def _fastest_per_parent(lighter: Layouts, lev: dict) -> np.ndarray:

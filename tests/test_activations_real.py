@@ -107,6 +107,25 @@ def test_gradient_checkpointing_keeps_each_layer_input():
     assert planner_per_layer("sdpa", {}, 32, 2, "bf16", recompute="full") == measured
 
 
+@pytest.mark.parametrize("every", [2, 4, 5])
+def test_checkpointing_every_kth_layer_keeps_the_others_whole(every):
+    """transformers 5.25 activation_checkpointing_enable(every_n_layers=k): of 6 layers, those at
+    0, k, 2k, ... keep their input, the rest everything; the planner's --recompute-layers N for the
+    engines that launch it this way is N = ceil(6 / k) (rules.every_n_layers_broken)."""
+    every_layer = saved_bytes(6, "sdpa", {}, 32, 2, torch.bfloat16, checkpointing=True)
+    measured = saved_bytes(6, "sdpa", {}, 32, 2, torch.bfloat16, checkpointing=every) - every_layer
+    whole, kept = 32 * 2 * (16 * 64 + 4 * 64 + 4 * 32 + 4 * 4 + 8 * 176 + 8), 32 * 2 * 2 * 64  # test_sdpa_layer_bf16
+    n = -(-6 // every)  # 3, 2, 2 layers checkpointed
+    rotary = 2 * 32 * 16 * 2  # cos, sin (1, 1, s, head_dim) bf16, saved once by the layers left whole
+    assert measured == (6 - n) * (whole - kept) + rotary  # the planner leaves rotary out (test_final_norm...)
+    spec = from_hf_config(hf_config(6, "sdpa", {}))
+    training = layout.Training(seq_len=32, engine="deepspeed")
+
+    def planner(**kw):
+        return float(activations.kept_bytes(spec, training, layout.single(mbs=2, recompute="full", **kw), 6)[0])
+    assert planner(recompute_layers=n) - planner() == measured - rotary
+
+
 def test_final_norm_and_head_input():
     # the model beyond its layers: the final LlamaRMSNorm (4h fp32 + 4 rstd + 2h cast; its output is
     # lm_head's input, 2h more once an lm_head reads it), the rotary cos/sin shared by every layer and

@@ -601,3 +601,42 @@ def test_torchtitan_interleaving_needs_a_stage_size_it_can_express():
     with pytest.raises(InputError, match="--vpp: torchtitan cuts its 80 layers"):
         check_single(model, cluster, training, single(pp=4, vpp=4, dp=4, zero=3, gas=8))
     check_single(model, cluster, training, single(pp=2, vpp=4, dp=8, zero=3, gas=8))
+
+
+@pytest.mark.parametrize("engine, layers_recomputed", [("deepspeed", 11), ("fsdp", 16), ("fsdp", 1), ("deepspeed", 32)])
+def test_hugging_face_partial_recompute_is_the_train_scripts_every_n_layers(tmp_path, engine, layers_recomputed,
+                                                                             monkeypatch):
+    """No config file switches Hugging Face checkpointing, so launch.sh names the call, and the k it
+    names checkpoints the planned N of the 32 layers when transformers runs it (every layer under
+    accelerate's FSDP is its own fsdp_activation_checkpointing, which a partial plan turns off)."""
+    import re
+
+    import transformers
+
+    row = single(dp=8, zero=3, recompute="full", recompute_layers=layers_recomputed).row(0)
+    out = files(emit(tmp_path, MODEL, cluster(8), Training(engine=engine), row))
+    script = out["launch.sh"].read_text()
+    every = re.search(r"activation_checkpointing_enable\(every_n_layers=(\d+)\)", script)
+    if engine == "fsdp":
+        _, env = accelerate_env(out["accelerate_config.yaml"])
+        assert env["FSDP_ACTIVATION_CHECKPOINTING"] == ("true" if layers_recomputed == 32 else "false")
+    if engine == "fsdp" and layers_recomputed == 32:
+        assert every is None and "fsdp_activation_checkpointing checkpoints every decoder layer" in script
+        return
+    config = transformers.LlamaConfig(num_hidden_layers=32, hidden_size=16, intermediate_size=32,
+                                      num_attention_heads=2, num_key_value_heads=2, vocab_size=64)
+    model = transformers.LlamaModel(config)
+    model.activation_checkpointing_enable(every_n_layers=int(every.group(1)))
+    assert sum(layer.gradient_checkpointing for layer in model.layers) == layers_recomputed
+
+
+def test_hugging_face_partial_recompute_outside_every_n_layers_is_refused(tmp_path):
+    # of 32 layers every k-th gives 32, 16, 11, 8, 7, 6, 5, 4, 3, 2, 1 (ceil(32 / k)); not 30 or 9
+    for engine, kw, flag in (("deepspeed", dict(recompute_layers=30), "ceil(32/k)"),
+                             ("fsdp", dict(recompute_layers=9), "ceil(32/k)"),
+                             ("deepspeed", dict(recompute_layers=16, pp=2, dp=4), "--pp 1")):
+        row = single(**{"dp": 8, **kw}, zero=1 if "pp" in kw else 3, recompute="full").row(0)
+        with pytest.raises(InputError, match="^--recompute-layers") as info:
+            emit(tmp_path, MODEL, cluster(8), Training(engine=engine), row)
+        assert flag in str(info.value)
+    assert not any(tmp_path.iterdir())

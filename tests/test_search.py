@@ -240,7 +240,7 @@ def test_recompute_layers_pin_and_its_contradictions(capsys):
     assert code == 0
     assert {r["layout"]["recompute_layers"] for r in json.loads(text)["layouts"]} == {4}
     for argv, flag in ((["--recompute", "selective", "--recompute-layers", "4"], "--recompute-layers"),
-                       (["--engine", "deepspeed", "--recompute-layers", "4"], "--recompute-layers"),
+                       (["--engine", "deepspeed", "--recompute-layers", "30"], "--recompute-layers"),  # not ceil(80/k)
                        (["--engine", "fsdp", "--recompute", "selective"], "--recompute")):
         code, _ = recommend("--model", "llama-3-70b", "--gpus", "64", *argv)
         err = capsys.readouterr().err.strip()
@@ -303,9 +303,30 @@ def test_hugging_face_engines_offer_only_the_recompute_gradient_checkpointing_la
 
     modeling_utils = pytest.importorskip("transformers.modeling_utils")
     knobs = inspect.signature(modeling_utils.PreTrainedModel.activation_checkpointing_enable).parameters
-    assert set(knobs) == {"self", "activation_checkpointing_kwargs", "every_n_layers", "offload"}  # no selective one
+    assert "every_n_layers" in knobs and not any("selective" in k for k in knobs)
     for name in ("deepspeed", "fsdp"):
         rec = api.recommend("llama-3-8b", {"gpus": 8}, {"engine": name, "seq_len": 8192}, top=40)
         assert {r["layout"]["recompute"] for r in rec.layouts} <= {"none", "full"}
+        # partial recompute there is every k-th of the 32 layers: ceil(32 / k) of them
+        partial = {r["layout"]["recompute_layers"] for r in rec.layouts} - {None}
+        assert partial <= {16, 11, 8, 7, 6, 5, 4, 3, 2, 1}
     rec = api.recommend("llama-3-8b", {"gpus": 8}, {"engine": "torchtitan", "seq_len": 8192}, top=40)
     assert "selective" in {r["layout"]["recompute"] for r in rec.layouts}  # op-level SAC is launchable there
+
+
+def test_deepspeed_recomputes_every_other_layer_where_memory_is_left():
+    """Llama-3-8B at 8K tokens on 8 GPUs under DeepSpeed on Hugging Face modules: checkpointing
+    every layer leaves memory free, so the search tries every k-th layer (transformers
+    every_n_layers) and the winner recomputes fewer layers, faster, still within the memory that
+    recommend keeps (95 % of capacity)."""
+    from planner import api
+
+    rec = api.recommend("llama-3-8b", {"gpus": 8}, {"engine": "deepspeed", "seq_len": 8192}, top=1)
+    lay = rec.layouts[0]["layout"]
+    assert lay["recompute"] == "full" and 1 <= lay["recompute_layers"] < 32
+    pinned = {k: lay[k] for k in ("tp", "pp", "dp", "zero", "mbs", "recompute")}
+    every = api.estimate("llama-3-8b", {"gpus": 8}, {"engine": "deepspeed", "seq_len": 8192}, pinned)
+    chosen = api.estimate("llama-3-8b", {"gpus": 8}, {"engine": "deepspeed", "seq_len": 8192},
+                          {**pinned, "recompute_layers": lay["recompute_layers"]})
+    assert chosen.time["step_s"] < every.time["step_s"]
+    assert every.memory["gpu_bytes"] < chosen.memory["gpu_bytes"] <= 0.95 * chosen.memory["capacity_bytes"]
