@@ -92,3 +92,43 @@ def test_compile_is_exported_to_accelerate(tmp_path):
     args, _, _ = accel_launch._validate_launch_command(args)
     assert accel_launch_utils.prepare_multi_gpu_env(args)["ACCELERATE_DYNAMO_BACKEND"] == "INDUCTOR"
     assert "dynamo_config" not in export.accelerate_config(m, cluster, layout.Training(engine="fsdp"), row, "ds.json")
+
+
+@pytest.mark.slow
+def test_compiled_model_under_checkpointing_keeps_each_layer_input():
+    """torch.compile of a whole transformers LlamaModel with activation_checkpointing_enable (dynamo
+    traces the non-reentrant checkpoint as a region AOT Autograd recomputes): per layer, the forward
+    saves the layer's bf16 input alone, as eager does (2h B a token: half the difference of 4 and 2
+    layers, counted with saved_tensors_hooks on the CPU, ~20 s)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch._inductor.config.fx_graph_cache = False
+
+    def saved(layers: int) -> int:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(hidden_size=256, num_attention_heads=8, num_key_value_heads=2,
+                                          intermediate_size=704, vocab_size=256, num_hidden_layers=layers,
+                                          attn_implementation="sdpa")
+        model = transformers.LlamaModel(config).to(torch.bfloat16).train()
+        model.activation_checkpointing_enable()
+        compiled = torch.compile(model)
+        seen, total = {p.untyped_storage().data_ptr() for p in model.parameters()}, 0
+
+        def pack(t):
+            nonlocal total
+            if t.untyped_storage().data_ptr() not in seen:
+                seen.add(t.untyped_storage().data_ptr())
+                total += t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            compiled(input_ids=torch.randint(0, 256, (2, 128)), use_cache=False)
+        return total
+
+    per_layer = (saved(4) - saved(2)) / 2 / (2 * 128)
+    assert per_layer == 2 * 256  # the bf16 input, 2h
+    model = ModelSpec(layers=1, hidden=256, heads=8, kv_heads=2, ffn=704, vocab=256)
+    training = layout.Training(seq_len=128, engine="fsdp", compile=True)
+    kept = activations.kept_per_layer(model, training, layout.single(mbs=2, recompute="full"))[0]
+    assert kept / (2 * 128) == per_layer
