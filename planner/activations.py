@@ -769,11 +769,30 @@ def checkpoint_partitions(training: Training, lay: Layouts) -> np.ndarray:
     return np.where(training.engine.deepspeed_checkpointing and zc.partition_activations, lay.tp, 1).astype(np.float64)
 
 
+def offloads_checkpoints(engine) -> bool:
+    """Whether the engine can keep checkpointed inputs on the host (--cpu-checkpointing):
+    deepspeed.checkpointing's cpu_checkpointing (checkpointing.py partition_activations /
+    get_cpu_activations_for_backward, buffer_device 'cpu'); on Hugging Face modules transformers 5.25
+    activation_checkpointing_enable(offload=True): torch.autograd.graph.save_on_cpu(pin_memory=True)
+    around each checkpoint, whose non-reentrant frame saves the layer's inputs through
+    _NoopSaveInputs in the outer graph, where those hooks move them."""
+    return engine.deepspeed_checkpointing or engine.modules is Modules.HUGGING_FACE
+
+
 def checkpoints_on_host(training: Training) -> bool:
-    """deepspeed.checkpointing with cpu_checkpointing: the checkpointed inputs are copied to the
-    host in forward (checkpointing.py partition_activations / get_cpu_activations_for_backward,
-    buffer_device 'cpu') and back in backward."""
-    return training.engine.deepspeed_checkpointing and training.zero_config.cpu_checkpointing
+    """--cpu-checkpointing: the checkpointed inputs are copied to the host in forward and back in
+    backward (offloads_checkpoints)."""
+    return offloads_checkpoints(training.engine) and training.zero_config.cpu_checkpointing
+
+
+def checkpoint_copies_block(training: Training, lay: Layouts) -> np.ndarray:
+    """Whether the host copies of checkpointed inputs hold up the compute stream: deepspeed.checkpointing
+    copies partitioned inputs synchronously (over t > 1 ranks, as the planner exports it; unpartitioned
+    ones go through an asynchronous side-stream engine, _get_cpu_offload_engine); save_on_cpu copies on
+    the current stream (torch/autograd/graph.py pack_to_cpu copy_ and unpack_from_cpu .to, non_blocking
+    to and from pinned memory, ordered with the kernels around them)."""
+    hugging_face = training.engine.modules is Modules.HUGGING_FACE
+    return checkpoints_on_host(training) & ((checkpoint_partitions(training, lay) > 1) | hugging_face)
 
 
 def op_sac_matmuls(model: ModelSpec) -> list[tuple]:

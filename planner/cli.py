@@ -161,7 +161,8 @@ def add_training_flags(p):
                    help="DeepSpeed activation_checkpointing.partition_activations off: every TP rank keeps each "
                         "checkpointed layer input whole (default on, split over TP)")
     g.add_argument("--cpu-checkpointing", action="store_true", default=None,
-                   help="DeepSpeed activation_checkpointing.cpu_checkpointing: checkpointed layer inputs wait in host memory")
+                   help="checkpointed layer inputs wait in host memory: DeepSpeed activation_checkpointing.cpu_checkpointing "
+                        "(megatron-deepspeed), transformers activation_checkpointing_enable(offload=True) (deepspeed, fsdp)")
     g.add_argument("--moe-capacity-factor", type=number, metavar="C",
                    help=_h("MoE expert capacity factor: each expert takes ceil(T k C / E) tokens, the rest dropped "
                            "(default: megatron-deepspeed's DeepSpeed-MoE 1.0, padded; dropless elsewhere; "

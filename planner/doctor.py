@@ -113,6 +113,10 @@ def inputs(ds: dict, model, cluster: dict, layout: dict, mbs_flag: int | None) -
     checkpointing = ds.get("activation_checkpointing") or {}  # runtime/activation_checkpointing/config.py
     for flag in ("partition_activations", "cpu_checkpointing"):
         training[flag] = bool(checkpointing.get(flag, False))  # DeepSpeed's defaults: both off
+    if training["engine"] == "deepspeed":
+        # only deepspeed.checkpointing reads the section; Hugging Face modules checkpoint through
+        # torch.utils.checkpoint, offloading only by the script's own call (transformers offload=True)
+        training["cpu_checkpointing"] = False
     lay = {**layout, "tp": tp, "pp": pp, "dp": dp, "zero": stage, "mbs": mbs,
            "offload_optimizer": offload["offload_optimizer"], "offload_params": offload["offload_param"]}
     return training, lay, found

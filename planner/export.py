@@ -351,7 +351,8 @@ def _fsdp_config(cluster: Cluster, training: Training, row: dict) -> dict:
         "fsdp_sync_module_states": True,  # required by cpu_ram_efficient_loading (utils/launch.py)
         # accelerate's FSDP checkpointing wraps every decoder layer; a partial plan is the train
         # script's every_n_layers call instead (launch.sh says which, hf_checkpointing_line)
-        "fsdp_activation_checkpointing": row["recompute"] == "full" and not row["recompute_layers"],
+        "fsdp_activation_checkpointing": row["recompute"] == "full" and not row["recompute_layers"]
+                                         and not training.zero_config.cpu_checkpointing,
     })
     return cfg
 
@@ -584,16 +585,19 @@ def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: d
 def hf_checkpointing_line(model: ModelSpec, training: Training, row: dict) -> list[str]:
     """What the train script must call for the plan's recompute on Hugging Face modules, where no
     config file switches it: transformers 5.25 PreTrainedModel.activation_checkpointing_enable
-    (every_n_layers=k checkpoints layers 0, k, 2k, ...: ceil(L / k) of them). Under accelerate's FSDP
-    recompute of every layer is fsdp_activation_checkpointing instead."""
+    (every_n_layers=k checkpoints layers 0, k, 2k, ...: ceil(L / k) of them; offload=True keeps their
+    inputs in pinned host memory, --cpu-checkpointing). Under accelerate's FSDP recompute of every
+    layer on the device is fsdp_activation_checkpointing instead."""
     if not training.engine.recompute_every_n or row["recompute"] != "full":
         return []
     n = row["recompute_layers"] or model.layers
-    if training.engine.launcher is Launcher.FSDP and n == model.layers:
+    offload = training.zero_config.cpu_checkpointing
+    if training.engine.launcher is Launcher.FSDP and n == model.layers and not offload:
         return ["# recompute: accelerate's fsdp_activation_checkpointing checkpoints every decoder layer"]
     k = -(-model.layers // n)  # rules.every_n_layers_broken: ceil(L / ceil(L / N)) == N
-    return [f"# recompute: the train script calls model.activation_checkpointing_enable(every_n_layers={k})"
-            f" (transformers >= 5.25): {n} of {model.layers} decoder layers checkpointed"]
+    return [f"# recompute: the train script calls model.activation_checkpointing_enable(every_n_layers={k}"
+            f"{', offload=True' if offload else ''}) (transformers >= 5.25): {n} of {model.layers} decoder layers"
+            f" checkpointed{', their inputs in pinned host memory' if offload else ''}"]
 
 
 def _one_line(v) -> str:

@@ -9,6 +9,7 @@ from typing import Callable
 
 import numpy as np
 
+from planner.activations import offloads_checkpoints
 from planner.engines import ENGINES, Buffers, Engine, ExpertTP, Launcher, MoeCapacity
 from planner.errors import InputError
 from planner.hardware import Cluster
@@ -224,6 +225,10 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr: f"--recompute-layers: --engine {tr.engine.name} recomputes every k-th of the {m.layers} "
                            "layers (transformers activation_checkpointing_enable(every_n_layers=k)): N must be "
                            f"ceil({m.layers}/k) for some k, with --pp 1 and --recompute-method block"),
+    Rule("cpu_checkpointing_engine", ENGINE_RULE,
+         lambda m, cl, tr, l: np.full(l.shape, tr.zero_config.cpu_checkpointing and not offloads_checkpoints(tr.engine)),
+         lambda m, cl, tr: f"--cpu-checkpointing: --engine {tr.engine.name} has no host copy of checkpointed inputs "
+                           f"(engines with one: {_names(e for e in ENGINES.values() if offloads_checkpoints(e))})"),
     Rule("engine_zero", ENGINE_RULE, lambda m, cl, tr, l: ~np.isin(l.zero, tr.engine.zero_stages),
          lambda m, cl, tr: f"--zero: --engine {tr.engine.name} takes --zero {_stages(tr.engine.zero_stages)}"),
 )

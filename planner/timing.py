@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner import compute as C
-from planner.activations import checkpoint_partitions, checkpoints_on_host, recomputed_layers
+from planner.activations import checkpoint_copies_block, checkpoint_partitions, recomputed_layers
 from planner.collectives import (group_collective_s, members_per_pod, p2p_bytes_per_s, p2p_pod_share, ranks_per_node,
                                   ring_pod_share)
 from planner.compute import flops_per_step, peak_flops_per_s, tokens_per_microbatch
@@ -53,14 +53,13 @@ def checkpoint_restore_s(model: ModelSpec, cluster: Cluster, training: Training,
     """Per fully recomputed block under deepspeed.checkpointing (DeepSpeed 0.19 runtime/
     activation_checkpointing/checkpointing.py): its partitioned input all-gathered over the TP
     ranks before the rerun (gather_partitioned_activations), and under cpu_checkpointing copied to
-    the host in forward and back in backward: blocking copies when activations are partitioned
-    (over t > 1 ranks here, as the planner exports it); without partitioning an asynchronous
-    side-stream engine moves them (_get_cpu_offload_engine), hidden here."""
+    the host in forward and back in backward where the copies hold up compute (activations.
+    checkpoint_copies_block; transformers' offload likewise, one part)."""
     nbytes = tokens_per_microbatch(training, lay) * model.hidden * training.precision.element_bytes
     nbytes = nbytes / np.where(lay.sequence_parallel > 0, lay.tp, 1)
     parts = checkpoint_partitions(training, lay)
     gather = group_collective_s(cluster, c, "all_gather", nbytes, parts)
-    blocking = checkpoints_on_host(training) & (parts > 1)
+    blocking = checkpoint_copies_block(training, lay)
     copies = np.where(blocking, 2.0 * nbytes / parts / cluster.gpu.pcie_bytes_per_s, 0.0)
     return gather + copies
 

@@ -126,6 +126,39 @@ def test_checkpointing_every_kth_layer_keeps_the_others_whole(every):
     assert planner(recompute_layers=n) - planner() == measured - rotary
 
 
+@pytest.mark.parametrize("every", [1, 2])
+def test_offloaded_checkpointing_moves_each_checkpointed_input_to_the_host(every, monkeypatch):
+    """transformers 5.25 activation_checkpointing_enable(offload=True) wraps each checkpoint in
+    torch.autograd.graph.save_on_cpu: what passes its pack hook goes to pinned host memory. Counted
+    on the real Llama (6 layers, every k-th checkpointed): each checkpointed layer's bf16 input, 2sbh,
+    once; what the planner books on the host under --cpu-checkpointing and takes off the device."""
+    import transformers.modeling_utils as modeling_utils
+
+    moved = {}
+
+    class CountingSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
+        def __init__(self, pin_memory=False, device_type="cuda"):
+            def pack(t):
+                moved.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+                return t
+            super().__init__(pack, lambda t: t)
+
+    monkeypatch.setattr(modeling_utils, "save_on_cpu", CountingSaveOnCpu)
+    config = transformers.LlamaConfig(**BASE, num_hidden_layers=6, vocab_size=128, attn_implementation="sdpa")
+    model = transformers.LlamaModel(config).to(torch.bfloat16).train()
+    model.activation_checkpointing_enable(every_n_layers=every, offload=True)
+    model(input_ids=torch.randint(0, 128, (2, 32)), use_cache=False)
+    n = -(-6 // every)  # 6, 3 layers checkpointed
+    assert sum(moved.values()) == n * 32 * 2 * 2 * 64  # s b h x 2 bytes each
+    spec = from_hf_config(hf_config(6, "sdpa", {}))
+    training = layout.Training(seq_len=32, engine="fsdp", zero_config=layout.ZeroConfig(cpu_checkpointing=True))
+    lay = layout.single(mbs=2, recompute="full", recompute_layers=None if every == 1 else n)
+    assert float(activations.host_checkpoint_bytes(spec, training, lay, 6)[0]) == sum(moved.values())
+    on_device = layout.Training(seq_len=32, engine="fsdp")
+    assert float(activations.kept_bytes(spec, on_device, lay, 6)[0] - activations.kept_bytes(spec, training, lay, 6)[0]) \
+        == sum(moved.values())
+
+
 def test_final_norm_and_head_input():
     # the model beyond its layers: the final LlamaRMSNorm (4h fp32 + 4 rstd + 2h cast; its output is
     # lm_head's input, 2h more once an lm_head reads it), the rotary cos/sin shared by every layer and

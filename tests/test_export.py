@@ -640,3 +640,17 @@ def test_hugging_face_partial_recompute_outside_every_n_layers_is_refused(tmp_pa
             emit(tmp_path, MODEL, cluster(8), Training(engine=engine), row)
         assert flag in str(info.value)
     assert not any(tmp_path.iterdir())
+
+
+def test_hugging_face_checkpoint_offload_is_the_train_scripts_offload_flag(tmp_path):
+    # accelerate's fsdp_activation_checkpointing keeps the inputs on the device, so --cpu-checkpointing
+    # turns it off and launch.sh names transformers' offload=True (save_on_cpu around each checkpoint)
+    row = single(dp=8, zero=3, recompute="full").row(0)
+    training = Training(engine="fsdp", zero_config=ZeroConfig(cpu_checkpointing=True))
+    out = files(emit(tmp_path, MODEL, cluster(8), training, row))
+    _, env = accelerate_env(out["accelerate_config.yaml"])
+    assert env["FSDP_ACTIVATION_CHECKPOINTING"] == "false"
+    assert "activation_checkpointing_enable(every_n_layers=1, offload=True)" in out["launch.sh"].read_text()
+    with pytest.raises(InputError, match="^--cpu-checkpointing: --engine megatron has no host copy"):
+        emit(tmp_path / "m", MODEL, cluster(8), Training(engine="megatron", zero_config=ZeroConfig(cpu_checkpointing=True)),
+             single(tp=8, dp=1, recompute="full").row(0))

@@ -1012,3 +1012,20 @@ def test_fsdp2_copies_of_a_step():
     for engine, zero in (("megatron", 1), ("deepspeed", 3), ("fsdp", 0)):
         assert timing.fsdp_copies_s(tiny_llama, h200, layout.Training(seq_len=2048, engine=engine),
                                     layout.single(dp=8, zero=zero), C)[0] == 0.0
+
+
+def test_offloaded_checkpoints_cross_pcie_on_the_compute_stream():
+    """transformers' offload=True (--cpu-checkpointing under FSDP on Hugging Face modules) copies each
+    checkpointed input to pinned host memory in forward and back in backward on the compute stream
+    (torch save_on_cpu): Llama-3-8B at 32K tokens keeps 32 x 32768 x 4096 x 2 B = 8.59 GB a micro-batch,
+    twice over the H100's ~50 GB/s PCIe Gen5 (data/gpus.json): +0.34 s a micro-batch."""
+    from planner import search
+
+    model, cluster = lookup("llama-3-8b"), hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 8, 8)
+    lay = layout.single(dp=8, zero=3, mbs=1, gas=2, recompute="full")
+
+    def step_s(offload: bool) -> float:
+        training = layout.Training(engine="fsdp", seq_len=32768, zero_config=layout.ZeroConfig(cpu_checkpointing=offload))
+        return float(search.evaluate(model, cluster, training, lay)["time"]["step_s"][0])
+    copies_s = 2 * (32 * 32768 * 4096 * 2) / 50e9 * 2  # two copies a checkpoint, two micro-batches
+    assert step_s(True) - step_s(False) == pytest.approx(copies_s, rel=0.01)
