@@ -17,6 +17,8 @@ import streamlit as st
 from planner import api, export, report
 from planner.calibration import CALIBRATION_DIR
 from planner.data import parse_json
+from planner.activations import offloads_checkpoints
+from planner.engines import ENGINES as ENGINE_SPECS
 from planner.engines import NAMES as ENGINES
 from planner.errors import InputError
 from planner.hardware import load_gpus
@@ -145,6 +147,9 @@ def training_from_sidebar() -> dict:
         training["tp_comm_overlap"] = True
     if training["engine"] in ("deepspeed", "fsdp") and sb.checkbox("torch.compile the blocks (--compile)", key="compile"):
         training["compile"] = True
+    if offloads_checkpoints(ENGINE_SPECS[training["engine"]]) and sb.checkbox(
+            "Checkpointed inputs in host memory (--cpu-checkpointing)", key="cpu_checkpointing"):
+        training["cpu_checkpointing"] = True
     if training["engine"] == "megatron":
         if not sb.checkbox("Interleaved pipeline sends overlap compute", True, key="overlap_p2p"):
             training["overlap_p2p"] = False  # --no-overlap-p2p-communication
@@ -172,7 +177,7 @@ def pins_from_sidebar() -> dict:
     return {k: v for k, v in pins.items() if v != "any"}
 
 
-def manual_layout_from_sidebar() -> dict:
+def manual_layout_from_sidebar(engine: str) -> dict:
     sb = st.sidebar
     lay = {k: int(sb.number_input(k, 1, 4096, 1, key=f"man_{k}")) for k in ("tp", "pp", "vpp", "cp", "ep")}
     dp = int(sb.number_input("dp (0: gpus / (tp pp cp))", 0, 1_000_000, 0, key="man_dp"))
@@ -185,7 +190,8 @@ def manual_layout_from_sidebar() -> dict:
     lay["offload_optimizer"] = sb.selectbox("Offload optimizer", ("none", "cpu", "nvme"), key="man_offload_optimizer")
     lay["offload_params"] = sb.selectbox("Offload parameters", ("none", "cpu", "nvme"), key="man_offload_params")
     lay["mbs"] = int(sb.number_input("Micro-batch", 1, 4096, 1, key="man_mbs"))
-    lay["recompute"] = sb.selectbox("Recompute", ("none", "selective", "full"), key="man_recompute")
+    choices = ("none", "selective", "full") if ENGINE_SPECS[engine].selective_recompute else ("none", "full")
+    lay["recompute"] = sb.selectbox("Recompute", choices, key="man_recompute")
     if lay["recompute"] == "full":
         layers = int(sb.number_input("Recompute layers N (0: every layer, one checkpoint each)", 0, 16384, 0,
                                      key="man_recompute_layers"))
@@ -414,7 +420,7 @@ def main() -> None:
         else:
             if "tokens_per_step" in training:  # estimate takes the batch in sequences
                 training["gbs"] = max(1, round(training.pop("tokens_per_step") / training["seq_len"]))
-            est = estimate_answer(model, cluster, training, manual_layout_from_sidebar())
+            est = estimate_answer(model, cluster, training, manual_layout_from_sidebar(training["engine"]))
             st.caption(est["describe"].replace("\n", "  \n"))
             show_layout(est)
         show_downloads(est)

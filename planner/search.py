@@ -356,7 +356,7 @@ def short(row: dict) -> str:
     if row.get("recompute_layers"):
         parts.append(f"rc-{'groups' if row.get('recompute_method') == 'uniform' else 'layers'}{row['recompute_layers']}")
     parts += ["sp"] if row["sequence_parallel"] else []
-    parts += [row["schedule"]] if row["schedule"] in ("gpipe", "zb-h1") else []
+    parts += [row["schedule"]] if row["schedule"] in ("gpipe", "zb-h1") and row["pp"] > 1 else []
     parts += [f"off-opt:{row['offload_optimizer']}"] if row["offload_optimizer"] != "none" else []
     parts += [f"off-par:{row['offload_params']}"] if row["offload_params"] != "none" else []
     return " ".join(parts)

@@ -126,6 +126,29 @@ def test_compile_and_an_oversubscribed_pod_follow_the_cli():
 
 
 @pytest.mark.slow
+def test_hugging_face_engines_offer_their_recompute_and_host_checkpoints():
+    at = started()
+    at.radio(key="mode").set_value("manual").run()
+    at.selectbox(key="engine").set_value("fsdp").run()
+    assert at.selectbox(key="man_recompute").options == ["none", "full"]  # no selective switch in transformers
+    at.selectbox(key="model_name").set_value("llama-3-8b")
+    at.number_input(key="gpus").set_value(8)
+    at.number_input(key="seq_len").set_value(32768)
+    at.radio(key="batch_kind").set_value("sequences").run()
+    at.number_input(key="gbs").set_value(16)
+    at.selectbox(key="man_zero").set_value(3)
+    at.selectbox(key="man_recompute").set_value("full")
+    at.checkbox(key="cpu_checkpointing").check()
+    at.run()
+    assert not problems(at)
+    assert_metrics_are(at, cli_json("estimate", "--model", "llama-3-8b", "--gpus", "8", "--engine", "fsdp", "--seq-len",
+                                    "32768", "--gbs", "16", "--zero", "3", "--recompute", "full", "--cpu-checkpointing"))
+    at.selectbox(key="engine").set_value("megatron").run()
+    assert at.selectbox(key="man_recompute").options == ["none", "selective", "full"]
+    assert "cpu_checkpointing" not in [c.key for c in at.checkbox]
+
+
+@pytest.mark.slow
 def test_manual_layout_time_to_train_and_bad_layouts():
     at = started()
     at.radio(key="mode").set_value("manual").run()  # the layout widgets appear in manual mode
