@@ -152,7 +152,7 @@ def test_hugging_face_engines_offer_their_recompute_and_host_checkpoints():
 def test_manual_layout_time_to_train_and_bad_layouts():
     at = started()
     at.radio(key="mode").set_value("manual").run()  # the layout widgets appear in manual mode
-    at.selectbox(key="engine").set_value("megatron-deepspeed")
+    at.selectbox(key="engine").set_value("megatron-deepspeed").run()  # its recompute choices include selective
     at.number_input(key="man_tp").set_value(8)
     at.number_input(key="man_pp").set_value(2)
     at.selectbox(key="man_zero").set_value(1)
