@@ -70,7 +70,8 @@ FAST_TESTS = ["tests/test_memory.py", "tests/test_timing.py", "tests/test_valida
               "tests/test_cli.py", "tests/test_terms.py", "tests/test_activations_real.py", "tests/test_engines.py",
               "tests/test_moe_capacity.py", "tests/test_dense_first.py",
               "tests/test_expert_tp.py", "tests/test_activations_deepseek.py", "tests/test_step_time_h200.py",
-              "tests/test_fsdp_torchtitan.py", "tests/test_compiled.py", "tests/test_activations_megatron_moe.py"]
+              "tests/test_fsdp_torchtitan.py", "tests/test_compiled.py", "tests/test_activations_megatron_moe.py",
+              "tests/test_activations_deepspeed_moe.py"]
 
 
 def run(spec: str, pytest_args: list[str]) -> tuple[bool, str, float]:

@@ -571,8 +571,14 @@ def megatron_moe_routing_saved(model: ModelSpec, training: Training, routed) -> 
     WeightedSwiGLUFunction); in the router (moe_utils.py topk_routing_with_score_function) the top-k
     indices (int64) and the fp32 softmax over them, or with moe_router_pre_softmax (which top-1 needs)
     the fp32 softmax over all E and the indices; in the dispatcher (moe_utils.py permute) the
-    routing map (bool, E), the dense probs (E) and each row's sorted index (int64). Megatron-DeepSpeed's
-    deepspeed.moe gating and combine weights: not measured, only the experts' input is booked."""
+    routing map (bool, E), the dense probs (E) and each row's sorted index (int64).
+    Megatron-DeepSpeed's deepspeed.moe (DeepSpeed 0.19.8 moe/sharded_moe.py, counted on its MoE layer:
+    calibrate/deepspeed_moe.py): TopKGate keeps its input's fp32 copy (4h) and the fp32 softmax (4E),
+    and per gating function top1gating the int64 one-hot mask (8E); top2gating both routes' fp32 masks
+    (8E), the sum of their gates, its clamp and the two normalized gates (16); topkgating the fp32
+    scores it gathers and divides (8E), the bool mask (E), the int64 top-k indices (8k) and the
+    normalizer and its clamp (8). _sparse_encode keeps the int64 source row of every expert slot,
+    _sparse_decode each token's k gathered expert rows (e h), fp32 gates and int64 slots (12)."""
     e, h, E, k = training.precision.element_bytes, model.hidden, model.experts, model.experts_per_token
     out = [Saved("expert fc1 input (permuted rows)", e * h * routed, ROWS)]
     if training.engine.moe_capacity is MoeCapacity.MEGATRON:
@@ -580,6 +586,11 @@ def megatron_moe_routing_saved(model: ModelSpec, training: Training, routed) -> 
         out += [Saved("routing prob per row (WeightedSwiGLU)", e * routed, ROWS),
                 Saved("router top-k indices and softmax", router, SP),
                 Saved("dispatcher routing map, dense probs, sorted row indices", (1.0 + e) * E + 8 * routed, SP)]
+    elif training.engine.moe_capacity is MoeCapacity.DEEPSPEED_MOE:
+        gating = {1: 8.0 * E, 2: 8.0 * E + 16}.get(k, 9.0 * E + 8 * k + 8)
+        out += [Saved("gate input (fp32 copy) and softmax", 4.0 * h + 4.0 * E + gating, SP),
+                Saved("dispatch source row per expert slot (int64)", 8.0 * routed, SP),
+                Saved("combine: gathered expert rows, gates (fp32), slots (int64)", (e * h + 12.0) * k, SP)]
     return out
 
 
