@@ -33,7 +33,8 @@ MAX_UPLOAD_BYTES = 2**20  # a Hugging Face config.json is a few KiB; anything pa
 LANDSCAPE_POINTS = 1500  # fitting layouts drawn in the speed-versus-memory plot (the Pareto front, then a spread)
 PIN_CHOICES = {"tp": (1, 2, 4, 8), "pp": (1, 2, 4, 8, 16), "cp": (1, 2, 4, 8), "vpp": (1, 2, 4),
                "zero": (0, 1, 2, 3), "offload_optimizer": ("none", "cpu", "nvme"), "offload_params": ("none", "cpu", "nvme"),
-               "mbs": (1, 2, 4, 8), "recompute": ("none", "selective", "full"), "sequence_parallel": (False, True)}
+               "mbs": (1, 2, 4, 8), "recompute": ("none", "selective", "full"), "sequence_parallel": (False, True),
+               "rank_order": ("tp-cp-dp-pp", "tp-cp-pp-dp")}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,6 +200,8 @@ def manual_layout_from_sidebar(engine: str) -> dict:
         if layers:  # Megatron --recompute-method: the first N layers of each chunk, or checkpoints of N layers
             lay["recompute_method"] = sb.selectbox("Recompute method", ("block", "uniform"), key="man_recompute_method")
     lay["sequence_parallel"] = sb.checkbox("Sequence parallel", False, key="man_sp")
+    if ENGINE_SPECS[engine].rank_order_choice:  # Megatron-LM --use-tp-pp-dp-mapping
+        lay["rank_order"] = sb.selectbox("Rank order (innermost first)", ("tp-cp-dp-pp", "tp-cp-pp-dp"), key="man_rank_order")
     schedule = sb.selectbox("Schedule", ("default", *Schedule.words()), key="man_schedule")
     if schedule != "default":
         lay["schedule"] = schedule

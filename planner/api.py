@@ -152,7 +152,7 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
                  offload_optimizer=lin.offload_optimizer, offload_params=lin.offload_params, mbs=mbs,
                  gas=gbs // (mbs * dp), recompute=lin.recompute, recompute_layers=lin.recompute_layers,
                  recompute_method=lin.recompute_method or "block", sequence_parallel=lin.sequence_parallel,
-                 schedule=lin.schedule)
+                 schedule=lin.schedule, rank_order=lin.rank_order)
     rules.check_single(spec, clus, train, lay)
     ev = search.evaluate(spec, clus, train, lay)
     record = layout_record(clus, lay, ev, 0)
@@ -298,7 +298,7 @@ def _pin_codes(pinned: dict, gpus: int) -> dict:
     """{field: int code} of the pinned layout values, each checked; InputError naming the flags when
     they cannot multiply to the GPU count."""
     from planner.bounds import check
-    from planner.options import Offload, Recompute, RecomputeMethod
+    from planner.options import Offload, RankOrder, Recompute, RecomputeMethod
 
     unknown = sorted(set(pinned) - set(search.PINNABLE))
     if unknown:
@@ -313,6 +313,8 @@ def _pin_codes(pinned: dict, gpus: int) -> dict:
             codes[key] = int(Recompute.parse(value, flag))
         elif key == "recompute_method":
             codes[key] = int(RecomputeMethod.parse(value, flag))
+        elif key == "rank_order":
+            codes[key] = int(RankOrder.parse(value, flag))
         elif key == "sequence_parallel":
             _boolean_pin(value, flag)
             codes[key] = int(value)

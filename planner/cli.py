@@ -177,7 +177,7 @@ def add_training_flags(p):
 LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "dp": None, "cp": 1, "ep": 1, "etp": None, "vpp": 1, "zero": 0, "offload_optimizer": "none",
                    "offload_params": "none", "mbs": 1, "recompute": "none", "recompute_layers": None,
                    "recompute_method": "block",
-                   "sequence_parallel": False}
+                   "sequence_parallel": False, "rank_order": "tp-cp-dp-pp"}
 """estimate's layout defaults; recommend takes the same flags with no default: each one given pins its axis."""
 
 
@@ -205,6 +205,9 @@ def add_layout_flags(g, pinning: bool):
                    help="block, uniform: with --recompute-layers N, the first N layers of each chunk (block) or "
                         "every layer in checkpoints of N (uniform; Megatron --recompute-method)" + pin)
     g.add_argument("--sequence-parallel", action="store_true", default=default("sequence_parallel"), help=pin or None)
+    g.add_argument("--rank-order", default=default("rank_order"),
+                   help="tp-cp-dp-pp (Megatron's default: pipeline stages farthest apart), tp-cp-pp-dp (Megatron-LM "
+                        "--use-tp-pp-dp-mapping, Llama 3's: pipelines inside nodes and pods); --engine megatron" + pin)
 
 
 def build_parser() -> Parser:
@@ -302,7 +305,7 @@ def cmd_estimate(args, out) -> int:
                          zero=args.zero, offload_optimizer=args.offload_optimizer, offload_params=args.offload_params,
                          mbs=args.mbs, recompute=args.recompute, recompute_layers=args.recompute_layers,
                          recompute_method=args.recompute_method,
-                         sequence_parallel=args.sequence_parallel)
+                         sequence_parallel=args.sequence_parallel, rank_order=args.rank_order)
     e = api.estimate(model_input(args), cluster_input(args), training_input(args), layout, ds_estimator=args.ds_estimator)
     result = e.to_json()
     if args.emit:

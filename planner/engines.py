@@ -229,6 +229,11 @@ class Engine:
     (1: the whole micro-batch's logits at once)."""
     launcher: Launcher
     """Launch script style of planner/export.py."""
+    rank_order_choice: bool = False
+    """Ranks can be placed with the pipeline inside data parallelism as well as outside it (options.py
+    RankOrder; Megatron-LM --use-tp-pp-dp-mapping). DeepSpeed's PipeModelDataParallelTopology (axes
+    pipe, data, model) and torchtitan's device mesh (pp, dp_replicate, dp_shard, cp, tp) put the
+    pipeline outermost only."""
     selective_recompute: bool = True
     """--recompute selective can be launched: Megatron's --recompute-granularity selective, torchtitan's
     op-level SAC. Hugging Face modules have no such switch (transformers 5.25 modeling_utils.py
@@ -405,6 +410,7 @@ MEGATRON = Engine(
     launcher=Launcher.MEGATRON,
     # transformer_block.py _checkpointed_forward, --recompute-method block --recompute-num-layers N
     partial_recompute=True,
+    rank_order_choice=True,  # megatron-core parallel_state.py initialize_model_parallel(order=...)
     moe_capacity=MoeCapacity.MEGATRON,  # --moe-expert-capacity-factor, --moe-pad-expert-input-to-capacity
 )
 

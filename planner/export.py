@@ -46,7 +46,7 @@ LAUNCH = "launch.sh"
 MEGATRON_ARGS = "megatron_args.txt"
 
 _ROW_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "zero", "offload_optimizer", "offload_params",
-             "mbs", "gas", "recompute", "recompute_layers", "recompute_method", "sequence_parallel")
+             "mbs", "gas", "recompute", "recompute_layers", "recompute_method", "sequence_parallel", "rank_order")
 
 # keys of `extra` that change the files; any other key is copied into launch.sh as a comment line
 EXTRA_DEFAULTS = {
@@ -477,6 +477,8 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
             a.append("--use-distributed-optimizer")  # Megatron's ZeRO-1-like optimizer-state sharding
         # the overlaps the planner's step time assumes (timing.py overlapped_dp_s); Megatron-LM
         # training/arguments.py: --overlap-param-gather needs --use-distributed-optimizer
+        if row["rank_order"] == "tp-cp-pp-dp":  # training/initialize.py: order 'tp-cp-ep-pp-dp'
+            a.append("--use-tp-pp-dp-mapping")
         if training.pipeline_edge_layers and row["pp"] > 1:  # the embedding and the loss count as a block each
             a += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
         if not training.overlap_p2p and row["pp"] > 1 and row["vpp"] > 1:
@@ -649,7 +651,7 @@ def _normalise_row(layout_row: dict) -> dict:
         raise InputError(f"--emit: layout is missing {', '.join(missing)}")
     row = {"cp": 1, "ep": 1, "etp": None, "vpp": 1, "offload_optimizer": "none", "offload_params": "none",
            "recompute": "none", "recompute_layers": None, "recompute_method": None, "sequence_parallel": False,
-           "schedule": None, **layout_row}
+           "schedule": None, "rank_order": "tp-cp-dp-pp", **layout_row}
     for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "mbs", "gas"):
         row[k] = int(row[k])
     row["sequence_parallel"] = bool(row["sequence_parallel"])
@@ -666,5 +668,5 @@ def _check(model, cluster, training, row) -> None:
                  offload_params=row["offload_params"], mbs=row["mbs"], gas=row["gas"],
                  recompute=row["recompute"], recompute_layers=row["recompute_layers"],
                  recompute_method=row["recompute_method"] or "block",
-                 sequence_parallel=row["sequence_parallel"], schedule=row.get("schedule"))
+                 sequence_parallel=row["sequence_parallel"], schedule=row.get("schedule"), rank_order=row["rank_order"])
     check_single(model, cluster, training, lay)

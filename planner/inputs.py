@@ -284,6 +284,8 @@ class LayoutInput:
     """Megatron --recompute-method for recompute_layers: 'block' or 'uniform' (None: 'block', as a
     layout row without recompute_layers carries it)."""
     sequence_parallel: bool = False
+    rank_order: str = "tp-cp-dp-pp"
+    """Rank placement, innermost first (planner/options.py RankOrder): 'tp-cp-dp-pp' or 'tp-cp-pp-dp'."""
 
     def __post_init__(self):
         _checked(self, ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "recompute_layers"))

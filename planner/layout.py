@@ -15,7 +15,7 @@ import numpy as np
 from planner.bounds import check
 from planner.engines import Engine, Modules, MoeCapacity, lookup as engine_lookup
 from planner.errors import InputError
-from planner.options import Offload, Optimizer, Precision, Recompute, RecomputeMethod, Schedule
+from planner.options import Offload, Optimizer, Precision, RankOrder, Recompute, RecomputeMethod, Schedule
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,8 @@ class Training:
 
 # field name -> order is the JSON order
 FIELDS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "offload_optimizer", "offload_params",
-          "mbs", "gas", "recompute", "recompute_layers", "recompute_method", "sequence_parallel", "schedule", "etp")
+          "mbs", "gas", "recompute", "recompute_layers", "recompute_method", "sequence_parallel", "schedule", "etp",
+          "rank_order")
 
 
 @dataclass
@@ -230,6 +231,10 @@ class Layouts:
     etp: np.ndarray = 0
     """Expert tensor parallelism: TP ranks a routed expert's matrices split over (megatron-core
     --expert-tensor-parallel-size); 0: the engine's default (planner/sharding.py expert_tp)."""
+    rank_order: np.ndarray = 0
+    """RankOrder code: data-parallel ranks inside the pipeline stages (Megatron's default) or the
+    stages inside the data-parallel ranks (--use-tp-pp-dp-mapping). Moves no byte; decides which
+    groups share a node or a pod."""
 
     def __post_init__(self):
         arrays = np.broadcast_arrays(*(np.asarray(getattr(self, k), dtype=np.int64) for k in FIELDS))
@@ -252,6 +257,19 @@ class Layouts:
     @property
     def world(self) -> np.ndarray:
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def dp_stride(self) -> np.ndarray:
+        """Ranks between neighbours of the data-parallel group (megatron-core parallel_state.py
+        RankGenerator: tp, or tp x cp x pp with the pipeline inner; with cp > 1 the dp x cp group's
+        members per node are then node / (tp pp), as a stride of tp x pp gives)."""
+        return np.where(self.rank_order == RankOrder.PP_INNER, self.tp * self.pp, self.tp)
+
+    @property
+    def pp_stride(self) -> np.ndarray:
+        """Ranks between consecutive pipeline stages: tp x cp x dp (the default order), tp x cp with
+        the pipeline inner."""
+        return np.where(self.rank_order == RankOrder.PP_INNER, self.tp * self.cp, self.world // np.maximum(self.pp, 1))
 
     @property
     def zero_ranks(self) -> np.ndarray:
@@ -287,12 +305,13 @@ class Layouts:
         out["sequence_parallel"] = bool(out["sequence_parallel"])
         out["gbs"] = out["mbs"] * out["gas"] * out["dp"]
         out["etp"] = out["etp"] or None  # None: the engine's default
+        out["rank_order"] = RankOrder(out["rank_order"]).word
         return out
 
 
 def single(tp=1, pp=1, dp=1, cp=1, ep=1, vpp=1, zero=0, offload_optimizer="none", offload_params="none",
            mbs=1, gas=1, recompute="none", recompute_layers=None, recompute_method="block", sequence_parallel=False,
-           schedule=None, etp=None) -> Layouts:
+           schedule=None, etp=None, rank_order="tp-cp-dp-pp") -> Layouts:
     """One layout, from words, as a Layouts of size 1 (every number checked against its bound)."""
     numbers = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, mbs=mbs, gas=gas)
     numbers = {k: check(k, v) for k, v in numbers.items()}
@@ -308,5 +327,5 @@ def single(tp=1, pp=1, dp=1, cp=1, ep=1, vpp=1, zero=0, offload_optimizer="none"
         recompute_layers=[0 if recompute_layers is None else check("recompute_layers", recompute_layers)],
         recompute_method=[RecomputeMethod.parse(recompute_method, "--recompute-method")],
         sequence_parallel=[int(bool(sequence_parallel))], schedule=[Schedule.parse(schedule, "--schedule")],
-        etp=[0 if etp is None else check("etp", etp)],
+        etp=[0 if etp is None else check("etp", etp)], rank_order=[RankOrder.parse(rank_order, "--rank-order")],
     )

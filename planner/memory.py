@@ -439,10 +439,11 @@ def overhead_bytes(tensor_bytes, fixed_bytes, coef: dict) -> np.ndarray:
 
 
 # the fields each group of terms reads; step time groups by the same two sets (timing.py), so the
-# grouping of the candidates is computed once for both
-STATE_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "gas", "zero", "offload_optimizer", "offload_params")
+# grouping of the candidates is computed once for both (rank_order is step time's alone: where the
+# ranks sit moves no byte)
+STATE_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "gas", "zero", "offload_optimizer", "offload_params", "rank_order")
 ACTIVATION_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "gas", "mbs", "recompute", "recompute_layers", "sequence_parallel", "vpp",
-                     "schedule")
+                     "schedule", "rank_order")
 
 
 def _stage(where, model: ModelSpec, training: Training, lay: Layouts):

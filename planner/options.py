@@ -71,6 +71,21 @@ class Schedule(Choice):
         return {0: "1f1b", 1: "interleaved", 2: "gpipe", 3: "zb-h1"}[int(self)]
 
 
+class RankOrder(Choice):
+    """Rank placement, innermost first: which of data and pipeline parallelism is nearer in ranks.
+    megatron-core 0.16.1 parallel_state.py initialize_model_parallel(order='tp-cp-ep-dp-pp') is
+    Megatron's default (pipeline stages the farthest apart); Megatron-LM --use-tp-pp-dp-mapping
+    passes 'tp-cp-ep-pp-dp', the order Llama 3 trained in to keep pipeline sends inside a pod (Dubey
+    et al. 2024 section 3.3.2: [TP, CP, PP, DP])."""
+
+    DP_INNER = 0
+    PP_INNER = 1
+
+    @property
+    def word(self) -> str:
+        return {0: "tp-cp-dp-pp", 1: "tp-cp-pp-dp"}[int(self)]
+
+
 class Word(str, Enum):
     """A string enum: members compare equal to, and serialize as, their word."""
 

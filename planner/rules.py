@@ -16,7 +16,7 @@ from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
 from planner.sharding import expert_folds, expert_tp
-from planner.options import Offload, Precision, Recompute, RecomputeMethod, Schedule
+from planner.options import Offload, Precision, RankOrder, Recompute, RecomputeMethod, Schedule
 from planner.pipeline import interleaved_layers
 
 DIVISIBILITY, TOPOLOGY, ENGINE_RULE = "divisibility", "topology", "engine rule"
@@ -229,6 +229,11 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr, l: np.full(l.shape, tr.zero_config.cpu_checkpointing and not offloads_checkpoints(tr.engine)),
          lambda m, cl, tr: f"--cpu-checkpointing: --engine {tr.engine.name} has no host copy of checkpointed inputs "
                            f"(engines with one: {_names(e for e in ENGINES.values() if offloads_checkpoints(e))})"),
+    Rule("engine_rank_order", ENGINE_RULE,
+         lambda m, cl, tr, l: (l.rank_order == RankOrder.PP_INNER) & (not tr.engine.rank_order_choice),
+         lambda m, cl, tr: f"--rank-order: --engine {tr.engine.name} places pipeline stages outermost (tp-cp-dp-pp); "
+                           f"tp-cp-pp-dp is {_names(e for e in ENGINES.values() if e.rank_order_choice)}'s "
+                           "--use-tp-pp-dp-mapping"),
     Rule("engine_zero", ENGINE_RULE, lambda m, cl, tr, l: ~np.isin(l.zero, tr.engine.zero_stages),
          lambda m, cl, tr: f"--zero: --engine {tr.engine.name} takes --zero {_stages(tr.engine.zero_stages)}"),
 )

@@ -16,7 +16,7 @@ from planner.errors import InputError
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
-from planner.options import Offload, Recompute, Schedule
+from planner.options import Offload, RankOrder, Recompute, Schedule
 from planner.pipeline import interleaved_layers, max_layers_on_stage
 from planner.rules import DIVISIBILITY, every_n_layers_broken, first_violation
 
@@ -150,7 +150,7 @@ def _offload_params(space: Space) -> tuple:
 
 
 PINNABLE = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "zero", "offload_optimizer", "offload_params", "mbs", "recompute",
-            "recompute_layers", "recompute_method", "sequence_parallel")
+            "recompute_layers", "recompute_method", "sequence_parallel", "rank_order")
 """Layout fields a search can be told to keep fixed (recommend --tp 8 --zero 1 ...)."""
 
 
@@ -218,7 +218,7 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, training: Training, ma
                   recompute_layers=space.pinned_value("recompute_layers") or 0,
                   recompute_method=space.pinned_value("recompute_method") or 0,
                   sequence_parallel=sp, schedule=np.where(vpp > 1, Schedule.INTERLEAVED, flat_schedule(training)),
-                  etp=etp)
+                  etp=etp, rank_order=space.pinned_value("rank_order") or 0)
     return lay, dropped, space.coarsened
 
 
@@ -293,6 +293,8 @@ def search(model: ModelSpec, cluster: Cluster, training: Training, headroom: flo
         tried = lighter.size
         valid = valid.concat(lighter.take(best))
         ev = evaluate(model, cluster, training, valid, headroom)
+    if "rank_order" not in (pinned or {}):
+        valid, ev = faster_rank_order(model, cluster, training, valid, ev, headroom)
     tokens_per_s = np.where(ev["fits"], ev["time"]["throughput"]["tokens_per_s"], -np.inf)
     # fastest first; among equals, the simpler layout (less offload, less recompute), then less memory
     simpler = valid.offload_optimizer + valid.offload_params
@@ -334,6 +336,27 @@ def partial_recompute_variants(model: ModelSpec, training: Training, valid: Layo
     return out.take(~every_n_layers_broken(model, training, out))
 
 
+def faster_rank_order(model: ModelSpec, cluster: Cluster, training: Training, valid: Layouts, ev: dict,
+                      headroom: float) -> tuple:
+    """(valid, ev) with each fitting layout in the faster rank placement where the engine offers both
+    (Engine.rank_order_choice) and they differ: a pipeline and a data-parallel group both, over more
+    than one node. The bytes are the same; which groups share a node or a pod is not."""
+    if not training.engine.rank_order_choice or not valid.size:
+        return valid, ev
+    differ = np.flatnonzero(ev["fits"] & (valid.pp > 1) & (valid.zero_ranks > 1) & (valid.world > cluster.gpus_per_node))
+    if not differ.size:
+        return valid, ev
+    other = replace(valid.take(differ), rank_order=np.full(differ.size, int(RankOrder.PP_INNER)))
+    faster = evaluate(model, cluster, training, other, headroom)["time"]["throughput"]["tokens_per_s"] \
+        > ev["time"]["throughput"]["tokens_per_s"][differ]
+    if not faster.any():
+        return valid, ev
+    order = valid.rank_order.copy()
+    order[differ[faster]] = RankOrder.PP_INNER
+    valid = replace(valid, rank_order=order)
+    return valid, evaluate(model, cluster, training, valid, headroom)
+
+
 def _fastest_per_parent(lighter: Layouts, lev: dict) -> np.ndarray:
     """Index of the fastest fitting variant of each parent layout (variants of one parent are
     consecutive, numbered from recompute_layers 1)."""
@@ -356,6 +379,7 @@ def short(row: dict) -> str:
     if row.get("recompute_layers"):
         parts.append(f"rc-{'groups' if row.get('recompute_method') == 'uniform' else 'layers'}{row['recompute_layers']}")
     parts += ["sp"] if row["sequence_parallel"] else []
+    parts += ["pp-inner"] if row.get("rank_order") == "tp-cp-pp-dp" else []
     parts += [row["schedule"]] if row["schedule"] in ("gpipe", "zb-h1") and row["pp"] > 1 else []
     parts += [f"off-opt:{row['offload_optimizer']}"] if row["offload_optimizer"] != "none" else []
     parts += [f"off-par:{row['offload_params']}"] if row["offload_params"] != "none" else []

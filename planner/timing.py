@@ -28,7 +28,7 @@ from planner.layout import Layouts, Training
 from planner.memory import (ACTIVATION_FIELDS, STATE_FIELDS, coefficients, deepspeed_bf16_optimizer, deferred_reduction,
                             zero3_kept_params)
 from planner.model import BLOCK, FIRST, LAST, ModelSpec, local_numel
-from planner.options import Offload, Optimizer, Recompute
+from planner.options import Offload, Optimizer, RankOrder, Recompute
 from planner.pipeline import (blocks_on_stage, bubble_s, chunks_per_stage, first_routed_stage, max_layers_on_stage,
                               p2p_transfers)
 from planner.sharding import block_params, expert_dp, expert_folds, expert_tp, rank_params, state_bytes
@@ -265,9 +265,9 @@ def pipeline_p2p_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     split = (lay.sequence_parallel > 0) | training.engine.p2p_split_over_tp
     nbytes = tokens_per_microbatch(training, lay) * model.hidden * training.precision.element_bytes
     nbytes = nbytes / np.where(split, lay.tp, 1)
-    # the slowest stage boundary (one at a pod's edge) paces the chain
-    share = p2p_pod_share(cluster, lay.world // lay.pp, lay.pp)
-    one = c["p2p_latency_s"] + nbytes / p2p_bytes_per_s(cluster, lay.world > cluster.gpus_per_node, c, share)
+    # the slowest stage boundary (one at a node's or a pod's edge) paces the chain
+    share = p2p_pod_share(cluster, lay.pp_stride, lay.pp)
+    one = c["p2p_latency_s"] + nbytes / p2p_bytes_per_s(cluster, lay.pp_stride * lay.pp > cluster.gpus_per_node, c, share)
     transfers = p2p_transfers(lay.pp, lay.vpp, lay.gas, lay.schedule)
     v = chunks_per_stage(lay.vpp, lay.schedule)
     overlaps = training.engine.p2p_overlaps_interleaved & training.overlap_p2p & (v > 1) & (lay.pp > 1)
@@ -292,11 +292,13 @@ def _held_params(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
 
 def dp_collective_s(cluster: Cluster, training: Training, lay: Layouts, c: dict, kind: str, dense_bytes,
                     expert_bytes, count=1) -> np.ndarray:
-    """One collective over the dense data-parallel group (tp apart) and one over the expert-data-
-    parallel group: its ranks are spaced etp x ep apart where EP folds over TP (megatron-core's
-    expert rank order etp, ep, edp), tp x ep otherwise."""
-    stride = np.where(expert_folds(training), expert_tp(training, lay), lay.tp) * lay.ep
-    return (group_collective_s(cluster, c, kind, dense_bytes, lay.zero_ranks, lay.tp, count)
+    """One collective over the dense data-parallel group (Layouts.dp_stride apart) and one over the
+    expert-data-parallel group: its ranks are spaced etp x ep apart where EP folds over TP
+    (megatron-core's expert rank order etp, ep, edp, pp; etp, ep, pp, edp with the pipeline inner),
+    tp x ep otherwise, times pp with the pipeline inner."""
+    pipeline_inner = np.where(lay.rank_order == RankOrder.PP_INNER, lay.pp, 1)
+    stride = np.where(expert_folds(training), expert_tp(training, lay), lay.tp) * lay.ep * pipeline_inner
+    return (group_collective_s(cluster, c, kind, dense_bytes, lay.zero_ranks, lay.dp_stride, count)
             + group_collective_s(cluster, c, kind, expert_bytes, expert_dp(training, lay), stride, count))
 
 

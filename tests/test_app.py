@@ -146,6 +146,17 @@ def test_hugging_face_engines_offer_their_recompute_and_host_checkpoints():
     at.selectbox(key="engine").set_value("megatron").run()
     assert at.selectbox(key="man_recompute").options == ["none", "selective", "full"]
     assert "cpu_checkpointing" not in [c.key for c in at.checkbox]
+    at.number_input(key="gpus").set_value(16)  # two nodes: which group crosses them depends on the order
+    at.number_input(key="man_pp").set_value(2)
+    at.number_input(key="seq_len").set_value(4096)
+    at.selectbox(key="man_zero").set_value(1)
+    at.selectbox(key="man_rank_order").set_value("tp-cp-pp-dp").run()  # Megatron's other placement
+    assert not problems(at)
+    flags = ["--model", "llama-3-8b", "--gpus", "16", "--engine", "megatron", "--pp", "2", "--gbs", "16", "--zero", "1",
+             "--recompute", "full"]
+    pp_inner = cli_json("estimate", *flags, "--rank-order", "tp-cp-pp-dp")
+    assert pp_inner["time"]["step_s"] != cli_json("estimate", *flags)["time"]["step_s"]
+    assert_metrics_are(at, pp_inner)
 
 
 @pytest.mark.slow

@@ -213,6 +213,9 @@ for command in ("estimate", "recommend"):
 # a pod boundary and the oversubscription above it (issue 8), with the other cluster flags
 for command in ("estimate", "recommend", "check"):
     FROZEN[command] = FROZEN[command] + ["--pod-gpus", "--oversubscription"]
+# where the ranks sit (Megatron's --use-tp-pp-dp-mapping; issue 8), a layout axis recommend can pin
+for command in ("estimate", "recommend"):
+    FROZEN[command] = FROZEN[command] + ["--rank-order"]
 FROZEN = {command: sorted(flags) for command, flags in FROZEN.items()}
 
 

@@ -85,6 +85,7 @@ WORDS = {
     "--offload-optimizer": ["none", "cpu", "nvme", "disk"],
     "--offload-params": ["none", "cpu", "nvme", "disk"],
     "--recompute": ["none", "selective", "full", "sometimes"],
+    "--rank-order": ["tp-cp-dp-pp", "tp-cp-pp-dp", "pp-dp-tp"],
     "--ffn-kind": ["gelu", "swiglu", "relu"],
     "--zero": ["0", "1", "2", "3", "4"],
     "--gpu": GPUS + ["h1000", "tpu-v5"],
