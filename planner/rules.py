@@ -15,7 +15,7 @@ from planner.errors import InputError
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
-from planner.sharding import expert_folds, expert_tp
+from planner.sharding import expert_dp, expert_folds, expert_tp
 from planner.options import Offload, Precision, RankOrder, Recompute, RecomputeMethod, Schedule
 from planner.pipeline import interleaved_layers
 
@@ -234,6 +234,12 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr: f"--rank-order: --engine {tr.engine.name} places pipeline stages outermost (tp-cp-dp-pp); "
                            f"tp-cp-pp-dp is {_names(e for e in ENGINES.values() if e.rank_order_choice)}'s "
                            "--use-tp-pp-dp-mapping"),
+    # megatron-core 0.16.1 parallel_state.py initialize_model_parallel asserts it unless the order ends in pp
+    Rule("rank_order_moe", ENGINE_RULE,
+         lambda m, cl, tr, l: (l.rank_order == RankOrder.PP_INNER) & (l.pp > 1) & (m.experts > 1)
+                              & (expert_dp(tr, l) != l.dp),
+         lambda m, cl, tr: "--rank-order: tp-cp-pp-dp with a pipeline needs the experts' data-parallel size equal "
+                           "to --dp (megatron-core: --etp x --ep = --tp x --cp)"),
     Rule("engine_zero", ENGINE_RULE, lambda m, cl, tr, l: ~np.isin(l.zero, tr.engine.zero_stages),
          lambda m, cl, tr: f"--zero: --engine {tr.engine.name} takes --zero {_stages(tr.engine.zero_stages)}"),
 )

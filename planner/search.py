@@ -349,6 +349,7 @@ def faster_rank_order(model: ModelSpec, cluster: Cluster, training: Training, va
     other = replace(valid.take(differ), rank_order=np.full(differ.size, int(RankOrder.PP_INNER)))
     faster = evaluate(model, cluster, training, other, headroom)["time"]["throughput"]["tokens_per_s"] \
         > ev["time"]["throughput"]["tokens_per_s"][differ]
+    faster &= first_violation(model, cluster, training, other)[0] < 0  # megatron-core's MoE condition
     if not faster.any():
         return valid, ev
     order = valid.rank_order.copy()

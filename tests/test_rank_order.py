@@ -87,6 +87,26 @@ def test_the_order_is_exported_and_refused_where_the_engine_has_one_order(tmp_pa
         layout.single(rank_order="pp-dp-tp")
 
 
+def test_moe_pipelines_need_equal_data_parallel_sizes_to_put_the_pipeline_inside():
+    """megatron-core 0.16.1 initialize_model_parallel asserts that the experts' data-parallel size equals
+    the dense one unless the order ends in pp: Mixtral on 32 GPUs, tp 2, pp 2, dp 8, ep 2 keeps its
+    experts' data parallelism at 2 x 8 / (2 x 2) = 4 with etp 2, 2 x 8 / (1 x 2) = 8 with etp 1."""
+    base = {"tp": 2, "pp": 2, "ep": 2, "zero": 1, "sequence_parallel": True, "rank_order": "tp-cp-pp-dp"}
+    with pytest.raises(InputError, match="^--rank-order: tp-cp-pp-dp with a pipeline needs"):
+        api.estimate("mixtral-8x7b", {"gpus": 32}, {"engine": "megatron", "gbs": 64}, {**base, "etp": 2})
+    assert api.estimate("mixtral-8x7b", {"gpus": 32}, {"engine": "megatron", "gbs": 64}, {**base, "etp": 1}).layout[
+        "rank_order"] == "tp-cp-pp-dp"
+    # the search tries the other order only where megatron-core takes it: in pods of 16 GPUs the
+    # pipeline inside would be faster for every expert-parallel layout, and none may take it
+    from planner import rules
+
+    model = lookup("mixtral-8x7b")
+    cluster = hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 128, 8, pod_gpus=16, oversubscription=4.0)
+    training = layout.Training(engine="megatron", seq_len=4096, gbs=256)
+    valid = search.search(model, cluster, training, pinned={"pp": 4})["valid"]
+    assert (rules.first_violation(model, cluster, training, valid)[0] < 0).all()
+
+
 def test_cli_takes_the_order(capsys):
     import io
 
