@@ -108,8 +108,9 @@ def hf_saved_counter(hf_config: dict, seq: int, batch: int, dtype: str = "bfloat
     fields = dict(hf_config)
     config = transformers.AutoConfig.for_model(fields.pop("model_type", "llama"), **fields)
     model = transformers.AutoModel.from_config(config).to(getattr(torch, dtype)).to(device).train()
-    if checkpointing is True:
-        model.gradient_checkpointing_enable()  # transformers: torch.utils.checkpoint around each decoder layer
+    if checkpointing is True:  # transformers: torch.utils.checkpoint around each decoder layer
+        # activation_checkpointing_enable is 5.x's name; gradient_checkpointing_enable its deprecated alias
+        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     elif checkpointing:  # an int k: every k-th decoder layer from the first (transformers 5.25 every_n_layers)
         model.activation_checkpointing_enable(every_n_layers=int(checkpointing))
     ids = torch.randint(0, hf_config["vocab_size"], (batch, seq), device=device)
