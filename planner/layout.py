@@ -190,7 +190,7 @@ FIELDS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "offload_optimizer", "off
 @dataclass
 class Layouts:
     """Candidate layouts as parallel int64 arrays of one shape. Categoricals hold the codes of
-    planner/options.py (Offload, Recompute, Schedule)."""
+    planner/options.py (Offload, Recompute, Schedule, RankOrder)."""
 
     tp: np.ndarray
     """Tensor-parallel degree t (inside a node)."""

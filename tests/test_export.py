@@ -654,3 +654,17 @@ def test_hugging_face_checkpoint_offload_is_the_train_scripts_offload_flag(tmp_p
     with pytest.raises(InputError, match="^--cpu-checkpointing: --engine megatron has no host copy"):
         emit(tmp_path / "m", MODEL, cluster(8), Training(engine="megatron", zero_config=ZeroConfig(cpu_checkpointing=True)),
              single(tp=8, dp=1, recompute="full").row(0))
+
+
+def test_deepspeed_pipeline_recompute_is_pipeline_modules_interval(tmp_path):
+    # DeepSpeed's pipeline checkpoints nothing by default (pipe/module.py PipelineModule
+    # activation_checkpoint_interval=0); a full-recompute plan names interval 1, not transformers' call
+    import inspect
+
+    from deepspeed.runtime.pipe.module import PipelineModule
+
+    assert inspect.signature(PipelineModule.__init__).parameters["activation_checkpoint_interval"].default == 0
+    row = single(pp=2, dp=4, zero=1, gas=8, recompute="full").row(0)
+    script = files(emit(tmp_path, MODEL, cluster(8), Training(engine="deepspeed"), row))["launch.sh"].read_text()
+    assert "PipelineModule(..., activation_checkpoint_interval=1)" in script
+    assert "every_n_layers" not in script
