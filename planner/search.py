@@ -312,9 +312,9 @@ REFINED_PARENTS = 256
 
 def partial_recompute_variants(model: ModelSpec, training: Training, valid: Layouts, ev: dict) -> Layouts:
     """Where the engine can recompute only N layers of each chunk (Megatron --recompute-method block:
-    the first N; transformers every_n_layers: every k-th, N = ceil(L / k)), the variants N = 1 .. layers per chunk - 1 of the fitting full-recompute layouts
-    that could beat the fastest fitting layout without their recompute seconds (an upper bound on
-    every variant's speed), the most promising REFINED_PARENTS of them: partial recompute trades
+    the first N; transformers every_n_layers: every k-th, N = ceil(L / k)), the variants N = 1 ..
+    layers per chunk - 1 of the fitting full-recompute layouts that could beat the fastest fitting
+    layout without their recompute seconds (an upper bound on every variant's speed), the most promising REFINED_PARENTS of them: partial recompute trades
     the memory a layout leaves free for speed, so it is tried where memory is left."""
     empty = valid.take(np.zeros(0, dtype=np.int64))
     if not training.engine.partial_recompute or not valid.size:
