@@ -120,3 +120,18 @@ def test_cli_takes_the_order(capsys):
     assert cli.main(["estimate", "--model", "llama-3-70b", "--gpus", "64", "--rank-order", "dp-first"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--rank-order" in err and "Traceback" not in err
+
+
+def test_deepspeeds_pipeline_topology_has_one_order():
+    """DeepSpeed's PipeModelDataParallelTopology (axes pipe, data, model; the last varies fastest)
+    puts the pipeline outermost, Megatron's default: with 2 stages x 2 data x 2 model ranks, ranks 0-3
+    are all stage 0 and a data-parallel neighbour is 2 ranks (the model-parallel size) away."""
+    topology = pytest.importorskip("deepspeed.runtime.pipe.topology")
+    t = topology.PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=2)
+    assert [t.get_coord(r).pipe for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert t.get_rank(pipe=0, data=1, model=0) - t.get_rank(pipe=0, data=0, model=0) == 2
+    lay = layout.single(tp=2, pp=2, dp=2)
+    assert int(lay.pp_stride[0]) == 4 and int(lay.dp_stride[0]) == 2
+    with pytest.raises(InputError, match="^--rank-order: --engine deepspeed places pipeline stages outermost"):
+        api.estimate("llama-3-8b", {"gpus": 8}, {"engine": "deepspeed"},
+                     {"pp": 2, "dp": 4, "zero": 1, "rank_order": "tp-cp-pp-dp"})
