@@ -530,6 +530,11 @@ def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: d
         f" seq_len={training.seq_len} flash_attention={training.flash_attention}",
     ]
     lines += hf_checkpointing_line(model, training, row)
+    if training.engine.launcher is Launcher.DEEPSPEED and row["pp"] > 1:
+        # deepspeed/runtime/pipe/module.py PipelineModule._partition_layers: the default 'parameters'
+        # balances parameter counts, so the embedding's stage takes fewer blocks than the plan's even split
+        lines.append("# pipeline: the train script builds PipelineModule(..., partition_method='type:<decoder layer "
+                     "class>') so the blocks split evenly over the stages, as planned")
     for k, v in (opts or {}).items():
         if k not in EXTRA_DEFAULTS:
             lines.append(f"# {_one_line(k)}: {_one_line(v)}")

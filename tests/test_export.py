@@ -668,3 +668,17 @@ def test_deepspeed_pipeline_recompute_is_pipeline_modules_interval(tmp_path):
     script = files(emit(tmp_path, MODEL, cluster(8), Training(engine="deepspeed"), row))["launch.sh"].read_text()
     assert "PipelineModule(..., activation_checkpoint_interval=1)" in script
     assert "every_n_layers" not in script
+
+
+def test_deepspeed_pipeline_asks_for_the_even_block_split_it_was_planned_with(tmp_path):
+    # PipelineModule's default partition_method 'parameters' balances parameter counts (pipe/module.py
+    # _partition_layers): Llama-3-8B's 525M-parameter embedding weighs 2.4 of its 218M blocks, so the
+    # first stage would hold fewer blocks than the planner's even split; 'type:<class>' splits blocks evenly
+    import inspect
+
+    from deepspeed.runtime.pipe.module import PipelineModule
+
+    assert inspect.signature(PipelineModule.__init__).parameters["partition_method"].default == "parameters"
+    row = single(pp=2, dp=4, zero=1, gas=8).row(0)
+    script = files(emit(tmp_path, MODEL, cluster(8), Training(engine="deepspeed"), row))["launch.sh"].read_text()
+    assert "partition_method='type:<decoder layer class>'" in script
