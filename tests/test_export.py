@@ -682,3 +682,13 @@ def test_deepspeed_pipeline_asks_for_the_even_block_split_it_was_planned_with(tm
     row = single(pp=2, dp=4, zero=1, gas=8).row(0)
     script = files(emit(tmp_path, MODEL, cluster(8), Training(engine="deepspeed"), row))["launch.sh"].read_text()
     assert "partition_method='type:<decoder layer class>'" in script
+    # and 'type:' splits the blocks as pipeline.layers_on_stage does: the embedding, norm and head weigh 0
+    from deepspeed.runtime.utils import partition_balanced
+
+    from planner.pipeline import layers_on_stage
+
+    for layers, stages in ((9, 2), (10, 4), (32, 4), (80, 6)):
+        weights = [0] + [1] * layers + [0, 0]
+        parts = partition_balanced(weights=weights, num_parts=stages)
+        assert [sum(weights[parts[i]:parts[i + 1]]) for i in range(stages)] == \
+            [int(layers_on_stage(layers, stages, s)) for s in range(stages)]
