@@ -801,9 +801,11 @@ def checkpoint_copies_block(training: Training, lay: Layouts) -> np.ndarray:
     copies partitioned inputs synchronously (over t > 1 ranks, as the planner exports it; unpartitioned
     ones go through an asynchronous side-stream engine, _get_cpu_offload_engine); save_on_cpu copies on
     the current stream (torch/autograd/graph.py pack_to_cpu copy_ and unpack_from_cpu .to, non_blocking
-    to and from pinned memory, ordered with the kernels around them)."""
-    hugging_face = training.engine.modules is Modules.HUGGING_FACE
-    return checkpoints_on_host(training) & ((checkpoint_partitions(training, lay) > 1) | hugging_face)
+    to and from pinned memory, ordered with the kernels around them). Hugging Face modules on one stage
+    take transformers' save_on_cpu; DeepSpeed's pipeline of them checkpoints through deepspeed.checkpointing
+    (pipe/module.py PipelineModule activation_checkpoint_func=checkpointing.checkpoint)."""
+    transformers_offload = (training.engine.modules is Modules.HUGGING_FACE) & (lay.pp == 1)
+    return checkpoints_on_host(training) & ((checkpoint_partitions(training, lay) > 1) | transformers_offload)
 
 
 def op_sac_matmuls(model: ModelSpec) -> list[tuple]:

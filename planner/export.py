@@ -598,7 +598,8 @@ def hf_checkpointing_line(model: ModelSpec, training: Training, row: dict) -> li
     if not training.engine.recompute_every_n or row["recompute"] != "full":
         return []
     if row["pp"] > 1:  # DeepSpeed's pipeline: deepspeed/runtime/pipe/module.py PipelineModule checkpoints its layers
-        return ["# recompute: the train script builds PipelineModule(..., activation_checkpoint_interval=1)"]
+        return ["# recompute: the train script builds PipelineModule(..., activation_checkpoint_interval=1)"
+                " (deepspeed.checkpointing: ds_config activation_checkpointing applies)"]
     n = row["recompute_layers"] or model.layers
     offload = training.zero_config.cpu_checkpointing
     if training.engine.launcher is Launcher.FSDP and n == model.layers and not offload:

@@ -1029,3 +1029,21 @@ def test_offloaded_checkpoints_cross_pcie_on_the_compute_stream():
         return float(search.evaluate(model, cluster, training, lay)["time"]["step_s"][0])
     copies_s = 2 * (32 * 32768 * 4096 * 2) / 50e9 * 2  # two copies a checkpoint, two micro-batches
     assert step_s(True) - step_s(False) == pytest.approx(copies_s, rel=0.01)
+
+
+def test_deepspeeds_pipeline_offloads_checkpoints_off_the_compute_stream():
+    """DeepSpeed's PipelineModule checkpoints through deepspeed.checkpointing (pipe/module.py
+    activation_checkpoint_func), whose unpartitioned cpu_checkpointing copies run on a side stream
+    (checkpointing.py _get_cpu_offload_engine): the inputs leave the device, the step pays nothing,
+    unlike transformers' save_on_cpu on one stage (test_offloaded_checkpoints_cross_pcie_on_the_compute_stream)."""
+    from planner import search
+
+    model, cluster = lookup("llama-3-8b"), hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 8, 8)
+    lay = layout.single(pp=2, dp=4, zero=1, mbs=1, gas=4, recompute="full")
+
+    def run(offload: bool) -> dict:
+        training = layout.Training(engine="deepspeed", seq_len=32768, zero_config=layout.ZeroConfig(cpu_checkpointing=offload))
+        return search.evaluate(model, cluster, training, lay)
+    on_device, on_host = run(False), run(True)
+    assert on_host["time"]["step_s"][0] == on_device["time"]["step_s"][0]
+    assert on_host["memory"]["total"][0] < on_device["memory"]["total"][0]
