@@ -22,11 +22,11 @@ TERMS = [
     # memory
     ("planner.sharding", "rank_params"), ("planner.sharding", "persistent_params"),
     ("planner.sharding", "deepspeed_grad_partition_excess"), ("planner.sharding", "expert_dp"),
-    ("planner.sharding", "expert_tp"),
+    ("planner.sharding", "expert_tp"), ("planner.sharding", "largest_module_params"),
     ("planner.memory", "weight_bytes"), ("planner.memory", "grad_bytes"), ("planner.memory", "optimizer_bytes"),
     ("planner.memory", "host_bytes"), ("planner.memory", "deepspeed_reduce_buckets"),
     ("planner.memory", "deepspeed_straddle_bytes"), ("planner.memory", "deepspeed_step_grad_copies"),
-    ("planner.memory", "reduction_copy_bytes"), ("planner.memory", "zero3_live_param_bytes"), ("planner.memory", "fsdp_unsharded_unit_bytes"),
+    ("planner.memory", "reduction_copy_bytes"), ("planner.memory", "zero3_live_param_bytes"), ("planner.memory", "zero3_ahead_params"), ("planner.memory", "fsdp_unsharded_unit_bytes"),
     ("planner.memory", "torchtitan_edge_unit_bytes"),
     ("planner.memory", "overhead_bytes"),
     ("planner.activations", "layer_bytes"), ("planner.activations", "recompute_working_bytes"),
@@ -66,7 +66,7 @@ DELIBERATE = [
     ("no last-stage head activations", "planner.activations:head_input_bytes:x0"),
 ]
 
-FAST_TESTS = ["tests/test_memory.py", "tests/test_timing.py", "tests/test_validate.py", "tests/test_search.py",
+FAST_TESTS = ["tests/test_memory.py", "tests/test_deepspeed_zero3_live.py", "tests/test_timing.py", "tests/test_validate.py", "tests/test_search.py",
               "tests/test_cli.py", "tests/test_terms.py", "tests/test_activations_real.py", "tests/test_engines.py",
               "tests/test_moe_capacity.py", "tests/test_dense_first.py",
               "tests/test_expert_tp.py", "tests/test_activations_deepseek.py", "tests/test_step_time_h200.py",

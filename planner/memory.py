@@ -19,11 +19,11 @@ from planner.grouping import Lazy, grouped
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
-from planner.options import Offload, Optimizer, Precision
+from planner.options import Offload, Optimizer, Precision, Recompute
 
 from planner.pipeline import first_routed_stage
 from planner.sharding import (block_params, expert_dp, deepspeed_grad_partition_excess, optimizer_bytes_per_param,
-                              persistent_params, rank_params, state_bytes)
+                              largest_module_params, persistent_params, rank_params, state_bytes)
 
 BREAKDOWN_KEYS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
 PHASES = ("forward/backward", "optimizer step", "gradient reduction")
@@ -203,29 +203,43 @@ def deepspeed_step_grad_copies(model: ModelSpec, training: Training, lay: Layout
     return np.where(lay.offload_optimizer > Offload.NONE, 0.0, held)
 
 
+def zero3_ahead_params(training: Training) -> float:
+    """Gathered elements DeepSpeed holds beyond the module computing (0.19.8 partitioned_param_coordinator.py;
+    counted on the real engine, tests/test_deepspeed_zero3_live.py): with prefetching
+    (stage3_prefetch_bucket_size and stage3_max_live_parameters > 0) up to max_live, since the
+    prefetcher gathers ahead while fewer are available and what it passed stays for its later use
+    (__params_to_release: most_recent_step_id_param_fetched_for > step_id), even with
+    max_reuse_distance 0; without, at the forward's end those whose backward use comes within
+    stage3_max_reuse_distance after the modules run later twice (forward, then backward in
+    reverse): the last distance / 2."""
+    zc = training.zero_config
+    prefetching = zc.stage3_prefetch_bucket_size > 0 and zc.stage3_max_live_parameters > 0
+    return max(zc.stage3_max_live_parameters * prefetching, zc.stage3_max_reuse_distance / 2)
+
+
 def zero3_kept_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple:
     """(kept, rank): of the `rank` elements a rank of `stage` gathers under ZeRO-3, those DeepSpeed
-    keeps gathered from one use to the next: up to stage3_max_live_parameters, those reused within
-    stage3_max_reuse_distance or the prefetch bucket past the current block (0.19.8
-    partitioned_param_coordinator.py __params_to_release; the whole local model with the 1e9
-    defaults, measured: backward gathers nothing)."""
-    zc = training.zero_config
+    keeps gathered from the forward into the backward (zero3_ahead_params; the whole local model with
+    the 1e9 defaults, measured: backward gathers nothing)."""
     dense, expert = rank_params(model, training, lay, stage)
     rank = dense + expert
-    block = block_params(model, training, lay)
-    kept = np.minimum(np.minimum(rank, zc.stage3_max_live_parameters),
-                      np.maximum(zc.stage3_max_reuse_distance, block + zc.stage3_prefetch_bucket_size))
-    return kept, rank
+    return np.minimum(rank, zero3_ahead_params(training)), rank
 
 
 def zero3_live_param_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
-    """ZeRO-3 gathered parameters alive: those kept (zero3_kept_params), at least the current block
-    and the prefetch bucket; plus the persistent small parameters (partitioned_param_coordinator.py,
-    parameter_offload.py)."""
+    """ZeRO-3 gathered 16-bit parameters alive at once (DeepSpeed 0.19.8 partitioned_param_coordinator.py;
+    counted after every fetch on 2 gloo ranks: calibrate/deepspeed_zero3_worker.py,
+    tests/test_deepspeed_zero3_live.py), capped at the rank's whole model, plus the persistent
+    small parameters (parameter_offload.py): the submodule computing (fetch_sub_module gathers one
+    module's own tensors; the largest module's, an embedding or output layer maybe) and what is
+    held ahead of it (zero3_ahead_params); with nothing ahead, two of a block's largest while a
+    checkpoint recomputes a module inside the backward of another (measured; with a prefetcher
+    the recomputed module is within what it holds)."""
     zc, w = training.zero_config, training.precision.element_bytes
-    live, rank = zero3_kept_params(model, training, lay, stage)
-    block = block_params(model, training, lay)
-    working = np.maximum(live, np.minimum(rank, block + zc.stage3_prefetch_bucket_size))
+    dense, expert = rank_params(model, training, lay, stage)
+    single = largest_module_params(model, training, lay)
+    recomputing = 2.0 * largest_module_params(model, training, lay, blocks_only=True) * (lay.recompute == Recompute.FULL)
+    working = np.minimum(dense + expert, np.maximum(recomputing, single + zero3_ahead_params(training)))
     persistent = persistent_params(model, training, lay, zc.stage3_param_persistence_threshold, stage)
     return np.where(lay.zero == 3, (working + persistent) * w, 0.0)
 

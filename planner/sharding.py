@@ -10,7 +10,7 @@ import numpy as np
 
 from planner.engines import ExpertTP
 from planner.layout import Layouts, Training
-from planner.model import ModelSpec
+from planner.model import FIRST, LAST, ModelSpec, local_numel
 from planner.options import Optimizer, Precision
 from planner.pipeline import blocks_on_stage, first_layer_on_stage
 
@@ -78,6 +78,26 @@ def block_params(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarr
     """Parameter elements of the largest transformer block on one rank (its TP shard, its local
     experts): a routed one, or a dense-first one where EP leaves few experts per rank."""
     return np.maximum(*[sum(_block_params(block, training, lay)) for block in (model, model.dense_block)])
+
+
+def largest_module_params(model: ModelSpec, training: Training, lay: Layouts, blocks_only: bool = False) -> np.ndarray:
+    """Elements one rank holds of the largest module's own tensors, after TP and EP: what ZeRO-3
+    gathers for one submodule (DeepSpeed 0.19.8 partitioned_param_coordinator.py fetch_sub_module:
+    iter_params(current_submodule, recurse=False)); a block's modules alone, or with the embedding
+    and the output layer (a tied output layer is the embedding's module)."""
+    kinds = [(model.block_tensors(), model.experts), (model.dense_block.block_tensors(), model.dense_block.experts)]
+    if not blocks_only:
+        kinds.append((model.tensors_at(FIRST) + model.tensors_at(LAST), model.experts))
+    best = 0.0 * lay.tp
+    for tensors, experts in kinds:
+        per_module: dict = {}
+        for t in tensors:
+            if not t.tied:
+                split = expert_tp(training, lay) if t.expert else lay.tp
+                per_module[t.module] = per_module.get(t.module, 0.0) + local_numel(t, split, experts, lay.ep)
+        for numel in per_module.values():
+            best = np.maximum(best, numel)
+    return np.ceil(best)
 
 
 def persistent_params(model: ModelSpec, training: Training, lay: Layouts, threshold: int, stage) -> np.ndarray:

@@ -1,0 +1,72 @@
+"""How many parameter elements DeepSpeed ZeRO-3 keeps gathered at once under its live, reuse and
+prefetch knobs, counted on the real engine.
+
+    python -m calibrate.deepspeed_zero3 [--out PATH]
+
+Launches calibrate/deepspeed_zero3_worker.py on 2 gloo ranks under DeepSpeed's launcher: a 3-layer
+Llama (Linears of 32,768 to 180,224 elements, 2,475,776 in all, bf16, ZeRO-3, persistence threshold
+10) trained 3 steps per knob setting, with and without gradient checkpointing; in the last step the
+elements of every gathered or in-flight parameter are summed after each submodule fetch. The largest
+sums, in forward and backward, go to data/references/deepspeed_zero3_live_cpu.json (atomically),
+read by tests/test_deepspeed_zero3_live.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent.parent / "data" / "references" / "deepspeed_zero3_live_cpu.json"
+# name: (stage3_max_live_parameters, stage3_max_reuse_distance, stage3_prefetch_bucket_size, checkpointing)
+KNOBS = {
+    "nothing-ahead": (0, 0, 0, False),
+    "nothing-ahead-checkpointed": (0, 0, 0, True),
+    "prefetch-1": (10**9, 0, 1, False),
+    "prefetch-1-checkpointed": (10**9, 0, 1, True),
+    "prefetch-200k": (10**9, 0, 200_000, False),
+    "live-300k": (300_000, 0, 10**6, False),
+    "live-300k-checkpointed": (300_000, 0, 10**6, True),
+    "live-500k-prefetch-50k": (500_000, 0, 50_000, False),
+    "reuse-300k": (0, 300_000, 0, False),
+    "reuse-600k": (0, 600_000, 0, False),
+    "reuse-1e9": (0, 10**9, 0, False),
+    "live-reuse-1m": (10**6, 10**6, 50_000, False),
+    "live-reuse-1m-checkpointed": (10**6, 10**6, 50_000, True),
+    "defaults": (10**9, 10**9, 50_000_000, False),
+}
+
+
+def measure() -> list[dict]:
+    from calibrate.launch import launch
+
+    runs = [{"name": name, "checkpointing": ckpt,
+             "zero_optimization": {"stage3_max_live_parameters": live, "stage3_max_reuse_distance": reuse,
+                                   "stage3_prefetch_bucket_size": prefetch}}
+            for name, (live, reuse, prefetch, ckpt) in KNOBS.items()]
+    outcome = launch("calibrate.deepspeed_zero3_worker", [json.dumps({"runs": runs})], nproc=2, launcher="deepspeed",
+                     env={"DS_ACCELERATOR": "cpu"}, timeout_s=600)
+    if outcome.status != "ok" or len(outcome.ranks) != 2:
+        raise SystemExit(f"calibrate.deepspeed_zero3: the worker ended '{outcome.status}': {outcome.error}\n"
+                         f"{outcome.log_tail}")
+    rows = []
+    for run, measured in zip(runs, outcome.ranks[0]["runs"]):
+        # both ranks gather the same elements (ZeRO-3 partitions each tensor over them)
+        assert all(r["runs"][len(rows)]["peak_forward"] == measured["peak_forward"] for r in outcome.ranks)
+        rows.append({**run, "peak_forward": measured["peak_forward"], "peak_backward": measured["peak_backward"]})
+        print(rows[-1]["name"], rows[-1]["peak_forward"], rows[-1]["peak_backward"], file=sys.stderr, flush=True)
+    rows[0]["modules"] = outcome.ranks[0]["runs"][0]["modules"]  # the same model in every run
+    return rows
+
+
+def main(argv=None) -> int:
+    from calibrate.torchtitan_sac import run_cli
+
+    return run_cli(argv, __doc__, OUT, "python -m calibrate.deepspeed_zero3: DeepSpeed ZeRO-3 on 2 gloo ranks, a "
+                   "3-layer Llama (calibrate/deepspeed_zero3_worker.py LLAMA, bf16), the most parameter elements "
+                   "gathered or in flight after any submodule fetch of the third step, forward and backward",
+                   measure, "deepspeed")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

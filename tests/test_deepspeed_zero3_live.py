@@ -1,0 +1,108 @@
+"""ZeRO-3's gathered parameters against DeepSpeed's own count, under its live, reuse and prefetch knobs.
+
+The reference, data/references/deepspeed_zero3_live_cpu.json, is python -m calibrate.deepspeed_zero3:
+DeepSpeed 0.19.8 ZeRO-3 on 2 gloo ranks, a 3-layer Llama (h 256, ffn 704, 4 heads, 2 KV heads, vocab
+512, untied, bf16, persistence threshold 10), the most elements of gathered or in-flight parameters
+after any submodule fetch of the third step. Its modules: embed and lm_head 512 x 256 = 131,072; q and
+o 65,536; k and v 32,768; gate, up and down 256 x 704 = 180,224 (the largest); norms 256.
+A layer's modules hold 737,792 elements, the model 2,475,776.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner import layout, memory
+from planner.hf_config import from_hf_config
+
+REFERENCE = Path(__file__).resolve().parent.parent / "data" / "references" / "deepspeed_zero3_live_cpu.json"
+ROWS = {row["name"]: row for row in json.loads(REFERENCE.read_text())["rows"]}
+LARGEST = 256 * 704  # gate_proj, up_proj, down_proj
+WHOLE = 2 * 512 * 256 + 3 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * LARGEST + 2 * 256) + 256
+# with nothing but the distance, what stays is the forward's tail within it (granular by module): at
+# most one module more than planned here
+REUSE_ONLY = ("reuse-300k", "reuse-600k")
+
+
+def _planned_elements(row) -> float:
+    from calibrate.deepspeed_zero3_worker import LLAMA
+
+    model = from_hf_config({**LLAMA, "model_type": "llama"})
+    assert model.params == WHOLE == 2_475_776
+    zc = row["zero_optimization"]
+    training = layout.Training(seq_len=16, precision="bf16", engine="deepspeed", zero_config=layout.ZeroConfig(
+        stage3_param_persistence_threshold=10, **zc))
+    lay = layout.single(dp=2, zero=3, recompute="full" if row["checkpointing"] else "none")
+    return float(memory.zero3_live_param_bytes(model, training, lay, 0)[0]) / 2  # bf16
+
+
+def test_reference_is_deepspeeds_own_engine():
+    doc = json.loads(REFERENCE.read_text())
+    assert doc["environment"]["deepspeed"] == "0.19.8"
+    modules = dict(ROWS["nothing-ahead"]["modules"])
+    assert max(modules.values()) == LARGEST and sum(modules.values()) == WHOLE
+
+
+@pytest.mark.parametrize("name", list(ROWS))
+def test_gathered_parameters_are_what_deepspeed_holds(name):
+    row = ROWS[name]
+    measured = max(row["peak_forward"], row["peak_backward"])
+    planned = _planned_elements(row)
+    if name in REUSE_ONLY:
+        assert measured <= planned <= measured + LARGEST
+    else:  # within the last prefetch's overshoot
+        assert measured <= planned <= 1.06 * measured
+
+
+def test_one_module_not_one_layer_with_nothing_ahead():
+    # fetch_sub_module gathers a module's own tensors: the largest Linear, not the 737,792 of a layer
+    assert ROWS["nothing-ahead"]["peak_forward"] == LARGEST == _planned_elements(ROWS["nothing-ahead"])
+    # a checkpoint recomputes a module while the backward's own is gathered: two of them
+    assert ROWS["nothing-ahead-checkpointed"]["peak_backward"] == 2 * LARGEST
+    assert _planned_elements(ROWS["nothing-ahead-checkpointed"]) == 2 * LARGEST
+
+
+def test_prefetching_keeps_what_it_passed_even_with_no_reuse_distance():
+    # max_reuse_distance 0, prefetch bucket 1, max_live 1e9: the forward keeps gathering, all but
+    # lm_head's 131,072 and the final norm at its peak, the whole model planned (under max_live)
+    row = ROWS["prefetch-1"]
+    assert row["zero_optimization"]["stage3_max_reuse_distance"] == 0
+    assert row["peak_forward"] > 0.9 * WHOLE
+    assert _planned_elements(row) == WHOLE
+    # max_live bounds it: 300,000 + at most one 180,224-element module gathered past the limit
+    assert 300_000 < ROWS["live-300k"]["peak_forward"] <= 300_000 + LARGEST == _planned_elements(ROWS["live-300k"])
+
+
+def test_largest_module_of_a_published_model():
+    # Llama-3-70B (config.json: hidden 8192, intermediate 28672, vocab 128256, untied): its embedding and
+    # lm_head are the largest modules, 128,256 x 8,192 = 1,050,673,152 elements, vocab-parallel under TP;
+    # inside a block, gate/up/down_proj 8,192 x 28,672 = 234,881,024, column/row-parallel
+    from planner import sharding
+    from planner.model import lookup
+
+    model, training = lookup("llama-3-70b"), layout.Training(engine="megatron-deepspeed")
+    lay = layout.single(tp=8, dp=2, zero=3)
+    assert sharding.largest_module_params(model, training, layout.single(dp=16, zero=3))[0] == 1_050_673_152
+    assert sharding.largest_module_params(model, training, lay)[0] == 1_050_673_152 / 8
+    assert sharding.largest_module_params(model, training, lay, blocks_only=True)[0] == 234_881_024 / 8
+
+
+@pytest.mark.slow
+def test_deepspeed_gathers_what_the_reference_says(tmp_path):
+    """The count itself, on the installed DeepSpeed under its launcher (about 30 s)."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "zero3.json"
+    proc = subprocess.run([sys.executable, "-m", "calibrate.deepspeed_zero3", "--out", str(out)], capture_output=True,
+                          text=True, timeout=900, cwd=str(REFERENCE.parents[2]), env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["name"] for r in rows] == list(ROWS)
+    for row in rows:
+        assert (row["peak_forward"], row["peak_backward"]) == (ROWS[row["name"]]["peak_forward"],
+                                                               ROWS[row["name"]]["peak_backward"]), row["name"]
