@@ -245,6 +245,10 @@ class Engine:
     """Its partial recompute checkpoints every k-th decoder layer from the first (transformers 5.25
     modeling_utils.py _set_gradient_checkpointing: layer_index % every_n_layers == 0), so N layers
     recomputed means N = ceil(L / k), on one pipeline stage; the bytes and seconds depend only on N."""
+    expert_parallel: bool = True
+    """Launches expert parallelism (--ep > 1) from the exported configuration: megatron-core
+    --expert-model-parallel-size, Megatron-DeepSpeed's deepspeed.moe ep_size, torchtitan
+    expert_parallel_degree."""
     deepspeed_checkpointing: bool = False
     """Full recompute runs through deepspeed.checkpointing, so the ds_config's activation_checkpointing
     partition_activations and cpu_checkpointing decide where the layer inputs wait."""
@@ -338,7 +342,12 @@ DEEPSPEED = Engine(
     name="deepspeed", summary="DeepSpeed ZeRO 0-3 + offload on Hugging Face modules; 1F1B PipelineModule (ZeRO 0/1)",
     tensor_parallel=False, fused_gemms=False, eager_elementwise=True, p2p_split_over_tp=False, p2p_overlaps_interleaved=False,
     modules=Modules.HUGGING_FACE, launcher=Launcher.DEEPSPEED, expert_tp=ExpertTP.SPLIT, selective_recompute=False,
-    partial_recompute=True, recompute_every_n=True, **_DS_COMMON)
+    partial_recompute=True, recompute_every_n=True,
+    # Hugging Face MoE blocks get experts split over ranks only through AutoEP (DeepSpeed 0.19.8
+    # ds_config "expert_parallel", module_inject/auto_ep.py), whose deepspeed.initialize fails with
+    # transformers 5.25 (auto_ep_presets/base.py _install_instance_transformers_output_recorders:
+    # _CanRecordRegistry.get() takes 2 positional arguments; run on 2 gloo ranks, Mixtral, ZeRO-1 and 3)
+    expert_parallel=False, **_DS_COMMON)
 
 MEGATRON_DEEPSPEED = Engine(
     name="megatron-deepspeed", summary="Megatron TP/SP/CP and fused kernels + DeepSpeed ZeRO, offload and pipeline",
@@ -458,6 +467,9 @@ FSDP = Engine(
     zero3_fetch_per_block=True,
     reshards_after_backward=True,  # measured: tests/test_fsdp_real.py test_fsdp2_gathers_every_micro_batch
     expert_tp=ExpertTP.SPLIT,  # FSDP2 on Hugging Face modules has no TP
+    # nor expert parallelism: accelerate's FSDP plugin shards every unit over the data-parallel ranks
+    # (fully_shard has no expert-placement of its own)
+    expert_parallel=False,
     tp_comm_overlap=False,
     p2p_split_over_tp=False, p2p_overlaps_interleaved=False,
     selective_policy=SelectivePolicy.CORE_ATTENTION,
@@ -492,6 +504,7 @@ TORCHTITAN = replace(
     # torchtitan 0.3 components/optimizer/optimizer.py OptimizersContainer.Config implementation "fused"
     optimizer_step_copy=False,
     expert_tp=ExpertTP.BY_EP,
+    expert_parallel=True,  # its MoE models' expert_parallel_degree (models/common/moe_sharding.py)
     selective_policy=SelectivePolicy.OP_SAC,  # Trainer.Config.activation_checkpoint = SelectiveAC.Config
     selective_recompute=True, partial_recompute=False, recompute_every_n=False,
     loss_chunks=8,  # components/loss.py ChunkedLossWrapper.Config.num_chunks, set by every llama3 config

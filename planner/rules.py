@@ -213,6 +213,9 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr, l: (not tr.engine.tensor_parallel) & ((l.tp > 1) | (l.cp > 1)),
          lambda m, cl, tr: f"--tp/--cp: --engine {tr.engine.name} has no tensor or context parallelism "
                            f"(engines with it: {_names(e for e in ENGINES.values() if e.tensor_parallel)})"),
+    Rule("engine_expert_parallel", ENGINE_RULE, lambda m, cl, tr, l: (l.ep > 1) & (not tr.engine.expert_parallel),
+         lambda m, cl, tr: f"--ep: --engine {tr.engine.name} launches no expert parallelism (engines with it: "
+                           f"{_names(e for e in ENGINES.values() if e.expert_parallel)})"),
     Rule("engine_partial_recompute", ENGINE_RULE,
          lambda m, cl, tr, l: (l.recompute_layers > 0) & (not tr.engine.partial_recompute),
          lambda m, cl, tr: f"--recompute-layers: --engine {tr.engine.name} recomputes every layer or none "

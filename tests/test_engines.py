@@ -185,3 +185,34 @@ def test_deepspeed_moe_keeps_experts_whole_on_every_tp_rank():
     assert per_layer_mlm == 3 * 4096 * 14336 / 2  # its TP half
     # the dense part is split alike
     assert sharding.rank_params(m, mds, lay, 0)[0][0] == sharding.rank_params(m, mlm, lay, 0)[0][0]
+
+
+def test_hugging_face_engines_offer_no_expert_parallelism():
+    """Their exported configs launch none: DeepSpeed's AutoEP fails to initialize with transformers 5.25
+    (test below), and accelerate's FSDP shards every unit over the data-parallel ranks. Mixtral 8x7B on 8
+    GPUs under DeepSpeed: the search ranked tp1 pp1 ep2 dp8 z3 first before the rule."""
+    from planner import api
+
+    for engine in ("deepspeed", "fsdp"):
+        rec = api.recommend("mixtral-8x7b", {"gpus": 8}, {"engine": engine}, top=40)
+        assert rec.layouts and all(row["layout"]["ep"] == 1 for row in rec.layouts)
+        with pytest.raises(InputError, match="--ep: --engine " + engine):
+            api.estimate("mixtral-8x7b", {"gpus": 8}, {"engine": engine}, {"dp": 8, "ep": 2, "zero": 3})
+    assert api.recommend("mixtral-8x7b", {"gpus": 8}, {"engine": "torchtitan"}, pinned={"ep": 2}, top=1).layouts
+
+
+@pytest.mark.slow
+def test_deepspeed_autoep_does_not_initialize_with_the_installed_transformers():
+    """DeepSpeed 0.19.8's AutoEP on 2 gloo ranks, a 4-expert Mixtral, ZeRO-3: deepspeed.initialize raises in
+    auto_ep_presets/base.py (_CanRecordRegistry.get of transformers 5.25 takes one argument). When an upgrade
+    makes this launch, export ds_config "expert_parallel" and set the deepspeed engine's expert_parallel."""
+    from calibrate.launch import launch
+
+    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+          "zero_allow_untested_optimizer": True, "zero_optimization": {"stage": 3},
+          "expert_parallel": {"enabled": True, "autoep_size": 2, "preset_model": "mixtral"}}
+    out = launch("calibrate.deepspeed_autoep_worker", [json.dumps(ds)], nproc=2, launcher="deepspeed",
+                 env={"DS_ACCELERATOR": "cpu"}, timeout_s=300)
+    assert out.status == "ok" and len(out.ranks) == 2, out.log_tail
+    assert not any(r["initialized"] for r in out.ranks), out.ranks
+    assert all("_CanRecordRegistry.get()" in r["error"] for r in out.ranks)
