@@ -50,7 +50,7 @@ TOP_LEVEL_KEYS = (
     "progressive_layer_drop", "eigenvalue", "quantize_training", "sparse_attention", "disable_allgather",
     "use_node_local_storage", "dataloader_drop_last", "timers", "compile",
     "weight_quantization", "hybrid_engine", "tensor_parallel", "graph_harvesting", "use_data_before_expert_parallelism",
-    "gradient_allreduce_op")
+    "gradient_allreduce_op", "expert_parallel", "managed_gradient_accumulation", "disable_python_gc")
 
 
 @dataclass(frozen=True)
@@ -196,6 +196,12 @@ def config_findings(ds: dict, pipeline_stages: int) -> list[Finding]:
         # runtime/config.py DeepSpeedConfig._do_error_check
         out.append(Finding("config", "error", "fp16 and bf16 are both enabled: DeepSpeed asserts 'bfloat16 and fp16 "
                            "modes cannot be simultaneously enabled'"))
+    if enabled(ds, "expert_parallel"):
+        # runtime/config.py get_expert_parallel_config -> engine.py _configure_expert_parallel (AutoEP)
+        out.append(Finding("config", "error", "expert_parallel is enabled: DeepSpeed 0.19.8's AutoEP fails in "
+                           "deepspeed.initialize with transformers 5.25 (auto_ep_presets/base.py: "
+                           "_CanRecordRegistry.get() takes 2 positional arguments); predicted without expert "
+                           "parallelism"))
     stage = whole_number(zero.get("stage", 0), "zero_optimization.stage")
     if pipeline_stages > 1 and stage >= 2:
         # runtime/pipe/engine.py PipelineEngine.__init__

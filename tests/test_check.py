@@ -72,6 +72,30 @@ def test_key_lists_are_deepspeeds_own():
     source = "".join(p.read_text(errors="ignore") for p in Path(deepspeed.__file__).parent.rglob("*.py"))
     missing = [k for k in ds_config.TOP_LEVEL_KEYS if f'"{k}"' not in source and f"'{k}'" not in source]
     assert not missing
+    # and every key runtime/config.py looks up is one the doctor knows, or a key of a section it reads
+    # (optimizer/scheduler type and params, torch_autocast dtype, ..., which these patterns also catch)
+    import re
+
+    from deepspeed.runtime import config as ds_runtime_config
+
+    code = Path(ds_runtime_config.__file__).read_text()
+    constants = set().union(*(re.findall(p, code) for p in (r"get_scalar_param\(param_dict,\s*([A-Z_0-9]+)",
+                                                              r"param_dict\.get\(([A-Z_0-9]+)", r"([A-Z_0-9]+) in param_dict",
+                                                              r"param_dict\[([A-Z_0-9]+)\]")))
+    read = {getattr(ds_runtime_config, c) for c in constants if isinstance(getattr(ds_runtime_config, c, None), str)}
+    section_keys = {"type", "params", "dtype", "lower_precision_safe_modules", "legacy_fusion", "log_level",
+                    "vocabulary_size"}
+    assert read - section_keys <= set(ds_config.TOP_LEVEL_KEYS), sorted(read - section_keys - set(ds_config.TOP_LEVEL_KEYS))
+    assert {"expert_parallel", "managed_gradient_accumulation", "disable_python_gc"} <= read
+
+
+def test_autoep_is_read_and_reported():
+    # DeepSpeed 0.19.8 reads "expert_parallel" (runtime/config.py get_expert_parallel_config); its AutoEP fails to
+    # initialize with transformers 5.25 (tests/test_engines.py, slow): an error finding, not "ignored"
+    ds = {"train_batch_size": 4, "expert_parallel": {"enabled": True, "autoep_size": 2}, "disable_python_gc": 0}
+    found = ds_config.config_findings(ds, 1)
+    assert not any("not one DeepSpeed reads" in f.message for f in found)
+    assert [f.severity for f in found] == ["error"] and "AutoEP" in found[0].message
 
 
 def deepspeed_refuses(ds: dict) -> bool:
