@@ -9,9 +9,7 @@ expert_parallel).
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 
 import torch
 
@@ -51,4 +49,4 @@ def main(ds: dict) -> None:
 
 
 if __name__ == "__main__":
-    run_and_leave(lambda arg: main(arg))
+    run_and_leave(main)
