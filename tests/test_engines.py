@@ -216,3 +216,31 @@ def test_deepspeed_autoep_does_not_initialize_with_the_installed_transformers():
     assert out.status == "ok" and len(out.ranks) == 2, out.log_tail
     assert not any(r["initialized"] for r in out.ranks), out.ranks
     assert all("_CanRecordRegistry.get()" in r["error"] for r in out.ranks)
+
+
+def test_megatron_gradients_are_its_fp32_buffer_whole_on_every_rank():
+    """megatron-core 0.16.1 DistributedDataParallel on one gloo rank (python -m calibrate.megatron_grad_buffer):
+    with grad_reduce_in_fp32, which Megatron-LM sets for bf16, every parameter's main_grad is a float32 view
+    of one contiguous buffer of the rank's whole model (12,448 elements padded to 12,544 = 98 x 128), the
+    distributed optimizer notwithstanding; without it, bf16. The planner's Megatron gradients: 4 B per
+    parameter of the rank, unsharded at ZeRO-1 (the gap to megatron-deepspeed's bf16 ZeRO-1 gradients,
+    2 B, is this buffer's dtype)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run([sys.executable, "-m", "calibrate.megatron_grad_buffer"], capture_output=True, text=True,
+                          timeout=300, cwd=str(Path(__file__).resolve().parents[1]))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["megatron_core"] == "0.16.1" and got["params"] == 64 * 96 + 96 + 96 * 64 + 64
+    fp32, bf16 = got["grad_reduce_in_fp32=True"], got["grad_reduce_in_fp32=False"]
+    assert {d for d, _ in fp32["main_grad"].values()} == {"torch.float32"}
+    assert {d for d, _ in bf16["main_grad"].values()} == {"torch.bfloat16"}
+    (dtype, numel, size), = fp32["buffers"]
+    assert size == 4 and got["params"] <= numel < got["params"] + 128  # padded to a multiple of 128
+    model, lay = lookup("llama-3-8b"), layout.single(dp=8, zero=1)
+    for engine, per_param in (("megatron", 4.0), ("megatron-deepspeed", 2.0)):
+        training = layout.Training(engine=engine, precision="bf16")
+        dense, expert = sharding.rank_params(model, training, lay, 0)
+        assert memory.grad_bytes(model, training, lay, 0)[0] == pytest.approx(per_param * (dense + expert)[0])
