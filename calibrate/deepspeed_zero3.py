@@ -6,8 +6,9 @@ prefetch knobs, counted on the real engine.
 Launches calibrate/deepspeed_zero3_worker.py on 2 gloo ranks under DeepSpeed's launcher: a 3-layer
 Llama (Linears of 32,768 to 180,224 elements, 2,475,776 in all, bf16, ZeRO-3, persistence threshold
 10) trained 3 steps per knob setting, with and without gradient checkpointing; in the last step the
-elements of every gathered or in-flight parameter are summed after each submodule fetch. The largest
-sums, in forward and backward, go to data/references/deepspeed_zero3_live_cpu.json (atomically),
+elements of every gathered or in-flight parameter are summed after each submodule fetch, and each
+fetch is counted as gathered ahead (the prefetcher had started it) or on demand. The largest sums
+and the counts, in forward and backward, go to data/references/deepspeed_zero3_live_cpu.json (atomically),
 read by tests/test_deepspeed_zero3_live.py.
 """
 
@@ -31,6 +32,7 @@ KNOBS = {
     "reuse-300k": (0, 300_000, 0, False),
     "reuse-600k": (0, 600_000, 0, False),
     "reuse-1e9": (0, 10**9, 0, False),
+    "live-300k-reuse-1e9": (300_000, 10**9, 10**6, False),
     "live-reuse-1m": (10**6, 10**6, 50_000, False),
     "live-reuse-1m-checkpointed": (10**6, 10**6, 50_000, True),
     "defaults": (10**9, 10**9, 50_000_000, False),
@@ -53,7 +55,8 @@ def measure() -> list[dict]:
     for run, measured in zip(runs, outcome.ranks[0]["runs"]):
         # both ranks gather the same elements (ZeRO-3 partitions each tensor over them)
         assert all(r["runs"][len(rows)]["peak_forward"] == measured["peak_forward"] for r in outcome.ranks)
-        rows.append({**run, "peak_forward": measured["peak_forward"], "peak_backward": measured["peak_backward"]})
+        rows.append({**run, **{k: measured[k] for k in ("peak_forward", "peak_backward", "modules_gathered_ahead",
+                                                         "modules_gathered_on_demand")}})
         print(rows[-1]["name"], rows[-1]["peak_forward"], rows[-1]["peak_backward"], file=sys.stderr, flush=True)
     rows[0]["modules"] = outcome.ranks[0]["runs"][0]["modules"]  # the same model in every run
     return rows

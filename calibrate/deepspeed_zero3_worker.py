@@ -52,13 +52,19 @@ def _one_run(run: dict) -> dict:
     counting = [False]
     original = PartitionedParameterCoordinator.fetch_sub_module
 
+    fetched = {"forward": [0, 0], "backward": [0, 0]}  # [gathered ahead, gathered on demand] modules
+
     def counted(self, current_submodule, forward):
+        own = [p for p in current_submodule.parameters(recurse=False) if not p.ds_persist]
+        ahead = all(p.ds_status != ZeroParamStatus.NOT_AVAILABLE for p in own)
         original(self, current_submodule, forward)
         if counting[0]:
             live = sum(p.ds_numel for p in params if p.ds_status != ZeroParamStatus.NOT_AVAILABLE)
             # a checkpoint's recompute runs inside autograd's backward (a graph task is running)
             key = "forward" if torch._C._current_graph_task_id() == -1 else "backward"
             peak[key] = max(peak[key], live)
+            if own:
+                fetched[key][0 if ahead else 1] += 1
 
     PartitionedParameterCoordinator.fetch_sub_module = counted
     ids = torch.randint(0, LLAMA["vocab_size"], (1, 16), device=device())
@@ -73,7 +79,9 @@ def _one_run(run: dict) -> dict:
     modules = [(name, sum(p.ds_numel for p in m.parameters(recurse=False)))
                for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
     engine.destroy()
-    return {"name": run["name"], "peak_forward": peak["forward"], "peak_backward": peak["backward"], "modules": modules}
+    return {"name": run["name"], "peak_forward": peak["forward"], "peak_backward": peak["backward"], "modules": modules,
+            "modules_gathered_ahead": {k: v[0] for k, v in fetched.items()},
+            "modules_gathered_on_demand": {k: v[1] for k, v in fetched.items()}}
 
 
 def main(cfg: dict) -> None:

@@ -426,7 +426,7 @@ def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     __all_gather_params) or per block (FSDP2 unit). {"one": seconds of one pass's gathers, "calls"
     a pass, "fwd"/"bwd": passes a step under forward/backward compute, "whole_step": the one
     gather a pipeline keeps for the step, "prefetch": whether the next call is issued under the
-    current one's compute}. DeepSpeed prefetches the next parameters of its trace after waiting
+    current one's compute, "ahead_fwd": the share of the forward's calls so issued}. DeepSpeed prefetches the next parameters of its trace after waiting
     for the current ones, up to stage3_prefetch_bucket_size elements and while fewer than
     stage3_max_live_parameters are gathered (fetch_sub_module: max_params_to_prefetch, at least
     one parameter once positive): none with a bucket of 0 or a live limit under a submodule. FSDP2
@@ -451,8 +451,16 @@ def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     # every unit after forward (--zero 3) and gathers it all again
     kept, rank = zero3_kept_params(model, training, lay, 0 * lay.pp)
     again = 1.0 if training.engine.zero3_fetch_per_block else 1.0 - kept / np.maximum(rank, 1.0)
+    # the forward's last min(rank, reuse / 2) elements stay gathered for their backward use
+    # (memory.zero3_ahead_params); where they fill stage3_max_live_parameters the prefetcher has no
+    # budget left (max_params_to_prefetch <= 0) and that share of the forward gathers on demand
+    # (measured, tests/test_deepspeed_zero3_live.py: max_live 3e5 with reuse 1e9 over 2.5e6 elements,
+    # 24 of 30 forward fetches; none with the two knobs equal)
+    reused = np.minimum(rank, zc.stage3_max_reuse_distance / 2.0)
+    starved = np.clip((reused - zc.stage3_max_live_parameters) / np.maximum(rank, 1.0), 0.0, 1.0)
+    ahead_fwd = prefetch * np.where(training.engine.zero3_fetch_per_block, 1.0, 1.0 - starved)
     return {"one": one, "calls": calls + 0.0 * one, "fwd": passes, "bwd": np.where(lay.zero == 3, passes * again, 0.0),
-            "whole_step": whole_step, "prefetch": prefetch}
+            "whole_step": whole_step, "prefetch": prefetch, "ahead_fwd": ahead_fwd}
 
 
 def zero3_rank_copies_s(model: ModelSpec, training: Training, lay: Layouts, c: dict, z3: dict) -> np.ndarray:
@@ -517,8 +525,9 @@ def zero3_exposed_s(z3, fwd_window_s, bwd_window_s, step_window_s):
     it feeds (overlapped_exposed_s): a pass's gathers under that pass's compute, a pipeline's one
     gather under the whole step's; without prefetch every call shows."""
     on = np.where(z3["prefetch"], 1.0, 0.0)
-    per_pass = z3["fwd"] * overlapped_exposed_s(z3["one"], z3["calls"], on * fwd_window_s) \
-        + z3["bwd"] * overlapped_exposed_s(z3["one"], z3["calls"], on * bwd_window_s)
+    ahead = z3["ahead_fwd"]  # the forward's share gathered ahead; the rest shows whole
+    fwd = ahead * overlapped_exposed_s(z3["one"], z3["calls"], fwd_window_s) + (1.0 - ahead) * z3["one"]
+    per_pass = z3["fwd"] * fwd + z3["bwd"] * overlapped_exposed_s(z3["one"], z3["calls"], on * bwd_window_s)
     return per_pass + np.where(z3["whole_step"], overlapped_exposed_s(z3["one"], z3["calls"], on * step_window_s), 0.0)
 
 
@@ -636,7 +645,7 @@ def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
 
 PIPE_FIELDS = ACTIVATION_FIELDS  # the same grouping as memory's (computed once per candidate set)
 STEP_FIELDS = STATE_FIELDS
-Z3_KEYS = ("one", "calls", "fwd", "bwd", "whole_step", "prefetch")  # zero3_gather_s
+Z3_KEYS = ("one", "calls", "fwd", "bwd", "whole_step", "prefetch", "ahead_fwd")  # zero3_gather_s
 FETCH_PIPE_KEYS = ("gpu_fwd_mb", "host_fwd_mb", "gpu_bwd_mb", "host_bwd_mb", "blocks", "reruns")  # param_fetch_exposed_s
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from planner import layout, memory
+from planner import hardware, layout, memory, timing
 from planner.hf_config import from_hf_config
 
 REFERENCE = Path(__file__).resolve().parent.parent / "data" / "references" / "deepspeed_zero3_live_cpu.json"
@@ -27,7 +27,7 @@ WHOLE = 2 * 512 * 256 + 3 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * LARGEST + 2 * 2
 REUSE_ONLY = ("reuse-300k", "reuse-600k")
 
 
-def _planned_elements(row) -> float:
+def _setup(row):
     from calibrate.deepspeed_zero3_worker import LLAMA
 
     model = from_hf_config({**LLAMA, "model_type": "llama"})
@@ -35,7 +35,11 @@ def _planned_elements(row) -> float:
     zc = row["zero_optimization"]
     training = layout.Training(seq_len=16, precision="bf16", engine="deepspeed", zero_config=layout.ZeroConfig(
         stage3_param_persistence_threshold=10, **zc))
-    lay = layout.single(dp=2, zero=3, recompute="full" if row["checkpointing"] else "none")
+    return model, training, layout.single(dp=2, zero=3, recompute="full" if row["checkpointing"] else "none")
+
+
+def _planned_elements(row) -> float:
+    model, training, lay = _setup(row)
     return float(memory.zero3_live_param_bytes(model, training, lay, 0)[0]) / 2  # bf16
 
 
@@ -76,6 +80,19 @@ def test_prefetching_keeps_what_it_passed_even_with_no_reuse_distance():
     assert 300_000 < ROWS["live-300k"]["peak_forward"] <= 300_000 + LARGEST == _planned_elements(ROWS["live-300k"])
 
 
+@pytest.mark.parametrize("name", list(ROWS))
+def test_forward_gathers_ahead_as_deepspeed_does(name):
+    # the share of the forward's 30 module fetches the prefetcher had started: all of them, none (no
+    # prefetch bucket, or max_live 0), or, where what the reuse distance keeps fills max_live
+    # (live-300k-reuse-1e9), 6 of 30 measured against 1 - (2,475,776 - 300,000) / 2,475,776 = 0.12 planned
+    model, training, lay = _setup(ROWS[name])
+    z3 = timing.zero3_gather_s(model, hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 2, 2), training, lay,
+                               memory.coefficients("time"))
+    ahead, on_demand = ROWS[name]["modules_gathered_ahead"]["forward"], ROWS[name]["modules_gathered_on_demand"]["forward"]
+    assert ahead + on_demand == 30
+    assert float(z3["ahead_fwd"][0]) == pytest.approx(ahead / 30, abs=0.1)
+
+
 def test_largest_module_of_a_published_model():
     # Llama-3-70B (config.json: hidden 8192, intermediate 28672, vocab 128256, untied): its embedding and
     # lm_head are the largest modules, 128,256 x 8,192 = 1,050,673,152 elements, vocab-parallel under TP;
@@ -103,6 +120,6 @@ def test_deepspeed_gathers_what_the_reference_says(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert [r["name"] for r in rows] == list(ROWS)
+    keys = ("peak_forward", "peak_backward", "modules_gathered_ahead", "modules_gathered_on_demand")
     for row in rows:
-        assert (row["peak_forward"], row["peak_backward"]) == (ROWS[row["name"]]["peak_forward"],
-                                                               ROWS[row["name"]]["peak_backward"]), row["name"]
+        assert {k: row[k] for k in keys} == {k: ROWS[row["name"]][k] for k in keys}, row["name"]
