@@ -201,8 +201,10 @@ def diagnose(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]
         if lay["offload_optimizer"] == "none" and lay["zero"] >= 1:
             fixes.append(("offload_optimizer to cpu", {"offload_optimizer": "cpu"}))
         if lay["zero"] == 3:
-            live = train.get("stage3_max_live_parameters", 10**9)
-            fixes.append((f"stage3_max_live_parameters {live // 10:,}", {"t_stage3_max_live_parameters": live // 10}))
+            # both: the reuse distance keeps gathered what max_live alone would not (memory.zero3_ahead_params)
+            live = min(train.get("stage3_max_live_parameters", 10**9), train.get("stage3_max_reuse_distance", 10**9))
+            fixes.append((f"stage3_max_live_parameters and stage3_max_reuse_distance {live // 10:,}",
+                          {"t_stage3_max_live_parameters": live // 10, "t_stage3_max_reuse_distance": live // 10}))
         for text, change in fixes:
             v = _variant(model, cluster, train, lay, **change)
             if v is not None and v.memory["gpu_bytes"] < total:

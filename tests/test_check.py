@@ -170,6 +170,20 @@ def test_out_of_memory_names_fixes_with_the_memory_they_free(tmp_path):
     assert better is not None and better["changes"]
 
 
+def test_zero3_memory_fix_lowers_both_knobs(tmp_path):
+    """DeepSpeed 0.19.8 keeps gathered what the reuse distance covers whatever max_live says
+    (tests/test_deepspeed_zero3_live.py), so the fix lowers both: Llama-2-7B under ZeRO-3 on 8 GPUs of
+    49 GiB, the 1e9 defaults to 1e8 frees (1e9 - 1e8) x 2 B of gathered bf16 weights, 1.8 GB, before
+    the allocator's reserve (max_live alone would free (1e9 - 1e9 / 2) x 2 B = 1.0 GB)."""
+    ds = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+          "zero_optimization": {"stage": 3}}
+    code, text, _ = run("check", "--config", write(tmp_path, "c.json", ds), "--model", "llama-2-7b", "--gpus", "8",
+                        "--gpu", "a100-40gb", "--gpu-memory-gib", "49", "--seq-len", "4096", "--json")
+    fixes = [f for f in json.loads(text)["findings"] if "stage3_max_live_parameters" in f["message"]]
+    assert len(fixes) == 1 and "stage3_max_reuse_distance 100,000,000" in fixes[0]["message"]
+    assert 1.8e9 <= fixes[0]["frees_bytes"] <= 1.8e9 * 1.25
+
+
 def test_auto_values_resolve_as_transformers_does(tmp_path):
     # transformers integrations/deepspeed.py trainer_config_finalize: reduce_bucket_size = hidden^2
     # (Llama-3-8B: 4096^2 = 16,777,216); the micro-batch from the script (--mbs 2), accumulation 1
