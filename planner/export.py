@@ -597,9 +597,13 @@ def hf_checkpointing_line(model: ModelSpec, training: Training, row: dict) -> li
     layer on the device is fsdp_activation_checkpointing instead."""
     if not training.engine.recompute_every_n or row["recompute"] != "full":
         return []
-    if row["pp"] > 1:  # DeepSpeed's pipeline: deepspeed/runtime/pipe/module.py PipelineModule checkpoints its layers
-        return ["# recompute: the train script builds PipelineModule(..., activation_checkpoint_interval=1)"
-                " (deepspeed.checkpointing: ds_config activation_checkpointing applies)"]
+    if row["pp"] > 1:
+        # DeepSpeed's pipeline: deepspeed/runtime/pipe/module.py PipelineModule checkpoints its layers; by
+        # default every one with parameters (_is_checkpointable), the embedding too, whose reentrant
+        # checkpoint of token ids gets no gradient (DeepSpeed's own comment there): the decoder layers only
+        return ["# recompute: the train script builds PipelineModule(..., activation_checkpoint_interval=1,"
+                " checkpointable_layers=['<decoder layer class>']) (deepspeed.checkpointing: ds_config"
+                " activation_checkpointing applies; the embedding and head stay unchecked, as planned)"]
     n = row["recompute_layers"] or model.layers
     offload = training.zero_config.cpu_checkpointing
     if training.engine.launcher is Launcher.FSDP and n == model.layers and not offload:

@@ -666,8 +666,21 @@ def test_deepspeed_pipeline_recompute_is_pipeline_modules_interval(tmp_path):
     assert inspect.signature(PipelineModule.__init__).parameters["activation_checkpoint_interval"].default == 0
     row = single(pp=2, dp=4, zero=1, gas=8, recompute="full").row(0)
     script = files(emit(tmp_path, MODEL, cluster(8), Training(engine="deepspeed"), row))["launch.sh"].read_text()
-    assert "PipelineModule(..., activation_checkpoint_interval=1)" in script
+    assert "PipelineModule(..., activation_checkpoint_interval=1, checkpointable_layers=['<decoder layer class>'])" \
+        in script
     assert "every_n_layers" not in script
+    # PipelineModule._is_checkpointable, DeepSpeed's own: by default the embedding (it has parameters) is
+    # checkpointed, reentrantly, which leaves it no gradient; named decoder layers alone are not
+    from types import SimpleNamespace
+
+    import torch
+    from deepspeed.runtime import activation_checkpointing
+
+    embedding, block = torch.nn.Embedding(8, 4), type("LlamaDecoderLayer", (torch.nn.Linear,), {})(4, 4)
+    for named, expected in ((None, (True, True)), (["LlamaDecoderLayer"], (False, True))):
+        stage = SimpleNamespace(activation_checkpoint_func=activation_checkpointing.checkpointing.checkpoint,
+                                checkpointable_layers=named)
+        assert tuple(PipelineModule._is_checkpointable(stage, [f]) for f in (embedding, block)) == expected
 
 
 def test_deepspeed_pipeline_asks_for_the_even_block_split_it_was_planned_with(tmp_path):
