@@ -76,8 +76,11 @@ def test_default_page_is_the_cli_answer_for_70b_on_16_gpus():
     assert list(engines["layout"]) == [short(e["layout"]) if e["layout"] else e["note"] for e in answer["engines"]]
     # the chosen layout (#1) is `planner estimate` of that layout with the recommended batch and engine
     row = answer["layouts"][0]["layout"]
+    # with the ZeRO-3 knobs recommend chose for it (search.py lean_zero3_training, where they decide the fit)
+    knobs = [f for k in ("stage3_max_live_parameters", "stage3_max_reuse_distance") if k in answer["assumptions"]
+             for f in ("--" + k.replace("_", "-"), str(answer["assumptions"][k]))]
     est = cli_json("estimate", "--model", "llama-3-70b", "--gpus", "16", "--gbs", str(row["gbs"]),
-                   "--engine", answer["assumptions"]["engine"], *estimate_flags(row))
+                   "--engine", answer["assumptions"]["engine"], *estimate_flags(row), *knobs)
     assert_metrics_are(at, est)
     # memory per stage, step time, and the speed-versus-memory scatter; the three launch files
     assert len(at.get("vega_lite_chart")) == 3
