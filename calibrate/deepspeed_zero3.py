@@ -4,8 +4,9 @@ prefetch knobs, counted on the real engine.
     python -m calibrate.deepspeed_zero3 [--out PATH]
 
 Launches calibrate/deepspeed_zero3_worker.py on 2 gloo ranks under DeepSpeed's launcher: a 3-layer
-Llama (Linears of 32,768 to 180,224 elements, 2,475,776 in all, bf16, ZeRO-3, persistence threshold
-10) trained 3 steps per knob setting, with and without gradient checkpointing; in the last step the
+Llama (Linears of 32,768 to 180,224 elements, 2,475,776 in all) and a 2-layer Mixtral (its 4 experts
+one 147,456-element module a layer), bf16, ZeRO-3, persistence threshold 10, trained 3 steps per knob
+setting, with and without gradient checkpointing; in the last step the
 elements of every gathered or in-flight parameter are summed after each submodule fetch, and each
 fetch is counted as gathered ahead (the prefetcher had started it) or on demand. The largest sums
 and the counts, in forward and backward, go to data/references/deepspeed_zero3_live_cpu.json (atomically),
@@ -19,7 +20,8 @@ import sys
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent.parent / "data" / "references" / "deepspeed_zero3_live_cpu.json"
-# name: (stage3_max_live_parameters, stage3_max_reuse_distance, stage3_prefetch_bucket_size, checkpointing)
+# name: (stage3_max_live_parameters, stage3_max_reuse_distance, stage3_prefetch_bucket_size, checkpointing),
+# on the worker's Llama, or its Mixtral where the name says so
 KNOBS = {
     "nothing-ahead": (0, 0, 0, False),
     "nothing-ahead-checkpointed": (0, 0, 0, True),
@@ -36,13 +38,17 @@ KNOBS = {
     "live-reuse-1m": (10**6, 10**6, 50_000, False),
     "live-reuse-1m-checkpointed": (10**6, 10**6, 50_000, True),
     "defaults": (10**9, 10**9, 50_000_000, False),
+    "mixtral-nothing-ahead": (0, 0, 0, False),
+    "mixtral-nothing-ahead-checkpointed": (0, 0, 0, True),
+    "mixtral-live-100k": (100_000, 0, 10**6, False),
+    "mixtral-defaults": (10**9, 10**9, 50_000_000, False),
 }
 
 
 def measure() -> list[dict]:
     from calibrate.launch import launch
 
-    runs = [{"name": name, "checkpointing": ckpt,
+    runs = [{"name": name, "checkpointing": ckpt, "model": "mixtral" if name.startswith("mixtral") else "llama",
              "zero_optimization": {"stage3_max_live_parameters": live, "stage3_max_reuse_distance": reuse,
                                    "stage3_prefetch_bucket_size": prefetch}}
             for name, (live, reuse, prefetch, ckpt) in KNOBS.items()]
@@ -58,7 +64,9 @@ def measure() -> list[dict]:
         rows.append({**run, **{k: measured[k] for k in ("peak_forward", "peak_backward", "modules_gathered_ahead",
                                                          "modules_gathered_on_demand")}})
         print(rows[-1]["name"], rows[-1]["peak_forward"], rows[-1]["peak_backward"], file=sys.stderr, flush=True)
-    rows[0]["modules"] = outcome.ranks[0]["runs"][0]["modules"]  # the same model in every run
+    for kind in ("llama", "mixtral"):  # each model's modules once, on its first run
+        first = next(i for i, row in enumerate(rows) if row["model"] == kind)
+        rows[first]["modules"] = outcome.ranks[0]["runs"][first]["modules"]
     return rows
 
 

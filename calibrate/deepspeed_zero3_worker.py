@@ -29,6 +29,11 @@ from calibrate.worker_io import device, write_result  # noqa: E402
 # Linears of 32,768 to 180,224 elements: larger than every knob the runs set, smaller than a layer
 LLAMA = {"num_hidden_layers": 3, "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
          "intermediate_size": 704, "vocab_size": 512, "tie_word_embeddings": False, "max_position_embeddings": 64}
+# transformers 5's Mixtral: the 4 experts of a layer are one module (MixtralExperts, 3-D gate_up_proj and
+# down_proj: 4 x (2 x 96 x 128 + 128 x 96) = 147,456 elements), the largest
+MIXTRAL = {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "intermediate_size": 96, "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 256,
+           "tie_word_embeddings": False, "max_position_embeddings": 64}
 STEPS = 3
 
 
@@ -39,7 +44,10 @@ def _one_run(run: dict) -> dict:
     from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
 
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
+    if run.get("model") == "mixtral":
+        model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**MIXTRAL))
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
     if run.get("checkpointing"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
@@ -67,7 +75,7 @@ def _one_run(run: dict) -> dict:
                 fetched[key][0 if ahead else 1] += 1
 
     PartitionedParameterCoordinator.fetch_sub_module = counted
-    ids = torch.randint(0, LLAMA["vocab_size"], (1, 16), device=device())
+    ids = torch.randint(0, 256, (1, 16), device=device())
     try:
         for step in range(STEPS):
             counting[0] = step == STEPS - 1

@@ -23,7 +23,8 @@ from planner.options import Offload, Optimizer, Precision, Recompute
 
 from planner.pipeline import first_routed_stage
 from planner.sharding import (block_params, expert_dp, deepspeed_grad_partition_excess, optimizer_bytes_per_param,
-                              largest_module_params, persistent_params, rank_params, state_bytes)
+                              largest_module_params, persistent_params, rank_params, recompute_pair_params,
+                              state_bytes)
 
 BREAKDOWN_KEYS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
 PHASES = ("forward/backward", "optimizer step", "gradient reduction")
@@ -232,13 +233,13 @@ def zero3_live_param_bytes(model: ModelSpec, training: Training, lay: Layouts, s
     tests/test_deepspeed_zero3_live.py), capped at the rank's whole model, plus the persistent
     small parameters (parameter_offload.py): the submodule computing (fetch_sub_module gathers one
     module's own tensors; the largest module's, an embedding or output layer maybe) and what is
-    held ahead of it (zero3_ahead_params); with nothing ahead, two of a block's largest while a
-    checkpoint recomputes a module inside the backward of another (measured; with a prefetcher
-    the recomputed module is within what it holds)."""
+    held ahead of it (zero3_ahead_params); with nothing ahead, a block's last module and the largest
+    other while a checkpoint recomputes the block in its backward (sharding.recompute_pair_params;
+    with a prefetcher the recomputed module is within what it holds: measured)."""
     zc, w = training.zero_config, training.precision.element_bytes
     dense, expert = rank_params(model, training, lay, stage)
     single = largest_module_params(model, training, lay)
-    recomputing = 2.0 * largest_module_params(model, training, lay, blocks_only=True) * (lay.recompute == Recompute.FULL)
+    recomputing = recompute_pair_params(model, training, lay) * (lay.recompute == Recompute.FULL)
     working = np.minimum(dense + expert, np.maximum(recomputing, single + zero3_ahead_params(training)))
     persistent = persistent_params(model, training, lay, zc.stage3_param_persistence_threshold, stage)
     return np.where(lay.zero == 3, (working + persistent) * w, 0.0)

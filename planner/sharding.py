@@ -80,23 +80,48 @@ def block_params(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarr
     return np.maximum(*[sum(_block_params(block, training, lay)) for block in (model, model.dense_block)])
 
 
+def _module_params(tensors, experts: int, training: Training, lay: Layouts) -> dict:
+    """{module: elements one rank holds of its own tensors} in registration order (tied ones left out)."""
+    per_module: dict = {}
+    for t in tensors:
+        if not t.tied:
+            split = expert_tp(training, lay) if t.expert else lay.tp
+            per_module[t.module] = per_module.get(t.module, 0.0) + local_numel(t, split, experts, lay.ep)
+    return per_module
+
+
+def _block_kinds(model: ModelSpec) -> list:
+    return [(model.block_tensors(), model.experts), (model.dense_block.block_tensors(), model.dense_block.experts)]
+
+
 def largest_module_params(model: ModelSpec, training: Training, lay: Layouts, blocks_only: bool = False) -> np.ndarray:
     """Elements one rank holds of the largest module's own tensors, after TP and EP: what ZeRO-3
     gathers for one submodule (DeepSpeed 0.19.8 partitioned_param_coordinator.py fetch_sub_module:
     iter_params(current_submodule, recurse=False)); a block's modules alone, or with the embedding
     and the output layer (a tied output layer is the embedding's module)."""
-    kinds = [(model.block_tensors(), model.experts), (model.dense_block.block_tensors(), model.dense_block.experts)]
+    kinds = _block_kinds(model)
     if not blocks_only:
         kinds.append((model.tensors_at(FIRST) + model.tensors_at(LAST), model.experts))
     best = 0.0 * lay.tp
     for tensors, experts in kinds:
-        per_module: dict = {}
-        for t in tensors:
-            if not t.tied:
-                split = expert_tp(training, lay) if t.expert else lay.tp
-                per_module[t.module] = per_module.get(t.module, 0.0) + local_numel(t, split, experts, lay.ep)
-        for numel in per_module.values():
+        for numel in _module_params(tensors, experts, training, lay).values():
             best = np.maximum(best, numel)
+    return np.ceil(best)
+
+
+def recompute_pair_params(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
+    """Elements one rank gathers at once under ZeRO-3 while a checkpointed block recomputes inside its
+    backward: the block's last module (its own tensors, in registration order, which is the order the
+    forward runs them; norms, all of whose tensors are 1-D, left out), gathered for its backward, beside
+    the largest other module the recompute fetches (measured on DeepSpeed 0.19.8, 2 gloo ranks: Llama's
+    down_proj beside up_proj, Mixtral's experts beside o_proj; tests/test_deepspeed_zero3_live.py)."""
+    best = 0.0 * lay.tp
+    for tensors, experts in _block_kinds(model):
+        norms = {t.module for t in tensors} - {t.module for t in tensors if len(t.shape) > 1}
+        sizes = [n for m, n in _module_params(tensors, experts, training, lay).items() if m not in norms]
+        if sizes:
+            others = sizes[:-1] or [0.0 * lay.tp]
+            best = np.maximum(best, sizes[-1] + np.maximum.reduce(np.broadcast_arrays(*others)))
     return np.ceil(best)
 
 
