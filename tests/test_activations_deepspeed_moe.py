@@ -76,15 +76,9 @@ def test_top2_gating_of_a_wide_model_is_a_fifth_of_the_moe_layer():
 def test_deepspeed_saves_what_the_reference_says(tmp_path):
     """The count itself, on the installed DeepSpeed, in a process of its own (it initializes a gloo
     process group; about 15 s)."""
-    import os
-    import subprocess
-    import sys
+    from recording import rerecord
 
-    out = tmp_path / "deepspeed_moe.json"
-    proc = subprocess.run([sys.executable, "-m", "calibrate.deepspeed_moe", "--out", str(out)], capture_output=True,
-                          text=True, timeout=600, cwd=str(REFERENCE.parents[2]), env={**os.environ, "DS_ACCELERATOR": "cpu"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
+    rows = rerecord("calibrate.deepspeed_moe", tmp_path / "deepspeed_moe.json", timeout_s=600)
     assert [r["name"] for r in rows] == list(ROWS)
     for row in rows:
         assert row["bytes_per_token"] == ROWS[row["name"]]["bytes_per_token"], row["name"]

@@ -137,15 +137,9 @@ def test_largest_module_of_a_published_model():
 @pytest.mark.slow
 def test_deepspeed_gathers_what_the_reference_says(tmp_path):
     """The count itself, on the installed DeepSpeed under its launcher (about 30 s)."""
-    import os
-    import subprocess
-    import sys
+    from recording import rerecord
 
-    out = tmp_path / "zero3.json"
-    proc = subprocess.run([sys.executable, "-m", "calibrate.deepspeed_zero3", "--out", str(out)], capture_output=True,
-                          text=True, timeout=900, cwd=str(REFERENCE.parents[2]), env={**os.environ, "DS_ACCELERATOR": "cpu"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
+    rows = rerecord("calibrate.deepspeed_zero3", tmp_path / "zero3.json", timeout_s=900)
     assert [r["name"] for r in rows] == list(ROWS)
     keys = ("peak_forward", "peak_backward", "modules_gathered_ahead", "modules_gathered_on_demand")
     for row in rows:
