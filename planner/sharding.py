@@ -8,7 +8,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from planner.engines import ExpertTP
+from planner.engines import ExpertTP, Modules
 from planner.layout import Layouts, Training
 from planner.model import FIRST, LAST, ModelSpec, local_numel
 from planner.options import Optimizer, Precision
@@ -80,18 +80,36 @@ def block_params(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarr
     return np.maximum(*[sum(_block_params(block, training, lay)) for block in (model, model.dense_block)])
 
 
-def _module_params(tensors, experts: int, training: Training, lay: Layouts) -> dict:
-    """{module: elements one rank holds of its own tensors} in registration order (tied ones left out)."""
+def fetch_unit(model: ModelSpec, training: Training, tensor) -> str:
+    """The module ZeRO-3 gathers `tensor` with: its own, or the whole MoE block where DeepSpeed makes
+    that a leaf (0.19.8 runtime/zero/leaf_module_config.py DEFAULT_LEAF_MODULE_CLASSES: transformers'
+    Mixtral, Qwen2-MoE and Qwen3-MoE sparse MoE blocks, the Llama-layout MoE models here; measured: a
+    Mixtral's router and experts gathered together, tests/test_deepspeed_zero3_live.py)."""
+    name = tensor.module
+    leaf = (training.engine.modules is Modules.HUGGING_FACE and model.architecture == "llama" and model.experts > 1
+            and ".mlp." in name)
+    return name[:name.index(".mlp.") + len(".mlp")] if leaf else name
+
+
+def _module_params(model: ModelSpec, tensors, experts: int, training: Training, lay: Layouts) -> dict:
+    """{fetch unit: elements one rank holds of its tensors} in registration order (tied ones left out)."""
     per_module: dict = {}
     for t in tensors:
         if not t.tied:
             split = expert_tp(training, lay) if t.expert else lay.tp
-            per_module[t.module] = per_module.get(t.module, 0.0) + local_numel(t, split, experts, lay.ep)
+            unit = fetch_unit(model, training, t)
+            per_module[unit] = per_module.get(unit, 0.0) + local_numel(t, split, experts, lay.ep)
     return per_module
 
 
 def _block_kinds(model: ModelSpec) -> list:
     return [(model.block_tensors(), model.experts), (model.dense_block.block_tensors(), model.dense_block.experts)]
+
+
+def block_fetches(model: ModelSpec, training: Training) -> int:
+    """Gathers ZeRO-3 makes per block of Hugging Face modules: one per fetch unit holding a matrix
+    (norms, 1-D, stay whole: persistent)."""
+    return len({fetch_unit(model, training, t) for t in model.block_tensors() if len(t.shape) > 1})
 
 
 def largest_module_params(model: ModelSpec, training: Training, lay: Layouts, blocks_only: bool = False) -> np.ndarray:
@@ -104,7 +122,7 @@ def largest_module_params(model: ModelSpec, training: Training, lay: Layouts, bl
         kinds.append((model.tensors_at(FIRST) + model.tensors_at(LAST), model.experts))
     best = 0.0 * lay.tp
     for tensors, experts in kinds:
-        for numel in _module_params(tensors, experts, training, lay).values():
+        for numel in _module_params(model, tensors, experts, training, lay).values():
             best = np.maximum(best, numel)
     return np.ceil(best)
 
@@ -118,7 +136,7 @@ def recompute_pair_params(model: ModelSpec, training: Training, lay: Layouts) ->
     best = 0.0 * lay.tp
     for tensors, experts in _block_kinds(model):
         norms = {t.module for t in tensors} - {t.module for t in tensors if len(t.shape) > 1}
-        sizes = [n for m, n in _module_params(tensors, experts, training, lay).items() if m not in norms]
+        sizes = [n for m, n in _module_params(model, tensors, experts, training, lay).items() if m not in norms]
         if sizes:
             others = sizes[:-1] or [0.0 * lay.tp]
             best = np.maximum(best, sizes[-1] + np.maximum.reduce(np.broadcast_arrays(*others)))

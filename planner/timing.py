@@ -31,7 +31,8 @@ from planner.model import BLOCK, FIRST, LAST, ModelSpec, local_numel
 from planner.options import Offload, Optimizer, RankOrder, Recompute
 from planner.pipeline import (blocks_on_stage, bubble_s, chunks_per_stage, first_routed_stage, max_layers_on_stage,
                               p2p_transfers)
-from planner.sharding import block_params, expert_dp, expert_folds, expert_tp, rank_params, state_bytes
+from planner.sharding import (block_fetches, block_params, expert_dp, expert_folds, expert_tp, rank_params,
+                              state_bytes)
 
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble", "offload", "optimizer", "other")
 MEGATRON_DDP_BUCKET = 40_000_000  # megatron.core DistributedDataParallelConfig: bucket_size = max(40M, 1M * dp)
@@ -435,7 +436,9 @@ def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     dense, expert = _held_params(model, training, lay)
     w = state_bytes(training).weights
     n_layers = max_layers_on_stage(model.layers, lay.pp, training.pipeline_edge_layers)
-    per_block = 1 if training.engine.zero3_fetch_per_block else len(model.gemms(training.engine.fused_gemms))
+    # DeepSpeed fetches per module: Megatron's fused GEMM modules, or Hugging Face ones (sharding.block_fetches)
+    per_block = 1 if training.engine.zero3_fetch_per_block else (
+        len(model.gemms(True)) if training.engine.fused_gemms else block_fetches(model, training))
     calls = n_layers * per_block + 2
     if training.engine.zero3_per_tensor_collectives:
         calls = rank_tensors(model, training, lay)[0]
