@@ -23,6 +23,7 @@ TERMS = [
     ("planner.sharding", "rank_params"), ("planner.sharding", "persistent_params"),
     ("planner.sharding", "deepspeed_grad_partition_excess"), ("planner.sharding", "expert_dp"),
     ("planner.sharding", "expert_tp"), ("planner.sharding", "largest_module_params"), ("planner.sharding", "recompute_pair_params"),
+    ("planner.sharding", "largest_tensor_params"), ("planner.memory", "deepspeed_offload_staging_bytes"),
     ("planner.memory", "weight_bytes"), ("planner.memory", "grad_bytes"), ("planner.memory", "optimizer_bytes"),
     ("planner.memory", "host_bytes"), ("planner.memory", "deepspeed_reduce_buckets"),
     ("planner.memory", "deepspeed_straddle_bytes"), ("planner.memory", "deepspeed_step_grad_copies"),

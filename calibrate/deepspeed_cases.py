@@ -49,7 +49,9 @@ def cases(profile_kind: str) -> list:
                         module="calibrate.deepspeed_worker", args=[json.dumps(cfg)], nproc=ranks,
                         launcher="deepspeed", env={"DS_ACCELERATOR": "cpu"} if profile_kind == "cpu" else {},
                         timeout_s=240))
-    return out + (pipe_cases(profile_kind) if ranks >= 2 else [])
+    from calibrate import deepspeed_offload
+
+    return out + (pipe_cases(profile_kind) if ranks >= 2 else []) + deepspeed_offload.cases(profile_kind)
 
 
 def pipe_prediction(zero: int, gas: int) -> dict:

@@ -157,6 +157,7 @@ GROUPS = (
              _device_used, "peak_memory"),
     FitGroup("memory", "peak_bytes", (), _recorded("peak_bytes"), "peak_memory"),
     FitGroup("memory", "model_state_bytes", (), _recorded("model_state_bytes"), "peak_memory"),
+    FitGroup("memory", "host_bytes", (), _recorded("host_bytes")),  # ZeRO-Offload: no answer band of its own
     FitGroup("memory", "model_state_bytes_per_param", (), _recorded("model_state_bytes_per_param"), "peak_memory"),
     FitGroup("activations", "layer_saved_bytes", (), _layer_saved, "peak_memory"),
     FitGroup("step_time", "allocated_peak_bytes", (), _step_allocated, "peak_memory"),

@@ -23,7 +23,7 @@ from planner.options import Offload, Optimizer, Precision, Recompute
 
 from planner.pipeline import first_routed_stage
 from planner.sharding import (block_params, expert_dp, deepspeed_grad_partition_excess, optimizer_bytes_per_param,
-                              largest_module_params, persistent_params, rank_params, recompute_pair_params,
+                              largest_module_params, largest_tensor_params, persistent_params, rank_params, recompute_pair_params,
                               state_bytes)
 
 BREAKDOWN_KEYS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
@@ -104,7 +104,23 @@ def grad_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, at_ste
     if not at_step:
         held = held * (1 + (np.isin(lay.zero, engine.accumulation_copy) & (lay.gas > 1)))
     held = np.where((lay.offload_optimizer > Offload.NONE) & sharded, 0.0, held)
+    # ZeRO-1/2 offloading with fp32 accumulation keep fp32 gradients on the GPU (DeepSpeed 0.19.8
+    # stage_1_and_2.py): ZeRO-1 each parameter's whole grad_accum (use_grad_accum_attribute) across the
+    # micro-batches, ZeRO-2 the partition as averaged_gradients (_build_compact_grad_partition_buffer,
+    # on the accelerator) until the step (measured: tests/test_deepspeed_offload_real.py)
+    dense, expert = rank_params(model, training, lay, stage)
+    fp32_offload = deepspeed_fp32_accum_offload(training, lay)
+    whole = (lay.zero == 1) & ~np.asarray(at_step)
+    held = np.where(fp32_offload, _sharded(4.0, ~whole, dense, expert, training, lay), held)
     return np.where(deepspeed_bf16_optimizer(training, lay), bf16_optimizer_grad_bytes(model, training, lay, stage), held)
+
+
+def deepspeed_fp32_accum_offload(training: Training, lay: Layouts) -> np.ndarray:
+    """DeepSpeed ZeRO-1/2 with the optimizer on the CPU and fp32 gradient accumulation (data_types.
+    grad_accum_dtype "fp32"), which take the compact fp32 partition path of stage_1_and_2.py
+    (_use_compact_grad_partition_buffer) instead of BF16_Optimizer."""
+    return ((training.engine.buffers is Buffers.DEEPSPEED) & training.zero_config.fp32_grad_accum
+            & np.isin(lay.zero, (1, 2)) & (lay.offload_optimizer == Offload.CPU))
 
 
 def grads_freed(training: Training, lay: Layouts) -> np.ndarray:
@@ -136,16 +152,46 @@ def _optimizer_partition_bytes(model, training, lay, stage):
 
 
 def optimizer_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
-    """Optimizer states and fp32 master weights on the GPU, sharded by ZeRO-1 and above."""
-    return np.where(lay.offload_optimizer > Offload.NONE, 0.0, _optimizer_partition_bytes(model, training, lay, stage))
+    """Optimizer states and fp32 master weights on the GPU, sharded by ZeRO-1 and above; with them
+    offloaded, what the offloading optimizer keeps on the GPU (deepspeed_offload_staging_bytes)."""
+    return np.where(lay.offload_optimizer > Offload.NONE, deepspeed_offload_staging_bytes(model, training, lay, stage),
+                    _optimizer_partition_bytes(model, training, lay, stage))
+
+
+def deepspeed_offload_staging_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+    """ZeRO-1/2 with the optimizer offloaded to the CPU keep a staging buffer of the largest parameter's
+    elements in the 16-bit dtype, once on the GPU and once on the host, for the whole run (DeepSpeed
+    0.19.8 stage_1_and_2.py __init__: temp_grad_buffer_for_gpu_offload on the accelerator and
+    temp_grad_buffer_for_cpu_offload on self.device, 'cpu' under cpu_offload; measured on 2 gloo ranks,
+    tests/test_deepspeed_offload_real.py). Llama 3's embedding makes it 2.1 GB a GPU at 70B."""
+    on = ((training.engine.buffers is Buffers.DEEPSPEED) & np.isin(lay.zero, (1, 2))
+          & (lay.offload_optimizer == Offload.CPU))
+    largest = largest_tensor_params(model, training, lay, stage)
+    return np.where(on, largest * training.precision.element_bytes, 0.0)
 
 
 def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
     """Host memory of one rank: ZeRO-Offload (Ren et al. 2021 section 4) keeps fp32 master, states
     and fp32 gradients on the CPU, ZeRO-3 parameter offload the 16-bit partition; NVMe
-    (ZeRO-Infinity) keeps only staging buffers in host memory."""
+    (ZeRO-Infinity) keeps only staging buffers in host memory. DeepSpeed 0.19.8 keeps more there
+    (measured on 2 gloo ranks, tests/test_deepspeed_offload_real.py): ZeRO-1/2 a 16-bit copy of the
+    partition (stage_1_and_2.py param_buffer_of_bit16_for_cpu_offload_groups), the host staging
+    buffer (deepspeed_offload_staging_bytes) and, ZeRO-2 accumulating, every parameter overlapping
+    the partition whole in 16 bits (async_accumulate_grad_in_cpu_via_gpu: accumulated_grads_in_cpu,
+    never freed; not with fp32 accumulation, deepspeed_fp32_accum_offload); ZeRO-3 its gradient partitions in the accumulation dtype (stage3.py
+    grad_partitions_flat_buffer on self.device, 'cpu' under offload_optimizer)."""
     dense, expert = rank_params(model, training, lay, stage)
+    w = training.precision.element_bytes
     optimizer = _optimizer_partition_bytes(model, training, lay, stage) + _sharded(4.0, True, dense, expert, training, lay)
+    deepspeed = training.engine.buffers is Buffers.DEEPSPEED
+    zero12 = deepspeed & np.isin(lay.zero, (1, 2))
+    accumulated = (lay.zero == 2) & (lay.gas > 1) & zero12 & ~deepspeed_fp32_accum_offload(training, lay)
+    excess = deepspeed_grad_partition_excess(model, training, lay, stage, accumulated)
+    optimizer = optimizer + np.where(zero12, _sharded(w, True, dense, expert, training, lay), 0.0) \
+        + deepspeed_offload_staging_bytes(model, training, lay, stage) \
+        + np.where(accumulated, _sharded(w, True, dense, expert, training, lay) + w * excess, 0.0)
+    grad_accum = 4.0 if training.zero_config.fp32_grad_accum else w
+    optimizer = optimizer + np.where(deepspeed & (lay.zero == 3), _sharded(grad_accum, True, dense, expert, training, lay), 0.0)
     params = _sharded(state_bytes(training).weights, lay.zero >= 3, dense, expert, training, lay)
     return (np.where(lay.offload_optimizer == Offload.CPU, optimizer, 0.0)
             + np.where(lay.offload_params == Offload.CPU, params, 0.0))
@@ -159,6 +205,7 @@ def deepspeed_reduce_buckets(training: Training, lay: Layouts) -> np.ndarray:
     """Reduce buckets: ZeRO-1/2 setup_buckets allocate reduce_bucket_size elements (a second one
     with overlap_comm), with contiguous_gradients or CPU offload; ZeRO-3 one, at init."""
     zc, w = training.zero_config, training.precision.element_bytes
+    w = np.where(deepspeed_fp32_accum_offload(training, lay), 4.0, w)  # buckets in the accumulation dtype (measured)
     contiguous = zc.contiguous_gradients | (lay.offload_optimizer > Offload.NONE)
     stage12 = np.where(contiguous, zc.reduce_bucket_size * w * (1 + training.overlaps_grad_reduce(lay.zero)), 0.0)
     stage3 = zc.reduce_bucket_size * w * zc.contiguous_gradients

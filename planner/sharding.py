@@ -127,6 +127,22 @@ def largest_module_params(model: ModelSpec, training: Training, lay: Layouts, bl
     return np.ceil(best)
 
 
+def largest_tensor_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+    """Elements one rank holds of the largest single parameter tensor on `stage`, after TP and EP
+    (DeepSpeed 0.19.8 stage_1_and_2.py __init__: largest_param_numel, the max of param.numel()
+    over the rank's 16-bit groups); the embedding and output layer count on their stages only."""
+    stage = np.asarray(stage)
+    best = 0.0 * lay.tp
+    for tensors, experts in _block_kinds(model):
+        for t in tensors:
+            best = np.maximum(best, local_numel(t, expert_tp(training, lay) if t.expert else lay.tp, experts, lay.ep))
+    for tensors, on in ((model.tensors_at(FIRST), stage == 0), (model.tensors_at(LAST), stage == lay.pp - 1)):
+        for t in tensors:
+            if not t.tied:
+                best = np.maximum(best, np.where(on, local_numel(t, lay.tp), 0.0))
+    return np.ceil(best)
+
+
 def recompute_pair_params(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
     """Elements one rank gathers at once under ZeRO-3 while a checkpointed block recomputes inside its
     backward: the block's last module (its own tensors, in registration order, which is the order the
