@@ -25,8 +25,8 @@ from planner.engines import Buffers, ExpertTP, GradBuckets, Modules, SelectivePo
 from planner.grouping import Lazy, grouped
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
-from planner.memory import (ACTIVATION_FIELDS, STATE_FIELDS, coefficients, deepspeed_bf16_optimizer, deferred_reduction,
-                            zero3_kept_params)
+from planner.memory import (ACTIVATION_FIELDS, STATE_FIELDS, coefficients, deepspeed_bf16_optimizer,
+                            deepspeed_fp32_accum_offload, deferred_reduction, zero3_kept_params)
 from planner.model import BLOCK, FIRST, LAST, ModelSpec, local_numel
 from planner.options import Offload, Optimizer, RankOrder, Recompute
 from planner.pipeline import (blocks_on_stage, bubble_s, chunks_per_stage, first_routed_stage, max_layers_on_stage,
@@ -616,8 +616,9 @@ def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
 
     Gradients go down as fp32 (stage_1_and_2.py async_inplace_copy_grad_to_fp32_buffer_from_gpu
     upcasts before the copy), overlapped with backward like the bucketed reduce (Ren et al. 2021
-    section 5.1); with accumulation ZeRO-1/2 round-trip 16-bit grads through the CPU each
-    micro-step (async_accumulate_grad_in_cpu_via_gpu); ZeRO-3 offloads each micro-step's
+    section 5.1); with accumulation ZeRO-2 round-trips 16-bit grads through the CPU each
+    micro-step (async_accumulate_grad_in_cpu_via_gpu; ZeRO-1 keeps them on the GPU until the
+    boundary, and fp32 accumulation keeps ZeRO-2's partition there: measured, memory.host_bytes); ZeRO-3 offloads each micro-step's
     partition; updated 16-bit params come back up, not overlapped. NVMe (Rajbhandari et al. 2021
     section 6): states read and written per step, pipelined with CPU Adam. ZeRO-3 parameter
     offload: the partition goes up before each gather (forward, backward), prefetched like the
@@ -627,8 +628,9 @@ def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
     partition, m = _partition_params(model, training, lay), lay.gas.astype(np.float64)
     pcie = gpu.pcie_bytes_per_s
     offload_opt = lay.offload_optimizer > Offload.NONE
+    round_trip = (lay.zero == 2) & (m > 1) & ~deepspeed_fp32_accum_offload(training, lay)
     grads_down = np.where(lay.zero == 3, m * partition * 4.0,
-                          partition * 4.0 + (m > 1) * (2 * m - 1) * partition * b.weights)
+                          partition * 4.0 + round_trip * (2 * m - 1) * partition * b.weights)
     traffic = np.where(offload_opt, (1 - c["dp_overlap_fraction_with_overlap"]) * grads_down / pcie
                        + partition * b.weights / pcie, 0.0)
     nvme_bw = gpu.nvme_bytes_per_s_per_node / min(cluster.gpus_per_node, cluster.num_gpus)

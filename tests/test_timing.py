@@ -4,6 +4,7 @@
 datasheets of data/gpus.json, and the engines' code for when they communicate. The arithmetic is
 written beside each assert. A term 10x wrong fails a named test here (benchmarks/mutants.py)."""
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -636,6 +637,21 @@ def test_offload_pcie_traffic():
     # PCIe Gen4 (25 GB/s achieved, DGX A100)
     got = timing.offload_s(LLAMA7, node(), DS, layout.single(dp=8, zero=2, offload_optimizer="cpu"), C)[0]
     assert got == pytest.approx(0.3 * PSI7 / 8 * 4 / 25e9 + PSI7 / 8 * 2 / 25e9, rel=1e-12)  # 97 ms
+
+
+def test_offload_accumulation_round_trips_only_zero2_16_bit_gradients():
+    # 4 micro-batches: ZeRO-2 sends each micro-step's 16-bit partition down and all but the first's
+    # accumulation back up, 2*4 - 1 = 7 x 2 B (DeepSpeed 0.19.8 async_accumulate_grad_in_cpu_via_gpu,
+    # accumulated_grads_in_cpu counted on the real engine: tests/test_deepspeed_offload_real.py); ZeRO-1
+    # keeps its gradients on the GPU until the boundary, and fp32 accumulation ZeRO-2's partition
+    one = 0.3 * PSI7 / 8 * 4 / 25e9 + PSI7 / 8 * 2 / 25e9
+    zero2 = timing.offload_s(LLAMA7, node(), DS, layout.single(dp=8, zero=2, gas=4, offload_optimizer="cpu"), C)[0]
+    assert zero2 == pytest.approx(one + 0.3 * 7 * PSI7 / 8 * 2 / 25e9, rel=1e-12)
+    zero1 = timing.offload_s(LLAMA7, node(), DS, layout.single(dp=8, zero=1, gas=4, offload_optimizer="cpu"), C)[0]
+    assert zero1 == pytest.approx(one, rel=1e-12)
+    fp32 = dataclasses.replace(DS, zero_config=layout.ZeroConfig(fp32_grad_accum=True))
+    assert timing.offload_s(LLAMA7, node(), fp32, layout.single(dp=8, zero=2, gas=4, offload_optimizer="cpu"), C)[0] \
+        == pytest.approx(one, rel=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------
