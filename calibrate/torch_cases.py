@@ -48,7 +48,51 @@ def cases(profile_kind: str) -> list:
                 config={"engine": "fsdp", "llama": LLAMA, "worker": cfg, "layout": {"dp": ranks, "zero": zero}},
                 predict=lambda p=precision, z=zero: fsdp_prediction(p, z, 2, 32, ranks), reduce=_reduce,
                 module="calibrate.fsdp_worker", args=[json.dumps(cfg)], nproc=ranks, timeout_s=180))
+    if ranks >= 2:  # FSDP2 under torch's pipelining schedule, as torchtitan composes them
+        cfg = {"m": 4, "schedule": "1f1b"}
+        out.append(Case(name="fsdp2/pipelined/1f1b-m4", kind="memory",
+                        config={"engine": "torchtitan", "llama": LLAMA, "worker": cfg, "layout": {"dp": ranks, "zero": 3}},
+                        predict=lambda: {"model_state_bytes_per_param": sum(pipelined_prediction(4, ranks)["backward"].values())},
+                        reduce=_reduce_pipelined, module="calibrate.fsdp_pipe_worker", args=[json.dumps(cfg)],
+                        nproc=ranks, timeout_s=180))
     return out + activation_cases("cuda" if profile_kind == "gpu" else "cpu")
+
+
+def pipelined_prediction(m: int, ranks: int) -> dict:
+    """The planner's bytes per parameter of a torchtitan pipeline stage under FSDP2 (stage 0 of pp 2,
+    dp `ranks`, m micro-batches): {"backward": {weights, grads, optimizer}, "reduced": {... at the step}}."""
+    from planner import layout, memory, sharding
+    from planner.hf_config import from_hf_config
+
+    model = from_hf_config({**LLAMA, "model_type": "llama"})
+    training = layout.Training(seq_len=16, engine="torchtitan")
+    lay = layout.single(pp=2, dp=ranks, zero=3, gas=m)
+    stage_params = float(sum(sharding.rank_params(model, training, lay, 0))[0])
+    per = {"weights": memory.weight_bytes(model, training, lay, 0), "optimizer": memory.optimizer_bytes(model, training, lay, 0)}
+    per = {k: float(v[0]) / stage_params for k, v in per.items()}
+    grads = {phase: float(memory.grad_bytes(model, training, lay, 0, at_step=phase == "reduced")[0]) / stage_params
+             for phase in ("backward", "reduced")}
+    return {"backward": {**per, "grads": grads["backward"]}, "reduced": {"optimizer": per["optimizer"], "grads": grads["reduced"]}}
+
+
+PIPELINED = {  # calibrate/fsdp_pipe_worker.py attributes -> the planner's terms
+    "weights": ("unsharded_param",), "grads": ("unsharded_accumulated_grad", "sharded_grad"),
+    "optimizer": ("sharded_param", "optimizer.exp_avg", "optimizer.exp_avg_sq"),
+}
+
+
+def pipelined_terms(held: dict, params: int) -> dict:
+    """A moment's {attribute:dtype: bytes} as bytes per parameter of the planner's terms."""
+    out = {term: 0.0 for term in PIPELINED}
+    for key, nbytes in held.items():
+        term = next(t for t, names in PIPELINED.items() if key.split(":")[0] in names)
+        out[term] += nbytes / params
+    return out
+
+
+def _reduce_pipelined(ranks: list) -> dict:
+    worst = max(sum(pipelined_terms(x["held"], r["params"]).values()) for r in ranks for x in r["moments"])
+    return {"model_state_bytes_per_param": worst}
 
 
 ACTIVATION_SHAPES = (  # transformers Llama layers: (name, attention, dtype, gradient checkpointing)
