@@ -14,7 +14,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from calibrate.worker_io import cuda_memory, device, write_result
 
@@ -45,9 +45,11 @@ def main(cfg: dict) -> None:
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**LLAMA, **cfg.get("llama", {})})).to(dev)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cfg["mixed"] else MixedPrecisionPolicy()
+    # torchtitan's enable_cpu_offload: CPUOffloadPolicy, parameters, gradients and states on the host
+    kw = {"offload_policy": CPUOffloadPolicy(pin_memory=False)} if cfg.get("offload") else {}
     for layer in model.model.layers:
-        fully_shard(layer, mp_policy=mp, reshard_after_forward=cfg["reshard_after_forward"])
-    fully_shard(model, mp_policy=mp, reshard_after_forward=cfg["reshard_after_forward"])
+        fully_shard(layer, mp_policy=mp, reshard_after_forward=cfg["reshard_after_forward"], **kw)
+    fully_shard(model, mp_policy=mp, reshard_after_forward=cfg["reshard_after_forward"], **kw)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     ids = torch.randint(0, LLAMA["vocab_size"], (cfg["mbs"], cfg["seq"]), device=dev)
 

@@ -48,6 +48,15 @@ def cases(profile_kind: str) -> list:
                 config={"engine": "fsdp", "llama": LLAMA, "worker": cfg, "layout": {"dp": ranks, "zero": zero}},
                 predict=lambda p=precision, z=zero: fsdp_prediction(p, z, 2, 32, ranks), reduce=_reduce,
                 module="calibrate.fsdp_worker", args=[json.dumps(cfg)], nproc=ranks, timeout_s=180))
+    # CPUOffloadPolicy (torchtitan's enable_cpu_offload): the shard, its gradient and AdamW's states
+    # are host tensors (torch 2.13 _fsdp_param.py _init_sharded_param, _fsdp_collectives.py foreach_reduce)
+    cfg = {"mixed": True, "reshard_after_forward": True, "mbs": 2, "seq": 32, "offload": True}
+    out.append(Case(name="fsdp2/bf16-mixed/offload", kind="memory",
+                    config={"engine": "fsdp", "llama": LLAMA, "worker": cfg,
+                            "layout": {"dp": ranks, "zero": 3, "offload_optimizer": "cpu", "offload_params": "cpu"}},
+                    predict=lambda: {"host_bytes": fsdp_offload_host_bytes(ranks)},
+                    reduce=lambda rs: {"host_bytes": _reduce(rs)["model_state_bytes"]},
+                    module="calibrate.fsdp_worker", args=[json.dumps(cfg)], nproc=ranks, timeout_s=180))
     if ranks >= 2:  # FSDP2 under torch's pipelining schedule, as torchtitan composes them
         cfg = {"m": 4, "schedule": "1f1b"}
         out.append(Case(name="fsdp2/pipelined/1f1b-m4", kind="memory",
@@ -56,6 +65,17 @@ def cases(profile_kind: str) -> list:
                         reduce=_reduce_pipelined, module="calibrate.fsdp_pipe_worker", args=[json.dumps(cfg)],
                         nproc=ranks, timeout_s=180))
     return out + activation_cases("cuda" if profile_kind == "gpu" else "cpu")
+
+
+def fsdp_offload_host_bytes(ranks: int) -> float:
+    """The planner's host bytes of one rank of the FSDP2 run with everything offloaded (bf16 mixed)."""
+    from planner import layout, memory
+    from planner.hf_config import from_hf_config
+
+    model = from_hf_config({**LLAMA, "model_type": "llama"})
+    training = layout.Training(seq_len=32, precision="bf16", engine="fsdp")
+    lay = layout.single(dp=ranks, zero=3, mbs=2, offload_optimizer="cpu", offload_params="cpu")
+    return float(memory.host_bytes(model, training, lay, 0)[0])
 
 
 def pipelined_prediction(m: int, ranks: int) -> dict:

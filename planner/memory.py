@@ -193,6 +193,11 @@ def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.
     grad_accum = 4.0 if training.zero_config.fp32_grad_accum else w
     optimizer = optimizer + np.where(deepspeed & (lay.zero == 3), _sharded(grad_accum, True, dense, expert, training, lay), 0.0)
     params = _sharded(state_bytes(training).weights, lay.zero >= 3, dense, expert, training, lay)
+    # FSDP2 keeps no 16-bit shard: the fp32 shard, with the optimizer, is the parameter (torch 2.13
+    # _fsdp_param.py _init_sharded_param moves it to the CPU under CPUOffloadPolicy; measured 16 B a
+    # parameter of the shard there, calibrate/fsdp_worker.py)
+    master_only = training.engine.sharded_param_is_master & training.precision.has_master_copy
+    params = np.where(master_only, 0.0, params)
     return (np.where(lay.offload_optimizer == Offload.CPU, optimizer, 0.0)
             + np.where(lay.offload_params == Offload.CPU, params, 0.0))
 

@@ -35,6 +35,15 @@ def test_model_states(records, name):
     assert r["prediction"]["grad_bytes"] == m["grad_bytes"]
 
 
+def test_cpu_offload_keeps_the_shard_its_gradient_and_the_states_on_the_host(records):
+    # CPUOffloadPolicy: the fp32 shard (FSDP2 keeps no 16-bit one), the fp32 gradient shard and AdamW's
+    # two states, (4 + 4 + 8) / D bytes per parameter, all host tensors; the planner booked a 16-bit
+    # shard there too (18 / D) until this count
+    r = records["fsdp2/bf16-mixed/offload"]
+    assert r["outcome"]["status"] == "ok", r["outcome"]
+    assert r["measurement"]["host_bytes"] == 16 * P // D == r["prediction"]["host_bytes"]
+
+
 @pytest.fixture(scope="module")
 def gathers():
     """{reshard_after_forward: rank 0's record} of FSDP2 steps with 1, 2 and 4 micro-batches each."""

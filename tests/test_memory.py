@@ -146,6 +146,18 @@ def test_offload_moves_states_to_the_host():
     assert memory.host_bytes(model, training, lay, 0)[0] == pytest.approx(2 * model.params / 8, rel=1e-9)
 
 
+def test_zero3_offload_host_bytes_per_engine():
+    # everything offloaded, bf16, 8 ranks, per parameter of the shard: FSDP2 (CPUOffloadPolicy) keeps the
+    # fp32 shard, its fp32 gradient and AdamW's two states there, 4 + 4 + 8 = 16 (counted on torch's
+    # fully_shard, tests/test_fsdp_real.py); DeepSpeed ZeRO-3 adds its bf16 partition and its bf16
+    # gradient partitions, 16 + 2 + 2 = 20 (counted, tests/test_deepspeed_offload_real.py)
+    model = lookup("llama-2-7b")
+    lay = layout.single(dp=8, zero=3, offload_optimizer="cpu", offload_params="cpu")
+    for engine, per_param in (("fsdp", 16), ("torchtitan", 16), ("deepspeed", 20)):
+        host = memory.host_bytes(model, layout.Training(engine=engine), lay, 0)[0]
+        assert host == pytest.approx(per_param * model.params / 8, rel=1e-9), engine
+
+
 # ---------------------------------------------------------------------------------------------
 # DeepSpeed buffers (runtime/zero/stage_1_and_2.py, stage3.py, config.py defaults)
 
