@@ -96,6 +96,12 @@ def inputs(ds: dict, model, cluster: dict, layout: dict, mbs_flag: int | None) -
     for part, device in offload.items():  # runtime/zero/offload_config.py OffloadDeviceEnum
         if device not in ("none", "cpu", "nvme"):
             raise InputError(f"{FLAG}: zero_optimization.{part}.device must be none, cpu or nvme, got {device!r}")
+    if stage in (1, 2) and offload["offload_optimizer"] == "nvme":
+        # DeepSpeed 0.19.8 stage_1_and_2.py __init__ sets cpu_offload for any device: it runs so
+        offload["offload_optimizer"] = "cpu"
+        found.append(Finding("config", "warning", f"zero_optimization.offload_optimizer.device nvme under stage {stage}: "
+                             "DeepSpeed keeps the optimizer in host memory, as cpu (it swaps to NVMe under stage 3 "
+                             "only); predicted as cpu"))
     optimizer, more = _optimizer(ds)
     precision, auto_precision = _precision(ds)
     found += more + auto_precision

@@ -170,10 +170,16 @@ def deepspeed_offload_staging_bytes(model: ModelSpec, training: Training, lay: L
     return np.where(on, largest * training.precision.element_bytes, 0.0)
 
 
+NVME_OPTIMIZER_BUFFERS = 4
+"""offload_optimizer.buffer_count, DeepSpeed 0.19.8 runtime/zero/offload_config.py default."""
+NVME_PARAM_BUFFERS, NVME_PARAM_BUFFER_ELEMENTS, NVME_PARAMS_IN_CPU = 5, 1e8, 1e9
+"""offload_param.buffer_count, buffer_size and max_in_cpu, the same file's defaults."""
+
+
 def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
     """Host memory of one rank: ZeRO-Offload (Ren et al. 2021 section 4) keeps fp32 master, states
     and fp32 gradients on the CPU, ZeRO-3 parameter offload the 16-bit partition; NVMe
-    (ZeRO-Infinity) keeps only staging buffers in host memory. DeepSpeed 0.19.8 keeps more there
+    (ZeRO-Infinity) keeps its swap buffers in host memory (below). DeepSpeed 0.19.8 keeps more there
     (measured on 2 gloo ranks, tests/test_deepspeed_offload_real.py): ZeRO-1/2 a 16-bit copy of the
     partition (stage_1_and_2.py param_buffer_of_bit16_for_cpu_offload_groups), the host staging
     buffer (deepspeed_offload_staging_bytes) and, ZeRO-2 accumulating, every parameter overlapping
@@ -192,6 +198,21 @@ def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.
         + np.where(accumulated, _sharded(w, True, dense, expert, training, lay) + w * excess, 0.0)
     grad_accum = 4.0 if training.zero_config.fp32_grad_accum else w
     optimizer = optimizer + np.where(deepspeed & (lay.zero == 3), _sharded(grad_accum, True, dense, expert, training, lay), 0.0)
+    # ZeRO-3 offloading to NVMe keeps its gradient partitions on the host as well (self.device is the
+    # CPU for either device) and page-locked swap buffers (read in DeepSpeed 0.19.8, not run here: its
+    # aio op needs libaio): swap_tensor/optimizer_utils.py OptimizerSwapper.__init__ SwapBufferManager
+    # of offload_optimizer.buffer_count (4) fp32 buffers of the largest sub-group partition
+    # (stage3.py _configure_tensor_swapping: max(fp16_partitioned_groups_flat_numel));
+    # partitioned_param_swapper.py AsyncPartitionedParameterSwapper.buffers, offload_param.buffer_count
+    # (5) x buffer_size (1e8) 16-bit elements, beside stage3.py _create_param_groups_fp16_flat_cpu_memory's
+    # first offload_param.max_in_cpu (1e9) elements of the partition (offload_config.py defaults)
+    partition = (dense + expert) / lay.zero_ranks
+    zero3 = deepspeed & (lay.zero == 3)
+    nvme_optimizer = _sharded(grad_accum, True, dense, expert, training, lay) \
+        + NVME_OPTIMIZER_BUFFERS * np.minimum(training.zero_config.sub_group_size, partition) * 4.0
+    nvme_params = NVME_PARAM_BUFFERS * NVME_PARAM_BUFFER_ELEMENTS * w + np.minimum(NVME_PARAMS_IN_CPU, partition) * w
+    nvme = np.where(zero3 & (lay.offload_optimizer == Offload.NVME), nvme_optimizer, 0.0) \
+        + np.where(zero3 & (lay.offload_params == Offload.NVME), nvme_params, 0.0)
     params = _sharded(state_bytes(training).weights, lay.zero >= 3, dense, expert, training, lay)
     # FSDP2 keeps no 16-bit shard: the fp32 shard, with the optimizer, is the parameter (torch 2.13
     # _fsdp_param.py _init_sharded_param moves it to the CPU under CPUOffloadPolicy; measured 16 B a
@@ -199,7 +220,7 @@ def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.
     master_only = training.engine.sharded_param_is_master & training.precision.has_master_copy
     params = np.where(master_only, 0.0, params)
     return (np.where(lay.offload_optimizer == Offload.CPU, optimizer, 0.0)
-            + np.where(lay.offload_params == Offload.CPU, params, 0.0))
+            + np.where(lay.offload_params == Offload.CPU, params, 0.0) + nvme)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -159,6 +159,12 @@ RULES: tuple[Rule, ...] = (
                            "without ZeRO (engine.py _do_optimizer_sanity_check); use --zero 1 or leave the flag off"),
     Rule("offload_optimizer_zero", ENGINE_RULE, lambda m, cl, tr, l: (l.offload_optimizer > Offload.NONE) & (l.zero == 0),
          lambda m, cl, tr: "--offload-optimizer: needs --zero 1, 2 or 3"),
+    # DeepSpeed 0.19.8 stage_1_and_2.py __init__: any offload_optimizer device other than none sets
+    # cpu_offload; only stage3.py swaps to NVMe (_configure_tensor_swapping)
+    Rule("offload_nvme_zero3", ENGINE_RULE,
+         lambda m, cl, tr, l: (l.offload_optimizer == Offload.NVME) & (l.zero < 3) & (tr.engine.buffers is Buffers.DEEPSPEED),
+         lambda m, cl, tr: "--offload-optimizer nvme: DeepSpeed swaps to NVMe under --zero 3 only (ZeRO-1/2 keep an "
+                           "nvme-offloaded optimizer in host memory, as cpu); use --offload-optimizer cpu or --zero 3"),
     Rule("sp_needs_tp", ENGINE_RULE, lambda m, cl, tr, l: (l.sequence_parallel > 0) & (l.tp < 2),
          lambda m, cl, tr: "--sequence-parallel: needs --tp > 1"),
     Rule("recompute_layers_full", ENGINE_RULE,

@@ -147,6 +147,20 @@ def test_prediction_is_estimate_of_the_same_run(tmp_path):
     assert code == (0 if d["ok"] else 1)
 
 
+def test_zero2_nvme_offload_is_checked_as_the_cpu_offload_deepspeed_runs(tmp_path):
+    # DeepSpeed 0.19.8 stage_1_and_2.py: any offload_optimizer device sets cpu_offload (no NVMe below ZeRO-3)
+    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+          "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"}}}
+    path = write(tmp_path, "ds_config.json", ds)
+    code, text, _ = run("check", "--config", path, "--model", "llama-2-7b", "--gpus", "8", "--json")
+    d = json.loads(text)
+    assert d["estimate"]["layout"]["offload_optimizer"] == "cpu"
+    assert any(f["severity"] == "warning" and "as cpu" in f["message"] for f in d["findings"])
+    _, same, _ = run("estimate", "--model", "llama-2-7b", "--gpus", "8", "--zero", "2", "--offload-optimizer", "cpu",
+                     "--mbs", "1", "--gbs", "8", "--json")
+    assert d["estimate"]["memory"]["cpu_bytes_per_node"] == json.loads(same)["memory"]["cpu_bytes_per_node"] > 0
+
+
 def test_out_of_memory_names_fixes_with_the_memory_they_free(tmp_path):
     # Llama-3-8B, ZeRO-2, micro-batch 4 of 4096 tokens without activation checkpointing on 80 GB:
     # activations alone are ~25 GiB per sequence (Korthikanti 2022 eq. 2: 34sbh + 5as^2b/ flash-attention's sbh terms)

@@ -109,7 +109,8 @@ def deepspeed_grid():
     recomputes = ["none", "full"]  # Hugging Face modules have no selective switch (rules.py engine_selective_recompute)
     optimizers = ["adamw", "adamw", "sgd", "adafactor", "adam8bit"]
     for i, (zero, (oo, op), prec) in enumerate(combos):
-        if (oo != "none" and zero == 0) or (op != "none" and zero != 3):
+        # rules.py: offload needs ZeRO (params ZeRO-3), and DeepSpeed swaps to NVMe under ZeRO-3 only
+        if (oo != "none" and zero == 0) or (op != "none" and zero != 3) or (oo == "nvme" and zero < 3):
             continue
         mbs, gas, dp = batches[i % len(batches)]
         cases.append(dict(engine="deepspeed", precision=prec, optimizer=optimizers[i % len(optimizers)],

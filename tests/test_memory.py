@@ -143,7 +143,9 @@ def test_offload_moves_states_to_the_host():
     assert cpu["cpu_per_node"][0] == pytest.approx(per_rank * 8, rel=1e-9)  # 8 ranks per node
     lay = layout.single(dp=8, zero=3, offload_optimizer="nvme", offload_params="cpu")
     assert memory.weight_bytes(model, training, lay, 0)[0] == 0
-    assert memory.host_bytes(model, training, lay, 0)[0] == pytest.approx(2 * model.params / 8, rel=1e-9)
+    # the bf16 partition, the bf16 gradient partitions and the NVMe swapper's 4 fp32 buffers of the
+    # partition (under sub_group_size 1e9; test_zero3_nvme_offload_keeps_swap_buffers_in_host_memory)
+    assert memory.host_bytes(model, training, lay, 0)[0] == pytest.approx((2 + 2 + 4 * 4) * model.params / 8, rel=1e-9)
 
 
 def test_zero3_offload_host_bytes_per_engine():
@@ -156,6 +158,34 @@ def test_zero3_offload_host_bytes_per_engine():
     for engine, per_param in (("fsdp", 16), ("torchtitan", 16), ("deepspeed", 20)):
         host = memory.host_bytes(model, layout.Training(engine=engine), lay, 0)[0]
         assert host == pytest.approx(per_param * model.params / 8, rel=1e-9), engine
+
+
+def test_zero3_nvme_offload_keeps_swap_buffers_in_host_memory():
+    # Llama-3-70B (70,553,706,496 parameters) over 16 ranks: a partition of 4,409,606,656. DeepSpeed
+    # 0.19.8's defaults (offload_config.py): the optimizer's swapper pins 4 fp32 buffers of the largest
+    # sub-group (sub_group_size 1e9 < the partition) and the bf16 gradient partitions stay on the host:
+    # 4 x 1e9 x 4 + 2 x 4,409,606,656 = 24.82 GB; the parameters' swapper pins 5 x 1e8 bf16 elements and
+    # keeps the first max_in_cpu 1e9 of the partition: 1e9 + 2e9 = 3 GB
+    model = lookup("llama-3-70b")
+    assert model.params == 70_553_706_496
+    training, part = layout.Training(engine="deepspeed"), 70_553_706_496 / 16
+    optimizer = memory.host_bytes(model, training, layout.single(dp=16, zero=3, offload_optimizer="nvme"), 0)[0]
+    assert optimizer == pytest.approx(4 * 1e9 * 4 + 2 * part, rel=1e-9)
+    both = memory.host_bytes(model, training, layout.single(dp=16, zero=3, offload_optimizer="nvme",
+                                                            offload_params="nvme"), 0)[0]
+    assert both - optimizer == pytest.approx(5 * 1e8 * 2 + 1e9 * 2, rel=1e-9)
+
+
+def test_zero2_has_no_nvme_offload_in_deepspeed():
+    # stage_1_and_2.py takes any offload_optimizer device as cpu_offload: refused, with the flag named
+    from planner import rules
+    from planner.errors import InputError
+
+    model, c = lookup("llama-2-7b"), cluster(8)
+    with pytest.raises(InputError, match="--offload-optimizer nvme"):
+        rules.check_single(model, c, layout.Training(engine="deepspeed"),
+                           layout.single(dp=8, zero=2, offload_optimizer="nvme"))
+    rules.check_single(model, c, layout.Training(engine="deepspeed"), layout.single(dp=8, zero=3, offload_optimizer="nvme"))
 
 
 # ---------------------------------------------------------------------------------------------
