@@ -616,7 +616,9 @@ def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
 
     Gradients go down as fp32 (stage_1_and_2.py async_inplace_copy_grad_to_fp32_buffer_from_gpu
     upcasts before the copy), overlapped with backward like the bucketed reduce (Ren et al. 2021
-    section 5.1); with accumulation ZeRO-2 round-trips 16-bit grads through the CPU each
+    section 5.1) where the reduction overlaps (overlap_comm: reduce_ipg_grads copies on the
+    reduction stream; without it on the current stream, "copy_grad_stream is disabled", so the
+    copies wait in the compute stream: all exposed); with accumulation ZeRO-2 round-trips 16-bit grads through the CPU each
     micro-step (async_accumulate_grad_in_cpu_via_gpu; ZeRO-1 keeps them on the GPU until the
     boundary, and fp32 accumulation keeps ZeRO-2's partition there: measured, memory.host_bytes); ZeRO-3 offloads each micro-step's
     partition; updated 16-bit params come back up, not overlapped. NVMe (Rajbhandari et al. 2021
@@ -631,8 +633,8 @@ def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
     round_trip = (lay.zero == 2) & (m > 1) & ~deepspeed_fp32_accum_offload(training, lay)
     grads_down = np.where(lay.zero == 3, m * partition * 4.0,
                           partition * 4.0 + round_trip * (2 * m - 1) * partition * b.weights)
-    traffic = np.where(offload_opt, (1 - c["dp_overlap_fraction_with_overlap"]) * grads_down / pcie
-                       + partition * b.weights / pcie, 0.0)
+    hidden = np.where(training.overlaps_grad_reduce(lay.zero), c["dp_overlap_fraction_with_overlap"], 0.0)
+    traffic = np.where(offload_opt, (1 - hidden) * grads_down / pcie + partition * b.weights / pcie, 0.0)
     nvme_bw = gpu.nvme_bytes_per_s_per_node / min(cluster.gpus_per_node, cluster.num_gpus)
     nvme_io = 2.0 * partition * b.optimizer / nvme_bw
     traffic = traffic + np.where(lay.offload_optimizer == Offload.NVME,

@@ -36,6 +36,7 @@ def gpt(layers, hidden, heads, vocab=51200, seq=2048):
 
 MEGATRON_FP16 = layout.Training(seq_len=2048, precision="fp16", flash_attention=False, engine="megatron")
 DS = layout.Training(seq_len=4096, engine="deepspeed")
+OVERLAP = layout.Training(seq_len=4096, engine="deepspeed", zero_config=layout.ZeroConfig(overlap_comm=True))
 
 
 def node(gpu=A100, n=8):
@@ -633,10 +634,14 @@ def test_cpu_adam_shares_the_node():
 
 def test_offload_pcie_traffic():
     # ZeRO-2 CPU offload, 8 ranks, one micro-batch: fp32 gradients of the Psi/8 partition go down
-    # (4 B/param, 70% hidden behind backward), updated bf16 parameters come up (2 B/param), over
-    # PCIe Gen4 (25 GB/s achieved, DGX A100)
-    got = timing.offload_s(LLAMA7, node(), DS, layout.single(dp=8, zero=2, offload_optimizer="cpu"), C)[0]
+    # (4 B/param, 70% hidden behind backward with overlap_comm), updated bf16 parameters come up
+    # (2 B/param), over PCIe Gen4 (25 GB/s achieved, DGX A100)
+    lay = layout.single(dp=8, zero=2, offload_optimizer="cpu")
+    got = timing.offload_s(LLAMA7, node(), OVERLAP, lay, C)[0]
     assert got == pytest.approx(0.3 * PSI7 / 8 * 4 / 25e9 + PSI7 / 8 * 2 / 25e9, rel=1e-12)  # 97 ms
+    # DeepSpeed's default for ZeRO-1/2, overlap_comm false: reduce_ipg_grads copies on the compute
+    # stream (stage_1_and_2.py: "copy_grad_stream is disabled"), every byte shows
+    assert timing.offload_s(LLAMA7, node(), DS, lay, C)[0] == pytest.approx(PSI7 / 8 * (4 + 2) / 25e9, rel=1e-12)
 
 
 def test_offload_accumulation_round_trips_only_zero2_16_bit_gradients():
@@ -645,11 +650,11 @@ def test_offload_accumulation_round_trips_only_zero2_16_bit_gradients():
     # accumulated_grads_in_cpu counted on the real engine: tests/test_deepspeed_offload_real.py); ZeRO-1
     # keeps its gradients on the GPU until the boundary, and fp32 accumulation ZeRO-2's partition
     one = 0.3 * PSI7 / 8 * 4 / 25e9 + PSI7 / 8 * 2 / 25e9
-    zero2 = timing.offload_s(LLAMA7, node(), DS, layout.single(dp=8, zero=2, gas=4, offload_optimizer="cpu"), C)[0]
+    zero2 = timing.offload_s(LLAMA7, node(), OVERLAP, layout.single(dp=8, zero=2, gas=4, offload_optimizer="cpu"), C)[0]
     assert zero2 == pytest.approx(one + 0.3 * 7 * PSI7 / 8 * 2 / 25e9, rel=1e-12)
-    zero1 = timing.offload_s(LLAMA7, node(), DS, layout.single(dp=8, zero=1, gas=4, offload_optimizer="cpu"), C)[0]
+    zero1 = timing.offload_s(LLAMA7, node(), OVERLAP, layout.single(dp=8, zero=1, gas=4, offload_optimizer="cpu"), C)[0]
     assert zero1 == pytest.approx(one, rel=1e-12)
-    fp32 = dataclasses.replace(DS, zero_config=layout.ZeroConfig(fp32_grad_accum=True))
+    fp32 = dataclasses.replace(OVERLAP, zero_config=layout.ZeroConfig(fp32_grad_accum=True, overlap_comm=True))
     assert timing.offload_s(LLAMA7, node(), fp32, layout.single(dp=8, zero=2, gas=4, offload_optimizer="cpu"), C)[0] \
         == pytest.approx(one, rel=1e-12)
 
