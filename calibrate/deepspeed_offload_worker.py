@@ -4,9 +4,9 @@ transformers Llama, run under DeepSpeed's launcher (DS_ACCELERATOR=cpu and gloo 
 On the CPU accelerator the engine's device and host tensors are both CPU tensors, so this worker
 counts every storage the engine holds by *where the engine keeps it*: the attribute path it was
 found under (`optimizer.single_partition_of_fp32_groups`, `param.grad`, ...), deduplicated by
-storage, first path wins (module parameters first). The test (tests/test_deepspeed_offload_real.py)
-sorts the paths into device and host from DeepSpeed 0.19.8's own code, which says for each buffer
-whether it is allocated on `get_accelerator().current_device_name()` or on the offload device.
+storage, first path wins (module parameters first). calibrate/deepspeed_offload.py sorts the paths
+into device and host from DeepSpeed 0.19.8's own code, which says for each buffer whether it is
+allocated on `get_accelerator().current_device_name()` or on the offload device.
 
 Each run trains `steps` optimizer steps of `gas` micro-batches and counts after every micro-batch's
 backward of the last step and after its step(). Usage (calibrate/deepspeed_offload.py launches it):
@@ -58,9 +58,9 @@ def _walk(obj, path: str, depth: int, seen: set, out: dict) -> None:
 
 
 def held_by_path(engine) -> dict:
-    """{"path:dtype@device": bytes} of the distinct storages the engine holds: the model's parameters (data, grad,
-    ZeRO-3's ds_tensor partition), then everything reachable from the ZeRO optimizer, its inner
-    optimizer's state, and ZeRO-3's parameter-offload helper."""
+    """{"path:dtype@device": bytes} of the distinct storages the engine holds: the model's parameters
+    (data, grad, ZeRO-3's ds_tensor partition), then everything reachable from the ZeRO optimizer,
+    its inner optimizer's state, and ZeRO-3's parameter-offload helper."""
     out, seen = {}, set()
     for p in engine.module.parameters():
         _walk(p.data, "param.data", 0, seen, out)

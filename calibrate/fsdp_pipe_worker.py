@@ -22,14 +22,10 @@ import sys
 import torch
 import torch.distributed as dist
 
-from calibrate.fsdp_worker import LLAMA
+from calibrate.fsdp_worker import LLAMA, _local
 from calibrate.worker_io import device, write_result
 
 SEQ = 16
-
-
-def _local(t):
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def fsdp_held(model, opt) -> dict:

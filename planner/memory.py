@@ -23,8 +23,8 @@ from planner.options import Offload, Optimizer, Precision, Recompute
 
 from planner.pipeline import first_routed_stage
 from planner.sharding import (block_params, expert_dp, deepspeed_grad_partition_excess, optimizer_bytes_per_param,
-                              largest_module_params, largest_tensor_params, persistent_params, rank_params, recompute_pair_params,
-                              state_bytes)
+                              largest_module_params, largest_tensor_params, persistent_params, rank_params,
+                              recompute_pair_params, state_bytes)
 
 BREAKDOWN_KEYS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
 PHASES = ("forward/backward", "optimizer step", "gradient reduction")
@@ -108,7 +108,6 @@ def grad_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, at_ste
     # stage_1_and_2.py): ZeRO-1 each parameter's whole grad_accum (use_grad_accum_attribute) across the
     # micro-batches, ZeRO-2 the partition as averaged_gradients (_build_compact_grad_partition_buffer,
     # on the accelerator) until the step (measured: tests/test_deepspeed_offload_real.py)
-    dense, expert = rank_params(model, training, lay, stage)
     fp32_offload = deepspeed_fp32_accum_offload(training, lay)
     whole = (lay.zero == 1) & ~np.asarray(at_step)
     held = np.where(fp32_offload, _sharded(4.0, ~whole, dense, expert, training, lay), held)
@@ -184,8 +183,9 @@ def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.
     partition (stage_1_and_2.py param_buffer_of_bit16_for_cpu_offload_groups), the host staging
     buffer (deepspeed_offload_staging_bytes) and, ZeRO-2 accumulating, every parameter overlapping
     the partition whole in 16 bits (async_accumulate_grad_in_cpu_via_gpu: accumulated_grads_in_cpu,
-    never freed; not with fp32 accumulation, deepspeed_fp32_accum_offload); ZeRO-3 its gradient partitions in the accumulation dtype (stage3.py
-    grad_partitions_flat_buffer on self.device, 'cpu' under offload_optimizer)."""
+    never freed; not with fp32 accumulation, deepspeed_fp32_accum_offload); ZeRO-3 its gradient
+    partitions in the accumulation dtype (stage3.py grad_partitions_flat_buffer on self.device,
+    'cpu' under offload_optimizer)."""
     dense, expert = rank_params(model, training, lay, stage)
     w = training.precision.element_bytes
     optimizer = _optimizer_partition_bytes(model, training, lay, stage) + _sharded(4.0, True, dense, expert, training, lay)

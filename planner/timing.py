@@ -618,10 +618,10 @@ def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
     upcasts before the copy), overlapped with backward like the bucketed reduce (Ren et al. 2021
     section 5.1) where the reduction overlaps (overlap_comm: reduce_ipg_grads copies on the
     reduction stream; without it on the current stream, "copy_grad_stream is disabled", so the
-    copies wait in the compute stream: all exposed); with accumulation ZeRO-2 round-trips 16-bit grads through the CPU each
-    micro-step (async_accumulate_grad_in_cpu_via_gpu; ZeRO-1 keeps them on the GPU until the
-    boundary, and fp32 accumulation keeps ZeRO-2's partition there: measured, memory.host_bytes); ZeRO-3 offloads each micro-step's
-    partition; updated 16-bit params come back up, not overlapped. NVMe (Rajbhandari et al. 2021
+    copies wait in the compute stream: all exposed); with accumulation ZeRO-2 round-trips 16-bit
+    grads through the CPU each micro-step (async_accumulate_grad_in_cpu_via_gpu; ZeRO-1 keeps them
+    on the GPU until the boundary, and fp32 accumulation keeps ZeRO-2's partition there: measured,
+    memory.host_bytes); ZeRO-3 offloads each micro-step's partition; updated 16-bit params come back up, not overlapped. NVMe (Rajbhandari et al. 2021
     section 6): states read and written per step, pipelined with CPU Adam. ZeRO-3 parameter
     offload: the partition goes up before each gather (forward, backward), prefetched like the
     gathers; a GPU optimizer's updated partition goes back down once."""
