@@ -104,6 +104,11 @@ BOUNDS: dict[str, Bound] = {
     "stage3_max_reuse_distance": Bound(0, 1e15),
     "stage3_param_persistence_threshold": Bound(0, 1e15),
     "sub_group_size": Bound(1, 1e15),
+    # their offload_optimizer / offload_param NVMe buffers
+    "nvme_optimizer_buffer_count": Bound(0, 1e6),
+    "nvme_param_buffer_count": Bound(0, 1e6),
+    "nvme_param_buffer_size": Bound(0, 1e15),
+    "nvme_params_in_cpu": Bound(0, 1e15),
 }
 
 

@@ -50,6 +50,12 @@ ZERO_INPUTS = {  # TrainingInput field <- zero_optimization key(s), field name f
     "stage3_param_persistence_threshold": ("stage3_param_persistence_threshold", "param_persistence_threshold"),
     "sub_group_size": ("sub_group_size",),
 }
+NVME_INPUTS = {  # TrainingInput field <- (zero_optimization section, key): runtime/zero/offload_config.py
+    "nvme_optimizer_buffer_count": ("offload_optimizer", "buffer_count"),
+    "nvme_param_buffer_count": ("offload_param", "buffer_count"),
+    "nvme_param_buffer_size": ("offload_param", "buffer_size"),
+    "nvme_params_in_cpu": ("offload_param", "max_in_cpu"),
+}
 
 
 def _precision(ds: dict) -> tuple[str, list]:
@@ -113,6 +119,9 @@ def inputs(ds: dict, model, cluster: dict, layout: dict, mbs_flag: int | None) -
             if key in zero:
                 training[field] = whole_number(zero[key], f"zero_optimization.{key}")
                 break
+    for field, (part, key) in NVME_INPUTS.items():
+        if key in (zero.get(part) or {}):
+            training[field] = whole_number(zero[part][key], f"zero_optimization.{part}.{key}")
     for flag in ("overlap_comm", "contiguous_gradients"):
         if isinstance(zero.get(flag), bool):
             training[flag] = zero[flag]

@@ -186,9 +186,15 @@ def deepspeed_config(model: ModelSpec, cluster: Cluster, training: Training, row
         if row["offload_optimizer"] != "none":
             # zero/offload_config.py DeepSpeedZeroOffloadOptimizerConfig: device cpu|nvme, nvme_path, pin_memory
             zero["offload_optimizer"] = _offload(row["offload_optimizer"], opts["nvme_path"])
+            if row["offload_optimizer"] == "nvme":  # the buffers planned in host memory (memory.host_bytes)
+                zero["offload_optimizer"]["buffer_count"] = int(zc.nvme_optimizer_buffer_count)
         if stage == 3 and row["offload_params"] != "none":
             # DeepSpeedZeroOffloadParamConfig (ZeRO-3 only)
             zero["offload_param"] = _offload(row["offload_params"], opts["nvme_path"])
+            if row["offload_params"] == "nvme":
+                zero["offload_param"].update(buffer_count=int(zc.nvme_param_buffer_count),
+                                             buffer_size=int(zc.nvme_param_buffer_size),
+                                             max_in_cpu=int(zc.nvme_params_in_cpu))
     cfg["zero_optimization"] = zero
 
     # optimizer: deepspeed/runtime/config.py DEEPSPEED_OPTIMIZERS; engine._configure_basic_optimizer

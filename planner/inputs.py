@@ -33,6 +33,8 @@ SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "ffn_kind", "voc
                 "experts_per_token", "shared_expert_ffn", "dense_layers", "dense_ffn", "moe_layer_step")
 ZERO_FIELDS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
                "stage3_max_reuse_distance", "stage3_param_persistence_threshold", "sub_group_size")
+NVME_FIELDS = ("nvme_optimizer_buffer_count", "nvme_param_buffer_count", "nvme_param_buffer_size", "nvme_params_in_cpu")
+"""ZeRO-Infinity's buffer knobs (layout.ZeroConfig): planning API and `planner check` only, no CLI flags."""
 
 
 def _checked(record, keys) -> None:
@@ -199,6 +201,11 @@ class TrainingInput:
     stage3_max_reuse_distance: int | None = None
     stage3_param_persistence_threshold: int | None = None
     sub_group_size: int | None = None
+    nvme_optimizer_buffer_count: int | None = None
+    nvme_param_buffer_count: int | None = None
+    nvme_param_buffer_size: int | None = None
+    nvme_params_in_cpu: int | None = None
+    """offload_optimizer.buffer_count, offload_param.buffer_count/buffer_size/max_in_cpu (layout.ZeroConfig)."""
     overlap_comm: bool | None = None
     contiguous_gradients: bool | None = None
     fp32_grad_accum: bool | None = None
@@ -227,7 +234,7 @@ class TrainingInput:
 
     def __post_init__(self):
         _checked(self, ("seq_len", "gbs", "tokens_per_step", "tokens", "price_per_gpu_hour", "moe_capacity_factor",
-                        *ZERO_FIELDS))
+                        *ZERO_FIELDS, *NVME_FIELDS))
         _boolean(self.flash_attention, "--no-flash-attention")
         _boolean(self.overlap_comm, "--overlap-comm")
         _boolean(self.contiguous_gradients, "--no-contiguous-gradients")
@@ -244,7 +251,7 @@ class TrainingInput:
     def resolve(self, gbs: int, engine: str) -> "Training":
         from planner.layout import Training, ZeroConfig
 
-        zero = {k: getattr(self, k) for k in (*ZERO_FIELDS, "overlap_comm", "contiguous_gradients", "fp32_grad_accum",
+        zero = {k: getattr(self, k) for k in (*ZERO_FIELDS, *NVME_FIELDS, "overlap_comm", "contiguous_gradients", "fp32_grad_accum",
                                               "partition_activations", "cpu_checkpointing")}
         return Training(seq_len=self.seq_len or DEFAULTS["seq_len"], gbs=gbs,
                         precision=self.precision or DEFAULTS["precision"],

@@ -41,6 +41,15 @@ class ZeroConfig:
     """Parameters smaller than this stay whole on every rank (ZeRO-3)."""
     sub_group_size: int = 1_000_000_000
     """Elements per optimizer sub-group step (ZeRO-3 fp32 gradient chunk)."""
+    nvme_optimizer_buffer_count: int = 4
+    """offload_optimizer.buffer_count: the NVMe swapper's pinned fp32 buffers of a sub-group
+    (DeepSpeed 0.19.8 runtime/zero/offload_config.py DeepSpeedZeroOffloadOptimizerConfig)."""
+    nvme_param_buffer_count: int = 5
+    """offload_param.buffer_count: the NVMe parameter swapper's pinned buffers (DeepSpeedZeroOffloadParamConfig)."""
+    nvme_param_buffer_size: int = 100_000_000
+    """offload_param.buffer_size: elements of each of those buffers."""
+    nvme_params_in_cpu: int = 1_000_000_000
+    """offload_param.max_in_cpu: elements of the partition kept in host memory beside NVMe."""
     fp32_grad_accum: bool = False
     """data_types.grad_accum_dtype "fp32": with bf16 and ZeRO-1 DeepSpeed then runs BF16_Optimizer
     (engine.py _do_optimizer_sanity_check), which accumulates gradients in a full fp32 buffer."""

@@ -169,12 +169,6 @@ def deepspeed_offload_staging_bytes(model: ModelSpec, training: Training, lay: L
     return np.where(on, largest * training.precision.element_bytes, 0.0)
 
 
-NVME_OPTIMIZER_BUFFERS = 4
-"""offload_optimizer.buffer_count, DeepSpeed 0.19.8 runtime/zero/offload_config.py default."""
-NVME_PARAM_BUFFERS, NVME_PARAM_BUFFER_ELEMENTS, NVME_PARAMS_IN_CPU = 5, 1e8, 1e9
-"""offload_param.buffer_count, buffer_size and max_in_cpu, the same file's defaults."""
-
-
 def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
     """Host memory of one rank: ZeRO-Offload (Ren et al. 2021 section 4) keeps fp32 master, states
     and fp32 gradients on the CPU, ZeRO-3 parameter offload the 16-bit partition; NVMe
@@ -201,16 +195,17 @@ def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.
     # ZeRO-3 offloading to NVMe keeps its gradient partitions on the host as well (self.device is the
     # CPU for either device) and page-locked swap buffers (read in DeepSpeed 0.19.8, not run here: its
     # aio op needs libaio): swap_tensor/optimizer_utils.py OptimizerSwapper.__init__ SwapBufferManager
-    # of offload_optimizer.buffer_count (4) fp32 buffers of the largest sub-group partition
+    # of offload_optimizer.buffer_count (default 4) fp32 buffers of the largest sub-group partition
     # (stage3.py _configure_tensor_swapping: max(fp16_partitioned_groups_flat_numel));
     # partitioned_param_swapper.py AsyncPartitionedParameterSwapper.buffers, offload_param.buffer_count
     # (5) x buffer_size (1e8) 16-bit elements, beside stage3.py _create_param_groups_fp16_flat_cpu_memory's
-    # first offload_param.max_in_cpu (1e9) elements of the partition (offload_config.py defaults)
+    # first offload_param.max_in_cpu (1e9) elements of the partition (layout.ZeroConfig)
+    zc = training.zero_config
     partition = (dense + expert) / lay.zero_ranks
     zero3 = deepspeed & (lay.zero == 3)
     nvme_optimizer = _sharded(grad_accum, True, dense, expert, training, lay) \
-        + NVME_OPTIMIZER_BUFFERS * np.minimum(training.zero_config.sub_group_size, partition) * 4.0
-    nvme_params = NVME_PARAM_BUFFERS * NVME_PARAM_BUFFER_ELEMENTS * w + np.minimum(NVME_PARAMS_IN_CPU, partition) * w
+        + zc.nvme_optimizer_buffer_count * np.minimum(zc.sub_group_size, partition) * 4.0
+    nvme_params = zc.nvme_param_buffer_count * zc.nvme_param_buffer_size * w + np.minimum(zc.nvme_params_in_cpu, partition) * w
     nvme = np.where(zero3 & (lay.offload_optimizer == Offload.NVME), nvme_optimizer, 0.0) \
         + np.where(zero3 & (lay.offload_params == Offload.NVME), nvme_params, 0.0)
     params = _sharded(state_bytes(training).weights, lay.zero >= 3, dense, expert, training, lay)

@@ -161,6 +161,22 @@ def test_zero2_nvme_offload_is_checked_as_the_cpu_offload_deepspeed_runs(tmp_pat
     assert d["estimate"]["memory"]["cpu_bytes_per_node"] == json.loads(same)["memory"]["cpu_bytes_per_node"] > 0
 
 
+def test_zero3_nvme_buffers_are_read_from_the_config(tmp_path):
+    # offload_optimizer.buffer_count 8 (default 4) and offload_param.buffer_size 2e8 (default 1e8):
+    # Llama-2-7B over 8 ranks, a partition of 6,738,415,616 / 8 = 842,301,952 (< sub_group_size 1e9),
+    # so each rank pins 4 more fp32 buffers of it and 5 x 1e8 more bf16 elements
+    def host_per_node(optimizer: dict, param: dict) -> float:
+        ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme", **optimizer},
+                                    "offload_param": {"device": "nvme", "nvme_path": "/nvme", **param}}}
+        path = write(tmp_path, "ds_config.json", ds)
+        _, text, _ = run("check", "--config", path, "--model", "llama-2-7b", "--gpus", "8", "--json")
+        return json.loads(text)["estimate"]["memory"]["cpu_bytes_per_node"]
+
+    more = host_per_node({"buffer_count": 8}, {"buffer_size": 200_000_000}) - host_per_node({}, {})
+    assert more == pytest.approx(8 * (4 * 842_301_952 * 4 + 5 * 100_000_000 * 2), rel=1e-9)
+
+
 def test_out_of_memory_names_fixes_with_the_memory_they_free(tmp_path):
     # Llama-3-8B, ZeRO-2, micro-batch 4 of 4096 tokens without activation checkpointing on 80 GB:
     # activations alone are ~25 GiB per sequence (Korthikanti 2022 eq. 2: 34sbh + 5as^2b/ flash-attention's sbh terms)
