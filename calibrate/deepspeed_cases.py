@@ -83,7 +83,7 @@ def pipe_cases(profile_kind: str) -> list:
                  timeout_s=240)]
 
 
-def transient_prediction(zero: int, gas: int, ranks: int = 2, **zero_config) -> dict:
+def transient_prediction(zero: int, gas: int, ranks: int = 2, precision: str = "bf16", **zero_config) -> dict:
     """The planner's DeepSpeed buffer terms for the LLAMA of calibrate/deepspeed_worker.py on `ranks`
     data-parallel ranks (calibrate/deepspeed_transient_worker.py measures their transients): bytes of
     grad_bytes in backward and at the step, engine_buffers (fwd, step), deepspeed_reduce_buckets,
@@ -92,7 +92,7 @@ def transient_prediction(zero: int, gas: int, ranks: int = 2, **zero_config) -> 
     from planner.hf_config import from_hf_config
 
     model = from_hf_config({**LLAMA, "model_type": "llama"})
-    training = layout.Training(seq_len=16, precision="bf16", engine="deepspeed",
+    training = layout.Training(seq_len=16, precision=precision, engine="deepspeed",
                                zero_config=layout.ZeroConfig(**zero_config))
     lay = layout.single(dp=ranks, zero=zero, gas=gas)
     fwd, step = memory.engine_buffers(model, training, lay, 0)

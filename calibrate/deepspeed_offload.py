@@ -5,7 +5,8 @@
 Launches calibrate/deepspeed_offload_worker.py on 2 gloo ranks under DeepSpeed's launcher: the
 2-layer Llama of calibrate/deepspeed_worker.py (158,016 parameters, bf16, reduce bucket 4,096), ZeRO
 1, 2 and 3 with the optimizer offloaded to the CPU, ZeRO-3 with the parameters too, gradient
-accumulation 1 and 2, 16-bit and fp32 gradient accumulation; each rank counts the bytes of every
+accumulation 1 and 2, 16-bit and fp32 gradient accumulation, and ZeRO-2/3 accumulating in fp32
+without offload (ZeRO's own fp32 gradient buffers on the GPU); each rank counts the bytes of every
 distinct storage the engine holds by the attribute it is held under, after each micro-batch's
 backward of the second step and after its step(). The rows go to
 data/references/deepspeed_offload_cpu.json (atomically), read by tests/test_deepspeed_offload_real.py.
@@ -19,15 +20,17 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent.parent / "data" / "references" / "deepspeed_offload_cpu.json"
 FP32_ACCUM = {"data_types": {"grad_accum_dtype": "fp32"}}
-RUNS = [  # name, ZeRO stage, gradient accumulation, parameters offloaded too, extra ds_config
-    ("zero1-gas2", 1, 2, False, {}),
-    ("zero2-gas1", 2, 1, False, {}),
-    ("zero2-gas2", 2, 2, False, {}),
-    ("zero3-gas2", 3, 2, False, {}),
-    ("zero3-gas2-params", 3, 2, True, {}),
-    ("zero3-gas2-fp32-accum", 3, 2, False, FP32_ACCUM),
-    ("zero1-gas2-fp32-accum", 1, 2, False, FP32_ACCUM),
-    ("zero2-gas2-fp32-accum", 2, 2, False, FP32_ACCUM),
+RUNS = [  # name, ZeRO stage, gradient accumulation, optimizer offloaded, parameters offloaded too, extra ds_config
+    ("zero1-gas2", 1, 2, True, False, {}),
+    ("zero2-gas1", 2, 1, True, False, {}),
+    ("zero2-gas2", 2, 2, True, False, {}),
+    ("zero3-gas2", 3, 2, True, False, {}),
+    ("zero3-gas2-params", 3, 2, True, True, {}),
+    ("zero3-gas2-fp32-accum", 3, 2, True, False, FP32_ACCUM),
+    ("zero1-gas2-fp32-accum", 1, 2, True, False, FP32_ACCUM),
+    ("zero2-gas2-fp32-accum", 2, 2, True, False, FP32_ACCUM),
+    ("zero2-gas2-fp32-accum-gpu", 2, 2, False, False, FP32_ACCUM),
+    ("zero3-gas2-fp32-accum-gpu", 3, 2, False, False, FP32_ACCUM),
 ]
 
 
@@ -41,7 +44,7 @@ DEVICE = ("param.data", "param.grad", "param.grad_accum", "optimizer.temp_grad_b
 # setup_buckets (stage_1_and_2.py) and stage3.py __init__: ipg bucket buffers on current_device_name()
 BUCKETS = ("optimizer.ipg_buckets[].buffer[]", "optimizer.ipg_buckets[].buffer")
 # self.device, 'cpu' under offload (stage_1_and_2.py: 'cpu' if cpu_offload; stage3.py: OffloadDeviceEnum.cpu
-# if offload_optimizer): the fp32 partition, its gradient and the inner optimizer's states, the 16-bit
+# if offload_optimizer), else the accelerator: the fp32 partition, its gradient and the inner optimizer's states, the 16-bit
 # partition copy, the host staging buffer, accumulated_grads_in_cpu, ZeRO-3's gradient partitions;
 # stage3.py _create_param_groups_fp16_flat_cpu_memory holds ds_tensor with offload_param
 HOST = ("inner.state[].exp_avg", "inner.state[].exp_avg_sq", "optimizer.single_partition_of_fp32_groups[]",
@@ -51,22 +54,22 @@ HOST = ("inner.state[].exp_avg", "inner.state[].exp_avg_sq", "optimizer.single_p
         "optimizer.grad_partitions_flat_buffer")
 
 
-def where(path: str, offload_param: bool) -> str:
+def where(path: str, offload_param: bool, offload_optimizer: bool = True) -> str:
     """device | buckets | host | unknown: where the engine allocates the attribute at `path`."""
     if path == "param.ds_tensor":
         return "host" if offload_param else "device"
     for kind, paths in (("device", DEVICE), ("buckets", BUCKETS), ("host", HOST)):
         if path in paths:
-            return kind
+            return "device" if kind == "host" and not offload_optimizer else kind
     return "unknown"
 
 
-def split(held: dict, offload_param: bool) -> dict:
+def split(held: dict, offload_param: bool, offload_optimizer: bool = True) -> dict:
     """A moment's {"path:dtype@device": bytes} as {device, buckets, host: bytes, unknown: {key: bytes}}."""
     out = {"device": 0, "buckets": 0, "host": 0, "unknown": {}}
     for key, nbytes in held.items():
         path, device = key.rsplit(":", 1)[0], key.rsplit("@", 1)[1]
-        kind = where(path, offload_param)
+        kind = where(path, offload_param, offload_optimizer)
         if kind == "unknown":
             out["unknown"][key] = nbytes
             continue
@@ -76,7 +79,8 @@ def split(held: dict, offload_param: bool) -> dict:
     return out
 
 
-def prediction(zero: int, gas: int, offload_param: bool, fp32_grad_accum: bool, ranks: int = 2) -> dict:
+def prediction(zero: int, gas: int, offload_param: bool, fp32_grad_accum: bool, ranks: int = 2,
+               offload_optimizer: bool = True) -> dict:
     """The planner's bytes for a run of the worker: the GPU's model states between micro-batches
     (weights, optimizer part, gradients), at the boundary, after the step, the reduce buckets and
     the host's (planner.memory terms, deepspeed engine)."""
@@ -90,7 +94,7 @@ def prediction(zero: int, gas: int, offload_param: bool, fp32_grad_accum: bool, 
     zc = layout.ZeroConfig(reduce_bucket_size=BUCKET, stage3_prefetch_bucket_size=BUCKET,
                            stage3_param_persistence_threshold=10, fp32_grad_accum=fp32_grad_accum)
     training = layout.Training(seq_len=SEQ, precision="bf16", engine="deepspeed", zero_config=zc)
-    lay = layout.single(dp=ranks, zero=zero, gas=gas, offload_optimizer="cpu",
+    lay = layout.single(dp=ranks, zero=zero, gas=gas, offload_optimizer="cpu" if offload_optimizer else "none",
                         offload_params="cpu" if offload_param else "none")
     held = memory.weight_bytes(model, training, lay, 0) + memory.optimizer_bytes(model, training, lay, 0)
     terms = {"held_bytes": held, "grad_bytes": memory.grad_bytes(model, training, lay, 0),
@@ -129,7 +133,7 @@ def cases(profile_kind: str) -> list:
 
     ranks = ranks_for(profile_kind)
     out = []
-    for name, zero, gas, params, ds in RUNS:
+    for name, zero, gas, _, params, ds in RUNS:
         if name not in ("zero2-gas2", "zero3-gas2-params"):
             continue
         run = {"name": name, "zero": zero, "gas": gas, "offload_optimizer": True, "offload_param": params, "ds": ds}
@@ -145,8 +149,8 @@ def cases(profile_kind: str) -> list:
 def measure() -> list[dict]:
     from calibrate.launch import launch
 
-    runs = [{"name": name, "zero": zero, "gas": gas, "offload_optimizer": True, "offload_param": params, "ds": ds}
-            for name, zero, gas, params, ds in RUNS]
+    runs = [{"name": name, "zero": zero, "gas": gas, "offload_optimizer": optimizer, "offload_param": params, "ds": ds}
+            for name, zero, gas, optimizer, params, ds in RUNS]
     outcome = launch("calibrate.deepspeed_offload_worker", [json.dumps({"runs": runs})], nproc=2,
                      launcher="deepspeed", env={"DS_ACCELERATOR": "cpu"}, timeout_s=900)
     if outcome.status != "ok" or len(outcome.ranks) != 2:
@@ -164,9 +168,10 @@ def measure() -> list[dict]:
 def main(argv=None) -> int:
     from calibrate.torchtitan_sac import run_cli
 
-    return run_cli(argv, __doc__, OUT, "python -m calibrate.deepspeed_offload: DeepSpeed ZeRO-Offload on 2 gloo "
-                   "ranks, a 2-layer Llama (calibrate/deepspeed_worker.py LLAMA, bf16), bytes of every distinct "
-                   "storage the engine holds by attribute, after each micro-batch's backward and after step()",
+    return run_cli(argv, __doc__, OUT, "python -m calibrate.deepspeed_offload: DeepSpeed ZeRO-Offload (and ZeRO-2/3 "
+                   "accumulating in fp32 without it) on 2 gloo ranks, a 2-layer Llama (calibrate/deepspeed_worker.py "
+                   "LLAMA, bf16), bytes of every distinct storage the engine holds by attribute, after each "
+                   "micro-batch's backward and after step()",
                    measure, "deepspeed")
 
 

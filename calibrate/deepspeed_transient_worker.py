@@ -132,17 +132,25 @@ def _stats(tagged: list) -> dict:
         else:
             freed_before -= size
     by = {c: sum(v[0] for v in alive.values() if v[1] == c) for c in CATEGORIES}
-    only = {}
+    only, own = {}, {}
     for c in CATEGORIES:
         run = top = 0
-        for size, cat, *_ in tagged:
+        for i, (size, cat, *_) in enumerate(tagged):
             if cat == c:
                 run += size
-                top = max(top, run)
+                if run > top:
+                    top, own[c] = run, i
         only[c] = top
+    # DeepSpeed's own allocations live at their own peak
+    mine = {}
+    for size, cat, where, ptr in tagged[:own.get("deepspeed", -1) + 1]:
+        if cat == "deepspeed" and size > 0:
+            mine[ptr] = [size, where]
+        elif cat == "deepspeed":
+            mine.pop(ptr, None)
     rows = sorted((list(v) for v in alive.values()), key=lambda r: -r[0])
     return {"peak": peak, "end": live, "by": by, "freed_before": freed_before, "live": rows[:24],
-            "peak_only": only}
+            "peak_only": only, "live_deepspeed": sorted(mine.values(), key=lambda r: -r[0])[:12]}
 
 
 def profiled_allocations(fn, classify, mark: str = "") -> tuple:

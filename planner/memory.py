@@ -100,26 +100,41 @@ def grad_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, at_ste
     sharded = np.isin(lay.zero, engine.grads_sharded_step if at_step else engine.grads_sharded_backward)
     if not at_step:
         sharded = sharded & ~deferred_reduction(training, lay)
-    held = _sharded(state_bytes(training).grads, sharded, dense, expert, training, lay)
+    # DeepSpeed ZeRO-3 keeps its gradient partitions in the accumulation dtype (0.19.8 stage3.py
+    # grad_partitions_flat_buffer, dtype=gradient_accumulation_dtype; measured fp32: tests/test_deepspeed_offload_real.py)
+    grad_w = np.where(deepspeed_fp32_accumulation(training) & (lay.zero == 3), 4.0, state_bytes(training).grads)
+    held = _sharded(grad_w, sharded, dense, expert, training, lay)
     if not at_step:
         held = held * (1 + (np.isin(lay.zero, engine.accumulation_copy) & (lay.gas > 1)))
     held = np.where((lay.offload_optimizer > Offload.NONE) & sharded, 0.0, held)
-    # ZeRO-1/2 offloading with fp32 accumulation keep fp32 gradients on the GPU (DeepSpeed 0.19.8
+    # ZeRO-1/2 accumulating in fp32 keep fp32 gradients on the GPU, offloading or not (DeepSpeed 0.19.8
     # stage_1_and_2.py): ZeRO-1 each parameter's whole grad_accum (use_grad_accum_attribute) across the
-    # micro-batches, ZeRO-2 the partition as averaged_gradients (_build_compact_grad_partition_buffer,
-    # on the accelerator) until the step (measured: tests/test_deepspeed_offload_real.py)
-    fp32_offload = deepspeed_fp32_accum_offload(training, lay)
+    # micro-batches, ZeRO-2 the partition (deepspeed_compact_fp32_grads) until the step (measured:
+    # tests/test_deepspeed_offload_real.py)
     whole = (lay.zero == 1) & ~np.asarray(at_step)
-    held = np.where(fp32_offload, _sharded(4.0, ~whole, dense, expert, training, lay), held)
+    held = np.where(deepspeed_compact_fp32_grads(training, lay), _sharded(4.0, ~whole, dense, expert, training, lay), held)
     return np.where(deepspeed_bf16_optimizer(training, lay), bf16_optimizer_grad_bytes(model, training, lay, stage), held)
 
 
-def deepspeed_fp32_accum_offload(training: Training, lay: Layouts) -> np.ndarray:
-    """DeepSpeed ZeRO-1/2 with the optimizer on the CPU and fp32 gradient accumulation (data_types.
-    grad_accum_dtype "fp32"), which take the compact fp32 partition path of stage_1_and_2.py
-    (_use_compact_grad_partition_buffer) instead of BF16_Optimizer."""
+def deepspeed_fp32_accumulation(training: Training) -> bool:
+    """DeepSpeed accumulating the gradients of 16-bit weights in fp32 (data_types.grad_accum_dtype
+    "fp32"; engine.py get_data_types)."""
     return ((training.engine.buffers is Buffers.DEEPSPEED) & training.zero_config.fp32_grad_accum
-            & np.isin(lay.zero, (1, 2)) & (lay.offload_optimizer == Offload.CPU))
+            & (training.precision in (Precision.BF16, Precision.FP16)))
+
+
+def deepspeed_compact_fp32_grads(training: Training, lay: Layouts) -> np.ndarray:
+    """DeepSpeed ZeRO-1/2 accumulating in fp32 through ZeRO's own optimizer (not BF16_Optimizer: with
+    the optimizer offloaded, or fp16 weights, or ZeRO-2): one fp32 buffer of exactly the partition
+    that the reductions add into and step() takes as the fp32 gradient, and no grads_in_partition
+    (DeepSpeed 0.19.8 stage_1_and_2.py _use_compact_grad_partition_buffer, _build_compact_grad_partition_buffer
+    on the accelerator; copy_grads_in_partition returns early)."""
+    return deepspeed_fp32_accumulation(training) & np.isin(lay.zero, (1, 2)) & ~deepspeed_bf16_optimizer(training, lay)
+
+
+def deepspeed_fp32_accum_offload(training: Training, lay: Layouts) -> np.ndarray:
+    """deepspeed_compact_fp32_grads with the optimizer on the CPU."""
+    return deepspeed_compact_fp32_grads(training, lay) & (lay.offload_optimizer == Offload.CPU)
 
 
 def grads_freed(training: Training, lay: Layouts) -> np.ndarray:
@@ -226,7 +241,9 @@ def deepspeed_reduce_buckets(training: Training, lay: Layouts) -> np.ndarray:
     """Reduce buckets: ZeRO-1/2 setup_buckets allocate reduce_bucket_size elements (a second one
     with overlap_comm), with contiguous_gradients or CPU offload; ZeRO-3 one, at init."""
     zc, w = training.zero_config, training.precision.element_bytes
-    w = np.where(deepspeed_fp32_accum_offload(training, lay), 4.0, w)  # buckets in the accumulation dtype (measured)
+    # stage_1_and_2.py setup_buckets: _gradient_reduction_buffer_dtype, the accumulation dtype where
+    # use_grad_accum_attribute (ZeRO-1; measured fp32), else the weights' (ZeRO-2; measured bf16)
+    w = np.where(deepspeed_compact_fp32_grads(training, lay) & (lay.zero == 1), 4.0, w)
     contiguous = zc.contiguous_gradients | (lay.offload_optimizer > Offload.NONE)
     stage12 = np.where(contiguous, zc.reduce_bucket_size * w * (1 + training.overlaps_grad_reduce(lay.zero)), 0.0)
     stage3 = zc.reduce_bucket_size * w * zc.contiguous_gradients
@@ -241,7 +258,8 @@ def deepspeed_straddle_bytes(model: ModelSpec, training: Training, lay: Layouts,
     engine = training.engine
     hooks = (lay.zero == 2) | ((lay.zero == 1) & training.zero_config.contiguous_gradients)
     phase = engine.grads_sharded_step if at_step else engine.grads_sharded_backward
-    held = hooks & np.isin(lay.zero, phase) & (lay.offload_optimizer == Offload.NONE)
+    held = hooks & np.isin(lay.zero, phase) & (lay.offload_optimizer == Offload.NONE) \
+        & ~deepspeed_compact_fp32_grads(training, lay)
     excess = deepspeed_grad_partition_excess(model, training, lay, stage, held) * training.precision.element_bytes
     if not at_step:  # each partition copy of a later micro-step carries its own (measured)
         excess = excess * (1 + (np.isin(lay.zero, engine.accumulation_copy) & (lay.gas > 1)))
@@ -259,8 +277,12 @@ def deepspeed_step_grad_copies(model: ModelSpec, training: Training, lay: Layout
     dense, expert = rank_params(model, training, lay, stage)
     partition = (dense + expert) / lay.zero_ranks
     w = training.precision.element_bytes
-    stage12 = partition * (w + 4.0)
-    stage3 = np.minimum(training.zero_config.sub_group_size, partition) * (w + 4.0)
+    # the flat copy is in the accumulation dtype, and .to(fp32) copies only what is not fp32 already; ZeRO-1/2's
+    # compact fp32 partition is taken as it is (step(): _get_preflattened_grad_partition; measured 0 B)
+    accum = np.where(deepspeed_fp32_accumulation(training), 4.0, w)
+    copies = accum + 4.0 * (accum != 4.0)
+    stage12 = np.where(deepspeed_compact_fp32_grads(training, lay), 0.0, partition * copies)
+    stage3 = np.minimum(training.zero_config.sub_group_size, partition) * copies
     # ZeRO disabled, mixed precision: FP16_Optimizer (the ds_config's AdamW is FusedAdam; DeepSpeed
     # 0.19.8 runtime/fp16/fused_optimizer.py step) builds the list of every gradient cast to fp32,
     # then _flatten_dense_tensors of it: 4 + 4 B/param at the flatten, beside the 16-bit gradients
@@ -445,7 +467,8 @@ def reduction_copy_bytes(model: ModelSpec, training: Training, lay: Layouts, sta
         sharded = grad_bytes(model, training, lay, stage, at_step=True)
         return np.where(buffers > 0, sharded, 0.0), buffers
     bf16_opt = deepspeed_bf16_optimizer(training, lay)
-    on = np.isin(lay.zero, training.engine.reduction_copy) & (lay.offload_optimizer == Offload.NONE) & ~bf16_opt
+    on = np.isin(lay.zero, training.engine.reduction_copy) & (lay.offload_optimizer == Offload.NONE) & ~bf16_opt \
+        & ~deepspeed_compact_fp32_grads(training, lay)  # copy_grads_in_partition returns early
     grads = grad_bytes(model, training, lay, stage) + grad_bytes(model, training, lay, stage, at_step=True)
     buffers = deepspeed_straddle_bytes(model, training, lay, stage, at_step=True) + deepspeed_reduce_buckets(training, lay)
     # BF16_Optimizer at the boundary (DeepSpeed 0.19.8 engine.py buffered_allreduce_fallback ->
@@ -480,7 +503,18 @@ def engine_buffers(model: ModelSpec, training: Training, lay: Layouts, stage) ->
         # grads_in_partition exists: only what exceeds the partition and its straddle shows (measured)
         single = np.maximum(0.0, w * rank - grad_bytes(model, training, lay, stage)
                             - deepspeed_straddle_bytes(model, training, lay, stage, at_step=False))
-        flat = np.where(bucket < rank, w * bucket, single)
+        # the compact fp32 partition exists before it (average_tensor: _get_compact_grad_partition_slice)
+        compact = deepspeed_compact_fp32_grads(training, lay)
+        flat = np.where(bucket < rank, w * bucket, np.where(compact, w * rank, single))
+        # compact: each reduced slice of the partition is cast to fp32 to be added to it
+        # (_add_to_grad_partition_buffer: output.add_(source.to(output.dtype))), 4 B x a parameter's
+        # share of the partition; a parameter larger than the bucket is reduced alone, without the
+        # bucket's flat copy (reduce_ipg_grads: extra_large_param_to_reduce; measured both ways:
+        # tests/test_deepspeed_transients_real.py)
+        largest = np.minimum(largest_tensor_params(model, training, lay, stage), rank / lay.zero_ranks)
+        cast = np.where(largest > bucket, np.maximum(flat + 4.0 * np.minimum(largest, bucket), 4.0 * largest),
+                        flat + 4.0 * largest)
+        flat = np.where(compact, cast, flat)
         fwd = fwd + np.where((lay.zero == 2) & contiguous & (lay.zero_ranks > 1), flat, 0.0)
         step = deepspeed_step_grad_copies(model, training, lay, stage) \
             + np.where(zero3, 0.0, deepspeed_straddle_bytes(model, training, lay, stage, at_step=True))

@@ -4,7 +4,7 @@ The reference, data/references/deepspeed_offload_cpu.json, is python -m calibrat
 DeepSpeed 0.19.8 on 2 gloo ranks, the 2-layer Llama of calibrate/deepspeed_worker.py (158,016
 parameters: 79,008 a rank; its largest tensors, embed_tokens and lm_head, 512 x 64 = 32,768), bf16,
 reduce bucket 4,096, the optimizer offloaded to the CPU (torch's AdamW, not DeepSpeedCPUAdam: the same
-fp32 states). Each rank counted every distinct storage the engine holds, by the attribute it is
+fp32 states), and two rows without offload (ZeRO-2/3 accumulating in fp32, "-gpu"). Each rank counted every distinct storage the engine holds, by the attribute it is
 held under, after each micro-batch's backward of the second step and after its step().
 
 On the CPU accelerator the GPU and the host are one memory, so each attribute is sorted by where
@@ -34,7 +34,7 @@ NORMS, NORMS_BYTES = "optimizer.norm_for_param_grads[]", 8 * 21
 
 
 def _split(row: dict, held: dict) -> dict:
-    parts = split(held, row["offload_param"])
+    parts = split(held, row["offload_param"], row["offload_optimizer"])
     for key, nbytes in parts.pop("unknown").items():
         limit = NORMS_BYTES if key.rsplit(":", 1)[0] == NORMS else SCALAR_BYTES
         assert nbytes <= limit, f"{row['name']}: {key} ({nbytes} B) is held nowhere calibrate/deepspeed_offload.py knows"
@@ -54,15 +54,15 @@ def _planned(row: dict) -> dict:
 
     assert from_hf_config({**LLAMA, "model_type": "llama"}).params == PARAMS
     fp32 = row["ds"].get("data_types", {}).get("grad_accum_dtype") == "fp32"
-    return prediction(row["zero"], row["gas"], row["offload_param"], fp32, RANKS)
+    return prediction(row["zero"], row["gas"], row["offload_param"], fp32, RANKS, row["offload_optimizer"])
 
 
-def test_reference_is_deepspeeds_own_engine_with_offload_on():
+def test_reference_is_deepspeeds_own_engine_with_the_offload_asked_for():
     doc = json.loads(REFERENCE.read_text())
     assert doc["environment"]["deepspeed"] == "0.19.8"
     for row in ROWS.values():
         assert row["params"] == PARAMS
-        assert row["engine_offload"] == {"optimizer": True, "params": row["offload_param"]}, row["name"]
+        assert row["engine_offload"] == {"optimizer": row["offload_optimizer"], "params": row["offload_param"]}, row["name"]
         assert row["optimizer"] == ("DeepSpeedZeroOptimizer_Stage3" if row["zero"] == 3 else "DeepSpeedZeroOptimizer")
 
 
@@ -86,10 +86,27 @@ def test_device_bytes_are_what_deepspeed_keeps_on_the_gpu(name):
     # fp32 partition)
     for moment in backward[:-1]:
         assert measured[moment]["device"] == planned["held_bytes"] + planned["grad_bytes"], moment
-    # at the accumulation boundary the gradients the step reads; after the step none
-    assert measured[backward[-1]]["device"] - measured[after]["device"] == planned["step_grad_bytes"] or \
+    # at the accumulation boundary the gradients the step reads; after the step none, but ZeRO-3's
+    # gradient partitions on the GPU: one flat buffer, kept (stage3.py grad_partitions_flat_buffer)
+    kept = planned["step_grad_bytes"] if row["zero"] == 3 and not row["offload_optimizer"] else 0
+    assert measured[backward[-1]]["device"] - measured[after]["device"] == planned["step_grad_bytes"] - kept or \
         row["name"] == "zero1-gas2-fp32-accum"  # + the grad_accum of params outside the partition, below
-    assert measured[after]["device"] == planned["held_bytes"]
+    assert measured[after]["device"] == planned["held_bytes"] + kept
+
+
+@pytest.mark.parametrize("name", ["zero2-gas2-fp32-accum-gpu", "zero3-gas2-fp32-accum-gpu"])
+def test_fp32_accumulation_without_offload_keeps_fp32_gradient_partitions(name):
+    # bf16 weights, grad_accum_dtype fp32, ZeRO's own optimizer on the GPU: ZeRO-2 its compact fp32
+    # partition (averaged_gradients, from the first micro-batch), ZeRO-3 its grad_partitions_flat_buffer
+    # in fp32: 4 x 79,008 = 316,032 B, where the planner booked the bf16 partition (2 x, ZeRO-2 twice
+    # with its straddle while accumulating)
+    row = ROWS[name]
+    for moment in row["ranks"][0][:-1]:
+        fp32 = {k: v for k, v in moment["held"].items() if k.rsplit(":", 1)[0] in
+                ("optimizer.averaged_gradients[][]", "optimizer.grad_partitions_flat_buffer")}
+        assert list(fp32.values()) == [4 * PARAMS // RANKS] and all(":float32@" in k for k in fp32), fp32
+    assert _planned(row)["grad_bytes"] == 4 * PARAMS / RANKS
+    assert _planned(row)["host_bytes"] == 0
 
 
 def test_staging_buffer_is_the_largest_parameter_on_each_side():
