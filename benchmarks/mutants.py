@@ -24,6 +24,7 @@ TERMS = [
     ("planner.sharding", "deepspeed_grad_partition_excess"), ("planner.sharding", "expert_dp"),
     ("planner.sharding", "expert_tp"), ("planner.sharding", "largest_module_params"), ("planner.sharding", "recompute_pair_params"),
     ("planner.sharding", "largest_tensor_params"), ("planner.memory", "deepspeed_offload_staging_bytes"),
+    ("planner.sharding", "oversized_tensor_params"), ("planner.memory", "deepspeed_reduction_transient_bytes"),
     ("planner.memory", "weight_bytes"), ("planner.memory", "grad_bytes"), ("planner.memory", "optimizer_bytes"),
     ("planner.memory", "host_bytes"), ("planner.memory", "deepspeed_reduce_buckets"),
     ("planner.memory", "deepspeed_straddle_bytes"), ("planner.memory", "deepspeed_step_grad_copies"),
@@ -72,7 +73,7 @@ FAST_TESTS = ["tests/test_memory.py", "tests/test_deepspeed_zero3_live.py", "tes
               "tests/test_moe_capacity.py", "tests/test_dense_first.py",
               "tests/test_expert_tp.py", "tests/test_activations_deepseek.py", "tests/test_step_time_h200.py",
               "tests/test_fsdp_torchtitan.py", "tests/test_compiled.py", "tests/test_activations_megatron_moe.py",
-              "tests/test_activations_deepspeed_moe.py"]
+              "tests/test_activations_deepspeed_moe.py", "tests/test_deepspeed_offload_real.py"]
 
 
 def run(spec: str, pytest_args: list[str]) -> tuple[bool, str, float]:

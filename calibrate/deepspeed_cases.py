@@ -83,18 +83,19 @@ def pipe_cases(profile_kind: str) -> list:
                  timeout_s=240)]
 
 
-def transient_prediction(zero: int, gas: int, ranks: int = 2, precision: str = "bf16", **zero_config) -> dict:
+def transient_prediction(zero: int, gas: int, ranks: int = 2, precision: str = "bf16", offload_optimizer: str = "none",
+                         **zero_config) -> dict:
     """The planner's DeepSpeed buffer terms for the LLAMA of calibrate/deepspeed_worker.py on `ranks`
     data-parallel ranks (calibrate/deepspeed_transient_worker.py measures their transients): bytes of
     grad_bytes in backward and at the step, engine_buffers (fwd, step), deepspeed_reduce_buckets,
     deepspeed_straddle_bytes (backward, step), zero3_live_param_bytes and reduction_copy_bytes."""
-    from planner import layout, memory
+    from planner import layout, memory, sharding
     from planner.hf_config import from_hf_config
 
     model = from_hf_config({**LLAMA, "model_type": "llama"})
     training = layout.Training(seq_len=16, precision=precision, engine="deepspeed",
                                zero_config=layout.ZeroConfig(**zero_config))
-    lay = layout.single(dp=ranks, zero=zero, gas=gas)
+    lay = layout.single(dp=ranks, zero=zero, gas=gas, offload_optimizer=offload_optimizer)
     fwd, step = memory.engine_buffers(model, training, lay, 0)
     reduce_grads, reduce_buffers = memory.reduction_copy_bytes(model, training, lay, 0)
     terms = {"params": model.params, "grads": memory.grad_bytes(model, training, lay, 0),
@@ -104,5 +105,6 @@ def transient_prediction(zero: int, gas: int, ranks: int = 2, precision: str = "
              "straddle_step": memory.deepspeed_straddle_bytes(model, training, lay, 0, at_step=True),
              "step_copies": memory.deepspeed_step_grad_copies(model, training, lay, 0),
              "zero3_live": memory.zero3_live_param_bytes(model, training, lay, 0),
+             "oversized": sharding.oversized_tensor_params(model, training, lay, 0, training.zero_config.reduce_bucket_size),
              "reduce_grads": reduce_grads, "reduce_buffers": reduce_buffers}
     return {k: float(v if isinstance(v, (int, float)) else v[0]) for k, v in terms.items()}

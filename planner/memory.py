@@ -23,7 +23,8 @@ from planner.options import Offload, Optimizer, Precision, Recompute
 
 from planner.pipeline import first_routed_stage
 from planner.sharding import (block_params, expert_dp, deepspeed_grad_partition_excess, optimizer_bytes_per_param,
-                              largest_module_params, largest_tensor_params, persistent_params, rank_params,
+                              largest_module_params, largest_tensor_params, oversized_tensor_params, persistent_params,
+                              rank_params,
                               recompute_pair_params, state_bytes)
 
 BREAKDOWN_KEYS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
@@ -294,6 +295,36 @@ def deepspeed_step_grad_copies(model: ModelSpec, training: Training, lay: Layout
     return np.where(lay.offload_optimizer > Offload.NONE, 0.0, held)
 
 
+def deepspeed_reduction_transient_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, flat) -> np.ndarray:
+    """What a DeepSpeed gradient reduction makes beside its bucket, the bucket's `flat` copy included,
+    at its largest (DeepSpeed 0.19.8; measured on 2 gloo ranks: tests/test_deepspeed_transients_real.py).
+    Per element of a reduced parameter's share of the partition: ZeRO-2 accumulating in the compact
+    fp32 partition casts it to fp32 to add it (stage_1_and_2.py _add_to_grad_partition_buffer:
+    output.add_(source.to(output.dtype))), 4 B; ZeRO-1/2 offloading take its norm from an fp64 copy
+    (set_norm_for_param_grad_in_gpu: .to(get_norm_dtype()).norm(2), zero/utils.py get_norm_dtype: double
+    where the accelerator has fp64), 8 B: 8.4 GB a GPU for Llama-3-70B's embedding. A parameter larger
+    than the bucket is reduced alone, without the flat copy (reduce_ipg_grads: extra_large_param_to_reduce),
+    under ZeRO-2 offload from a clone of its gradient (reduce_independent_p_g_buckets_and_remove_grads,
+    _offload_gradient_safety_enabled), and the partition's clones stay to the end of the backward
+    (copy_grads_in_partition's offload path leaves param.grad; the epilogue's _clear_param_grad_only
+    frees them): sharding.oversized_tensor_params. ZeRO-1's clones replace the whole gradient it holds. ZeRO-3
+    offloading takes the norm of each gradient partition in fp64 chunks of at most 2.5e8 elements
+    (stage3.py _offload_grad_partition_at_boundary -> _constant_buffered_norm2)."""
+    dense, expert = rank_params(model, training, lay, stage)
+    largest = largest_tensor_params(model, training, lay, stage)
+    share = np.minimum(largest, (dense + expert) / lay.zero_ranks)
+    bucket = training.zero_config.reduce_bucket_size
+    offloading = (lay.offload_optimizer > Offload.NONE) & (training.engine.buffers is Buffers.DEEPSPEED)
+    per_element = np.maximum(np.where(deepspeed_compact_fp32_grads(training, lay) & (lay.zero == 2), 4.0, 0.0),
+                             np.where(offloading, 8.0, 0.0))
+    clones = np.where(offloading & (lay.zero == 2),
+                      training.precision.element_bytes * oversized_tensor_params(model, training, lay, stage, bucket), 0.0)
+    stage12 = clones + np.where(largest > bucket, np.maximum(flat + per_element * np.minimum(share, bucket), per_element * share),
+                                flat + per_element * share)
+    stage3 = np.where(offloading, 8.0 * np.minimum(2.5e8, np.ceil(largest / lay.zero_ranks)), 0.0)
+    return np.select([lay.zero == 3, lay.zero >= 1], [stage3, stage12], 0.0)
+
+
 def zero3_ahead_params(training: Training) -> float:
     """Gathered elements DeepSpeed holds beyond the module computing (0.19.8 partitioned_param_coordinator.py;
     counted on the real engine, tests/test_deepspeed_zero3_live.py): with prefetching
@@ -506,16 +537,8 @@ def engine_buffers(model: ModelSpec, training: Training, lay: Layouts, stage) ->
         # the compact fp32 partition exists before it (average_tensor: _get_compact_grad_partition_slice)
         compact = deepspeed_compact_fp32_grads(training, lay)
         flat = np.where(bucket < rank, w * bucket, np.where(compact, w * rank, single))
-        # compact: each reduced slice of the partition is cast to fp32 to be added to it
-        # (_add_to_grad_partition_buffer: output.add_(source.to(output.dtype))), 4 B x a parameter's
-        # share of the partition; a parameter larger than the bucket is reduced alone, without the
-        # bucket's flat copy (reduce_ipg_grads: extra_large_param_to_reduce; measured both ways:
-        # tests/test_deepspeed_transients_real.py)
-        largest = np.minimum(largest_tensor_params(model, training, lay, stage), rank / lay.zero_ranks)
-        cast = np.where(largest > bucket, np.maximum(flat + 4.0 * np.minimum(largest, bucket), 4.0 * largest),
-                        flat + 4.0 * largest)
-        flat = np.where(compact, cast, flat)
-        fwd = fwd + np.where((lay.zero == 2) & contiguous & (lay.zero_ranks > 1), flat, 0.0)
+        flat = np.where((lay.zero == 2) & contiguous & (lay.zero_ranks > 1), flat, 0.0)
+        fwd = fwd + deepspeed_reduction_transient_bytes(model, training, lay, stage, flat)
         step = deepspeed_step_grad_copies(model, training, lay, stage) \
             + np.where(zero3, 0.0, deepspeed_straddle_bytes(model, training, lay, stage, at_step=True))
         # BF16_Optimizer all-reduces its flat gradient buffer in place: no ZeRO buckets or copies
@@ -585,8 +608,12 @@ def _states_part(model, cluster, training, lay, where) -> dict:
     freed = grads_freed(training, lay)
     # DeepSpeed's forward/backward buffers are its gradients' (reduce buckets, partition straddles,
     # ZeRO-2's flat copy): a step freed them with the gradients (stage_1_and_2.py _release_ipg_buffers),
-    # so they come back with them; FSDP2's are gathered parameters, held from backward's start
-    grad_buffers = np.where(freed & (training.engine.buffers is Buffers.DEEPSPEED), parts["fwd_buffers"], 0.0)
+    # so they come back with them; but not the casts, norm copies and clones of the largest parameter's
+    # reduction, which is lm_head's, at backward's start beside the activations; FSDP2's are gathered
+    # parameters, held from backward's start
+    early = np.ceil(deepspeed_reduction_transient_bytes(model, training, lay, stage, 0.0))
+    grad_buffers = np.where(freed & (training.engine.buffers is Buffers.DEEPSPEED),
+                            np.maximum(parts["fwd_buffers"] - early, 0.0), 0.0)
     return {**parts, "fwd_states": held + parts["fwd_buffers"] - grad_buffers, "grads_freed": freed * 1.0,
             "grad_buffers": grad_buffers,
             "step_states": held + parts["step_grads"] + parts["step_buffers"],

@@ -143,6 +143,35 @@ def largest_tensor_params(model: ModelSpec, training: Training, lay: Layouts, st
     return np.ceil(best)
 
 
+def oversized_tensor_params(model: ModelSpec, training: Training, lay: Layouts, stage, threshold) -> np.ndarray:
+    """Elements, counted whole, of the tensors of more than `threshold` elements that one rank's
+    ZeRO-1/2 partition of `stage` overlaps at most. The flat buffer runs embedding, blocks, output layer
+    (DeepSpeed 0.19.8 stage_1_and_2.py flattens each group's parameters in order), so a partition of
+    a data-parallel group larger than one holds at most one edge, the blocks' such tensors by their
+    share of the blocks' elements, and one more straddling its end."""
+    def over(tensors, experts):
+        total, top = 0.0 * lay.tp, 0.0 * lay.tp
+        for t in tensors:
+            if not t.tied:
+                n = local_numel(t, expert_tp(training, lay) if t.expert else lay.tp, experts, lay.ep)
+                total, top = total + np.where(n > threshold, n, 0.0), np.maximum(top, np.where(n > threshold, n, 0.0))
+        return total, top
+
+    stage = np.asarray(stage)
+    blocks, density, straddle = 0.0 * lay.tp, 0.0 * lay.tp, 0.0 * lay.tp
+    for block, count in blocks_on_stage(model, lay, stage, training.pipeline_edge_layers):
+        total, top = over(block.block_tensors(), block.experts)
+        blocks = blocks + count * total
+        density = np.maximum(density, total / np.maximum(sum(_block_params(block, training, lay)), 1.0))
+        straddle = np.maximum(straddle, top)
+    first = np.where(stage == 0, over(model.tensors_at(FIRST), model.experts)[0], 0.0)
+    last = np.where(stage == lay.pp - 1, over(model.tensors_at(LAST), model.experts)[0], 0.0)
+    partition = sum(rank_params(model, training, lay, stage)) / lay.zero_ranks
+    window = np.maximum(first, last) + density * partition + straddle
+    everything = blocks + first + last
+    return np.ceil(np.where(lay.zero_ranks > 1, np.minimum(everything, window), everything))
+
+
 def recompute_pair_params(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
     """Elements one rank gathers at once under ZeRO-3 while a checkpointed block recomputes inside its
     backward: the block's last module (its own tensors, in registration order, which is the order the

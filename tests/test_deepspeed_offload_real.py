@@ -149,6 +149,21 @@ def test_llama_3_70b_zero2_offload_keeps_the_embedding_twice():
     assert memory.optimizer_bytes(model, training, on_gpu, 0)[0] == pytest.approx(12 * model.params / 16, rel=1e-6)
 
 
+def test_llama_3_70b_zero2_offload_reduction_copies_the_embedding_in_fp64():
+    # ZeRO-2 offloading reduces the embedding (1,050,673,152 elements, over the 5e8 bucket) alone, from
+    # a 16-bit clone kept to the end of backward, and takes its norm from an fp64 copy of its share of
+    # the partition (4.4e9 elements on 16 ranks: all of it); measured on the 2-layer Llama with lm_head:
+    # tests/test_deepspeed_transients_real.py test_zero2_offload_reduction_transient
+    from planner.model import lookup
+
+    model, training = lookup("llama-3-70b"), layout.Training(seq_len=4096, engine="deepspeed")
+    lay = layout.single(dp=16, zero=2, offload_optimizer="cpu")
+    fwd, step = memory.engine_buffers(model, training, lay, 0)
+    # bucket 2 x 5e8 + fp64 copy 8 x embedding + its clone 2 x embedding (no block tensor exceeds 5e8)
+    assert fwd[0] == 2 * 500_000_000 + 8 * 1_050_673_152 + 2 * 1_050_673_152
+    assert step[0] == 0
+
+
 @pytest.mark.slow
 def test_deepspeed_holds_what_the_reference_says(tmp_path):
     """The count itself, on the installed DeepSpeed under its launcher (about 25 s)."""
