@@ -90,7 +90,10 @@ def main() -> None:
                   training={"seq_len": 2**26, "gbs": 720720}),
              dict(model={"layers": 15120, "hidden": 55440, "heads": 55440, "kv_heads": 55440, "vocab": 1000},
                   cluster={"gpus": 720720, "gpus_per_node": 1008},
-                  training={"engine": "megatron-deepspeed", "gbs": 735134400, "seq_len": 65520}, max_mbs=4096)]
+                  training={"engine": "megatron-deepspeed", "gbs": 735134400, "seq_len": 65520}, max_mbs=4096),
+             dict(model={"layers": 5040, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, "vocab": 16777216,
+                         "experts": 8, "experts_per_token": 1},
+                  cluster={"gpus": 5040}, training={"gbs": 735134400})]
     for case in edges:
         start = time.perf_counter()
         try:

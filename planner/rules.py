@@ -262,7 +262,7 @@ def violations(model: ModelSpec, cluster: Cluster, training: Training, lay: Layo
 
 def first_violation(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> tuple:
     """(index into `groups` of the first rule each candidate breaks, -1 if valid; groups). A rule is
-    judged on the candidates no earlier rule broke: once a quarter of them are out, on those left only."""
+    judged on the candidates no earlier rule broke: once half of them are out, on those left only."""
     groups = sorted({r.group for r in RULES})
     reason = np.full(lay.size, -1, dtype=np.int64)
     index, left, open_ = np.arange(lay.size), lay, np.ones(lay.size, dtype=bool)
@@ -273,7 +273,7 @@ def first_violation(model: ModelSpec, cluster: Cluster, training: Training, lay:
             continue
         reason[index[broken]] = groups.index(rule.group)
         open_ &= ~broken
-        if np.count_nonzero(open_) < 0.75 * open_.size:
+        if np.count_nonzero(open_) < 0.5 * open_.size:
             index, left, open_ = index[open_], left.take(open_), np.ones(np.count_nonzero(open_), dtype=bool)
     return reason.reshape(lay.shape), groups
 
