@@ -344,7 +344,7 @@ def _boolean_pin(value, flag: str) -> None:
 def _raise_contradiction(spec, clus, train, max_mbs, pins: dict, pinned: dict) -> None:
     """No layout with the pinned values passes the rules: name the pins and the rule that every
     one of them breaks (else the one most of them break)."""
-    lay, _, _ = search.enumerate_layouts(spec, clus, train, max_mbs, pinned=pins)
+    lay, _, _ = search.enumerate_layouts(spec, clus, train, max_mbs, pinned=pins, prune=False)
     given = " ".join(f"--{k.replace('_', '-')} {pinned[k]}" for k in search.PINNABLE if k in pinned)
     broken = [(int(m.sum()), r) for r, m in rules.violations(spec, clus, train, lay)] if lay.size else []
     if not broken or max(b[0] for b in broken) == 0:

@@ -18,7 +18,7 @@ from planner.layout import Layouts, Training
 from planner.model import ModelSpec
 from planner.options import Offload, RankOrder, Recompute, Schedule
 from planner.pipeline import interleaved_layers, max_layers_on_stage
-from planner.rules import DIVISIBILITY, every_n_layers_broken, first_violation
+from planner.rules import DIVISIBILITY, ENGINE_RULE, every_n_layers_broken, first_violation
 
 VPP_CHOICES = (1, 2, 3, 4, 6, 8)
 CP_CHOICES = (1, 2, 4, 8)
@@ -170,16 +170,19 @@ def pin(space: Space, pinned: dict) -> Space:
 
 
 def enumerate_layouts(model: ModelSpec, cluster: Cluster, training: Training, max_mbs: int = 16,
-                      budget: int = SEARCH_BUDGET, pinned: dict | None = None) -> tuple:
-    """Every combination of the searched dimensions, how many were dropped for divisibility, and the
-    coarsening steps taken to stay within `budget` materialized candidates.
+                      budget: int = SEARCH_BUDGET, pinned: dict | None = None, prune: bool = True) -> tuple:
+    """Every combination of the searched dimensions, how many were dropped ({rule group: count}), and
+    the coarsening steps taken to stay within `budget` materialized candidates.
 
     tp: divisors of the node size; pp: divisors of gpus/tp; cp: 1-8; dp = gpus/(tp pp cp);
     vpp: a few values; mbs 1..max_mbs; ZeRO 0-3; offload none/cpu/nvme for optimizer and params;
     recompute none/selective/full; sequence parallel off/on; ep: divisors of the expert count.
     (tp, pp, cp, dp, mbs, vpp) combinations whose batch or layers do not divide are counted, not
     built (the work grows with the combinations that divide, never with the GPU count); every other
-    rule is applied afterwards, vectorized. `pinned` fields ({field: int code}) take only their value."""
+    rule is applied afterwards, vectorized; with `prune`, the offload combinations the rules refuse
+    whatever the rest (offload_params_zero3, offload_optimizer_zero) are counted, not built either (as
+    engine-rule rejections, also where an earlier rule of another group would have named them).
+    `pinned` fields ({field: int code}) take only their value."""
     g = cluster.num_gpus
     space = Space(tp=tuple(divisors(min(cluster.gpus_per_node, g))), pp_powers_of_two=False, cp=CP_CHOICES,
                   vpp=VPP_CHOICES, mbs=tuple(m for m in divisors(training.gbs) if m <= max_mbs) or (1,),
@@ -207,6 +210,11 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, training: Training, ma
     grids = np.meshgrid(np.arange(len(b)), *(np.arange(len(c)) for c in rest), indexing="ij")
     k, zero, oo, op, rc, sp, e, etp = (x.ravel() for x in grids)
     zero, oo, op, rc, sp, e, etp = (c[i] for c, i in zip(rest, (zero, oo, op, rc, sp, e, etp)))
+    ruled_out = 0
+    if prune:  # 20 of the 36 (zero, offload optimizer, offload params) combinations
+        keep = ~(((op > Offload.NONE) & (zero != 3)) | ((oo > Offload.NONE) & (zero == 0)))
+        ruled_out = int(np.count_nonzero(~keep))
+        k, zero, oo, op, rc, sp, e, etp = (a[keep] for a in (k, zero, oo, op, rc, sp, e, etp))
     tp, pp, cp, dp, mbs, vpp = (a[k] for a in (tp, pp, cp, dp, mbs, vpp))
     if len(space.etp) > 1:  # etp 1 with tp 1 is the default layout again
         keep = (etp == 0) | (tp > 1)
@@ -219,7 +227,7 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, training: Training, ma
                   recompute_method=space.pinned_value("recompute_method") or 0,
                   sequence_parallel=sp, schedule=np.where(vpp > 1, Schedule.INTERLEAVED, flat_schedule(training)),
                   etp=etp, rank_order=space.pinned_value("rank_order") or 0)
-    return lay, dropped, space.coarsened
+    return lay, {DIVISIBILITY: dropped, ENGINE_RULE: ruled_out}, space.coarsened
 
 
 def edge_layers_choice(model: ModelSpec, cluster: Cluster, training: Training) -> Training:
@@ -279,7 +287,8 @@ def search(model: ModelSpec, cluster: Cluster, training: Training, headroom: flo
     lay, dropped, coarsened = enumerate_layouts(model, cluster, training, max_mbs, budget, pinned)
     reason, groups = first_violation(model, cluster, training, lay)
     rejected = {g: int(np.count_nonzero(reason == i)) for i, g in enumerate(groups)}
-    rejected[DIVISIBILITY] = rejected.get(DIVISIBILITY, 0) + dropped
+    for group, count in dropped.items():
+        rejected[group] = rejected.get(group, 0) + count
     valid = lay.take(reason < 0)
     ev = evaluate(model, cluster, training, valid, headroom)
     rejected["out of memory"] = int(np.count_nonzero(~ev["fits"]))
@@ -300,7 +309,7 @@ def search(model: ModelSpec, cluster: Cluster, training: Training, headroom: flo
     simpler = valid.offload_optimizer + valid.offload_params
     order = np.lexsort((ev["memory"]["total"], valid.recompute, simpler, -np.round(tokens_per_s, 6)))
     order = order[np.isfinite(tokens_per_s[order])]
-    return {"candidates": lay.size + dropped + tried, "valid": valid, "eval": ev, "order": order, "coarsened": coarsened,
+    return {"candidates": lay.size + sum(dropped.values()) + tried, "valid": valid, "eval": ev, "order": order, "coarsened": coarsened,
             "rejected": {k: v for k, v in rejected.items() if v}, "elapsed_s": time.perf_counter() - start}
 
 
