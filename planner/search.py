@@ -207,14 +207,16 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, training: Training, ma
     rest = _rest(space)
     dropped = (considered - len(b)) * int(np.prod([len(c) for c in rest]))
     tp, pp, cp, dp = (struct[b, j] for j in range(4))
-    grids = np.meshgrid(np.arange(len(b)), *(np.arange(len(c)) for c in rest), indexing="ij")
-    k, zero, oo, op, rc, sp, e, etp = (x.ravel() for x in grids)
-    zero, oo, op, rc, sp, e, etp = (c[i] for c, i in zip(rest, (zero, oo, op, rc, sp, e, etp)))
-    ruled_out = 0
-    if prune:  # 20 of the 36 (zero, offload optimizer, offload params) combinations
-        keep = ~(((op > Offload.NONE) & (zero != 3)) | ((oo > Offload.NONE) & (zero == 0)))
-        ruled_out = int(np.count_nonzero(~keep))
-        k, zero, oo, op, rc, sp, e, etp = (a[keep] for a in (k, zero, oo, op, rc, sp, e, etp))
+    # (zero, offload optimizer, offload params) as one axis of the combinations built; with prune, 20
+    # of the 36 are counted instead
+    combos = [(z, o, q) for z in rest[0] for o in rest[1] for q in rest[2]
+              if not (prune and ((q > Offload.NONE and z != 3) or (o > Offload.NONE and z == 0)))]
+    others = rest[3:]
+    ruled_out = (len(rest[0]) * len(rest[1]) * len(rest[2]) - len(combos)) * len(b) * int(np.prod([len(c) for c in others]))
+    grids = np.meshgrid(np.arange(len(b)), np.arange(len(combos)), *(np.arange(len(c)) for c in others), indexing="ij")
+    k, combo, rc, sp, e, etp = (x.ravel() for x in grids)
+    zero, oo, op = (column[combo] for column in np.array(combos, dtype=np.int64).reshape(-1, 3).T)
+    rc, sp, e, etp = (c[i] for c, i in zip(others, (rc, sp, e, etp)))
     tp, pp, cp, dp, mbs, vpp = (a[k] for a in (tp, pp, cp, dp, mbs, vpp))
     if len(space.etp) > 1:  # etp 1 with tp 1 is the default layout again
         keep = (etp == 0) | (tp > 1)
