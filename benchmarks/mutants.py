@@ -22,7 +22,7 @@ TERMS = [
     # memory
     ("planner.sharding", "rank_params"), ("planner.sharding", "persistent_params"),
     ("planner.sharding", "deepspeed_grad_partition_excess"), ("planner.sharding", "expert_dp"),
-    ("planner.sharding", "expert_tp"), ("planner.sharding", "largest_module_params"), ("planner.sharding", "recompute_pair_params"),
+    ("planner.sharding", "expert_tp"), ("planner.sharding", "largest_module_params"), ("planner.sharding", "recompute_fetches"),
     ("planner.sharding", "largest_tensor_params"), ("planner.memory", "deepspeed_offload_staging_bytes"),
     ("planner.sharding", "oversized_tensor_params"), ("planner.memory", "deepspeed_reduction_transient_bytes"),
     ("planner.memory", "weight_bytes"), ("planner.memory", "grad_bytes"), ("planner.memory", "optimizer_bytes"),

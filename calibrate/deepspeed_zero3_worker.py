@@ -1,7 +1,8 @@
 """Worker: how many parameter elements DeepSpeed ZeRO-3 holds gathered at once, on 2 gloo ranks
 (DS_ACCELERATOR=cpu), run under DeepSpeed's launcher (calibrate/launch.py, launcher="deepspeed").
 
-For every run of the config ({"runs": [{"name", "zero_optimization": {...}, "checkpointing": bool}]})
+For every run of the config ({"runs": [{"name", "zero_optimization": {...}, "checkpointing": False, True
+(non-reentrant) or "reentrant"}]})
 it trains 3 optimizer steps of a Llama whose decoder-layer Linears are far larger than the knobs it
 is given (so stage3_max_live_parameters, stage3_max_reuse_distance and stage3_prefetch_bucket_size
 decide), and in the last one counts, after every fetch of a submodule (DeepSpeed 0.19.8
@@ -9,6 +10,8 @@ partitioned_param_coordinator.py PartitionedParameterCoordinator.fetch_sub_modul
 the submodule's own parameters and the prefetch it starts), the elements of every parameter that
 is not NOT_AVAILABLE (gathered or in flight: both have their full buffer) and not persistent.
 The largest count, in forward and in backward, is the result: the engine's own tensors, counted.
+Beside it, the elements each phase all-gathers (__all_gather_params_'s NOT_AVAILABLE parameters,
+prefetches included; a checkpoint's recompute counts as backward).
 The first steps record the module trace the prefetcher needs (is_complete_trace).
 
 Usage: python -m calibrate.deepspeed_zero3 (which launches this worker and records the result).
@@ -49,7 +52,8 @@ def _one_run(run: dict) -> dict:
     else:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
     if run.get("checkpointing"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        reentrant = run["checkpointing"] == "reentrant"
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
           "zero_allow_untested_optimizer": True, "steps_per_print": 10**9,
           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 10, **run["zero_optimization"]}}
@@ -61,6 +65,14 @@ def _one_run(run: dict) -> dict:
     original = PartitionedParameterCoordinator.fetch_sub_module
 
     fetched = {"forward": [0, 0], "backward": [0, 0]}  # [gathered ahead, gathered on demand] modules
+    gathered = {"forward": 0, "backward": 0}  # elements all-gathered, prefetches included
+    all_gather = PartitionedParameterCoordinator._PartitionedParameterCoordinator__all_gather_params_
+
+    def counted_gather(self, params, forward, quantize=False):
+        if counting[0]:  # what __all_gather_params_ itself gathers: the NOT_AVAILABLE ones
+            key = "forward" if torch._C._current_graph_task_id() == -1 else "backward"
+            gathered[key] += sum(p.ds_numel for p in params if p.ds_status == ZeroParamStatus.NOT_AVAILABLE)
+        all_gather(self, params, forward, quantize)
 
     def counted(self, current_submodule, forward):
         own = [p for p in current_submodule.parameters(recurse=False) if not p.ds_persist]
@@ -75,6 +87,7 @@ def _one_run(run: dict) -> dict:
                 fetched[key][0 if ahead else 1] += 1
 
     PartitionedParameterCoordinator.fetch_sub_module = counted
+    PartitionedParameterCoordinator._PartitionedParameterCoordinator__all_gather_params_ = counted_gather
     ids = torch.randint(0, 256, (1, 16), device=device())
     try:
         for step in range(STEPS):
@@ -84,12 +97,13 @@ def _one_run(run: dict) -> dict:
             engine.step()
     finally:
         PartitionedParameterCoordinator.fetch_sub_module = original
+        PartitionedParameterCoordinator._PartitionedParameterCoordinator__all_gather_params_ = all_gather
     modules = [(name, sum(p.ds_numel for p in m.parameters(recurse=False)))
                for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
     engine.destroy()
     return {"name": run["name"], "peak_forward": peak["forward"], "peak_backward": peak["backward"], "modules": modules,
             "modules_gathered_ahead": {k: v[0] for k, v in fetched.items()},
-            "modules_gathered_on_demand": {k: v[1] for k, v in fetched.items()}}
+            "modules_gathered_on_demand": {k: v[1] for k, v in fetched.items()}, "elements_gathered": gathered}
 
 
 def main(cfg: dict) -> None:

@@ -25,7 +25,7 @@ from planner.pipeline import first_routed_stage
 from planner.sharding import (block_params, expert_dp, deepspeed_grad_partition_excess, optimizer_bytes_per_param,
                               largest_module_params, largest_tensor_params, oversized_tensor_params, persistent_params,
                               rank_params,
-                              recompute_pair_params, state_bytes)
+                              recompute_fetches, state_bytes)
 
 BREAKDOWN_KEYS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
 PHASES = ("forward/backward", "optimizer step", "gradient reduction")
@@ -354,13 +354,14 @@ def zero3_live_param_bytes(model: ModelSpec, training: Training, lay: Layouts, s
     tests/test_deepspeed_zero3_live.py), capped at the rank's whole model, plus the persistent
     small parameters (parameter_offload.py): the submodule computing (fetch_sub_module gathers one
     module's own tensors; the largest module's, an embedding or output layer maybe) and what is
-    held ahead of it (zero3_ahead_params); with nothing ahead, a block's last module and the largest
-    other while a checkpoint recomputes the block in its backward (sharding.recompute_pair_params;
-    with a prefetcher the recomputed module is within what it holds: measured)."""
+    held ahead of it (zero3_ahead_params); or, while a checkpoint recomputes a block in its backward,
+    the block's modules the reuse distance keeps beside its last one and the one recomputing
+    (sharding.recompute_fetches; with a prefetcher the recomputed module is within what it holds:
+    measured)."""
     zc, w = training.zero_config, training.precision.element_bytes
     dense, expert = rank_params(model, training, lay, stage)
     single = largest_module_params(model, training, lay)
-    recomputing = recompute_pair_params(model, training, lay) * (lay.recompute == Recompute.FULL)
+    recomputing = recompute_fetches(model, training, lay)["working"] * (lay.recompute == Recompute.FULL)
     working = np.minimum(dense + expert, np.maximum(recomputing, single + zero3_ahead_params(training)))
     persistent = persistent_params(model, training, lay, zc.stage3_param_persistence_threshold, stage)
     return np.where(lay.zero == 3, (working + persistent) * w, 0.0)

@@ -172,20 +172,67 @@ def oversized_tensor_params(model: ModelSpec, training: Training, lay: Layouts, 
     return np.ceil(np.where(lay.zero_ranks > 1, np.minimum(everything, window), everything))
 
 
-def recompute_pair_params(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
-    """Elements one rank gathers at once under ZeRO-3 while a checkpointed block recomputes inside its
-    backward: the block's last module (its own tensors, in registration order, which is the order the
-    forward runs them; norms, all of whose tensors are 1-D, left out), gathered for its backward, beside
-    the largest other module the recompute fetches (measured on DeepSpeed 0.19.8, 2 gloo ranks: Llama's
-    down_proj beside up_proj, Mixtral's experts beside o_proj; tests/test_deepspeed_zero3_live.py)."""
-    best = 0.0 * lay.tp
-    for tensors, experts in _block_kinds(model):
-        norms = {t.module for t in tensors} - {t.module for t in tensors if len(t.shape) > 1}
-        sizes = [n for m, n in _module_params(model, tensors, experts, training, lay).items() if m not in norms]
-        if sizes:
-            others = sizes[:-1] or [0.0 * lay.tp]
-            best = np.maximum(best, sizes[-1] + np.maximum.reduce(np.broadcast_arrays(*others)))
-    return np.ceil(best)
+def _forward_units(model: ModelSpec, tensors, experts: int, training: Training, lay: Layouts) -> list:
+    """(all, gathered) elements one rank holds of each fetch unit of a block, in the order its forward
+    runs them: registration order, with the units of 1-D tensors only (norms) moved where they run,
+    the first before everything and the others before the MLP (Hugging Face registers a decoder
+    layer's norms after self_attn and mlp); `gathered` leaves out the tensors under
+    stage3_param_persistence_threshold (persistent_params)."""
+    threshold = training.zero_config.stage3_param_persistence_threshold
+    units: dict = {}
+    for t in (t for t in tensors if not t.tied):
+        local = local_numel(t, expert_tp(training, lay) if t.expert else lay.tp, experts, lay.ep)
+        entry = units.setdefault(fetch_unit(model, training, t), {"all": 0.0, "gathered": 0.0, "norm": True,
+                                                                   "mlp": False})
+        entry["all"] = entry["all"] + local
+        entry["gathered"] = entry["gathered"] + np.where(local < threshold, 0.0, local)
+        entry["norm"] &= len(t.shape) == 1
+        entry["mlp"] |= t.gemm in ("fc1", "fc2", "router")
+    order = list(units.values())
+    norms = [u for u in order if u["norm"]]
+    rest = [u for u in order if not u["norm"]]
+    mlp = next((i for i, u in enumerate(rest) if u["mlp"]), len(rest))
+    ordered = norms[:1] + rest[:mlp] + norms[1:] + rest[mlp:]
+    return [(u["all"] + 0.0 * lay.tp, u["gathered"] + 0.0 * lay.tp) for u in ordered]
+
+
+def recompute_fetches(model: ModelSpec, training: Training, lay: Layouts) -> dict:
+    """What DeepSpeed ZeRO-3 gathers while a checkpointed block is recomputed in the backward
+    (0.19.8 partitioned_param_coordinator.py; counted on 2 gloo ranks, tests/test_deepspeed_zero3_live.py):
+    {"regather": elements one rank of the first stage all-gathers a second time in a micro-batch's
+    backward where every block is recomputed, "working": the most elements of one block gathered at
+    once meanwhile}. The recompute fetches the block's modules in forward order; release_sub_module
+    then frees each (__params_to_release) unless its backward use comes within
+    stage3_max_reuse_distance elements of the trace (kept), or the prefetcher has already passed that
+    use (__most_recent_step_id_param_fetched_for), which it has where the module and the rest of the
+    block fit under stage3_max_live_parameters (what it holds then is zero3_ahead_params'). Between a
+    module's recompute and its backward run the block's later modules twice, forward then backward,
+    less the block's last module where a non-reentrant checkpoint (transformers 5.25's default)
+    recomputes after that module's backward hook fetched it, so the last module is held throughout;
+    a reentrant one (deepspeed.checkpointing's CheckpointFunction) recomputes first. The last module
+    is never fetched twice. Nothing is fetched again under FSDP2, which unshards the whole unit
+    before its backward recomputes."""
+    zc = training.zero_config
+    prefetching = zc.stage3_prefetch_bucket_size > 0 and zc.stage3_max_live_parameters > 0
+    reentrant = training.engine.deepspeed_checkpointing
+    regather, working = 0.0 * lay.tp, 0.0 * lay.tp
+    for block, count in blocks_on_stage(model, lay, 0 * lay.pp, training.pipeline_edge_layers):
+        units = _forward_units(model, block.block_tensors(), block.experts, training, lay)
+        (last, last_gathered), others = units[-1], units[:-1]
+        after, kept, largest_released = 0.0 * lay.tp, 0.0 * lay.tp, 0.0 * lay.tp
+        for size, gathered in reversed(others):
+            released = 2.0 * (after + last) - last * (not reentrant) >= zc.stage3_max_reuse_distance
+            passed = prefetching & (after + last + size <= zc.stage3_max_live_parameters)
+            regather = regather + count * np.where(released & ~passed, gathered, 0.0)
+            kept = kept + np.where(released, 0.0, gathered)
+            largest_released = np.maximum(largest_released, np.where(released, gathered, 0.0))
+            after = after + size
+        held = np.maximum(last_gathered + kept, largest_released) if reentrant else \
+            last_gathered + np.maximum(kept, largest_released)
+        working = np.maximum(working, np.where(count > 0, held, 0.0))
+    if training.engine.zero3_fetch_per_block:
+        regather = 0.0 * regather
+    return {"regather": np.ceil(regather), "working": np.ceil(working)}
 
 
 def persistent_params(model: ModelSpec, training: Training, lay: Layouts, threshold: int, stage) -> np.ndarray:

@@ -32,7 +32,7 @@ from planner.options import Offload, Optimizer, RankOrder, Recompute
 from planner.pipeline import (blocks_on_stage, bubble_s, chunks_per_stage, first_routed_stage, max_layers_on_stage,
                               p2p_transfers)
 from planner.sharding import (block_fetches, block_params, expert_dp, expert_folds, expert_tp, rank_params,
-                              state_bytes)
+                              recompute_fetches, state_bytes)
 
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble", "offload", "optimizer", "other")
 MEGATRON_DDP_BUCKET = 40_000_000  # megatron.core DistributedDataParallelConfig: bucket_size = max(40M, 1M * dp)
@@ -454,6 +454,9 @@ def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     # every unit after forward (--zero 3) and gathers it all again
     kept, rank = zero3_kept_params(model, training, lay, 0 * lay.pp)
     again = 1.0 if training.engine.zero3_fetch_per_block else 1.0 - kept / np.maximum(rank, 1.0)
+    # and a recomputed block's modules that its recompute released before their backward use, again
+    recomputed = recomputed_layers(lay, n_layers, lay.vpp) / np.maximum(n_layers, 1)
+    again = again + recomputed * recompute_fetches(model, training, lay)["regather"] / np.maximum(rank, 1.0)
     # the forward's last min(rank, reuse / 2) elements stay gathered for their backward use
     # (memory.zero3_ahead_params); where they fill stage3_max_live_parameters the prefetcher has no
     # budget left (max_params_to_prefetch <= 0) and that share of the forward gathers on demand

@@ -3,7 +3,8 @@
 The reference, data/references/deepspeed_zero3_live_cpu.json, is python -m calibrate.deepspeed_zero3:
 DeepSpeed 0.19.8 ZeRO-3 on 2 gloo ranks, a 3-layer Llama (h 256, ffn 704, 4 heads, 2 KV heads, vocab
 512, untied, bf16, persistence threshold 10), the most elements of gathered or in-flight parameters
-after any submodule fetch of the third step. Its modules: embed and lm_head 512 x 256 = 131,072; q and
+after any submodule fetch of the third step, and the elements all-gathered in its forward and its
+backward (a checkpoint's recompute in the backward). Its modules: embed and lm_head 512 x 256 = 131,072; q and
 o 65,536; k and v 32,768; gate, up and down 256 x 704 = 180,224 (the largest); norms 256.
 A layer's modules hold 737,792 elements, the model 2,475,776. The runs named mixtral-* train a 2-layer
 Mixtral (h 128, 4 experts of ffn 96, top-2, vocab 256) whose experts are one module a layer in
@@ -14,11 +15,12 @@ transformers 5 (MixtralExperts: 4 x 3 x 128 x 96 = 147,456 elements), beside q a
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from planner import hardware, layout, memory, timing
+from planner import engines, hardware, layout, memory, sharding, timing
 from planner.hf_config import from_hf_config
 
 REFERENCE = Path(__file__).resolve().parent.parent / "data" / "references" / "deepspeed_zero3_live_cpu.json"
@@ -26,8 +28,9 @@ ROWS = {row["name"]: row for row in json.loads(REFERENCE.read_text())["rows"]}
 LARGEST = 256 * 704  # gate_proj, up_proj, down_proj
 WHOLE = 2 * 512 * 256 + 3 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * LARGEST + 2 * 256) + 256
 # with nothing but the distance, what stays is the forward's tail within it (granular by module): at
-# most one module more than planned here
-REUSE_ONLY = ("reuse-300k", "reuse-600k")
+# most one module more than planned here; checkpointed, the recompute's own distance (reuse-1m-*) and
+# reentrant checkpoints hold less than the tail planned
+REUSE_ONLY = ("reuse-300k", "reuse-600k", "reuse-1m-checkpointed", "reuse-300k-reentrant", "reuse-600k-reentrant")
 
 
 MIXTRAL_EXPERTS, MIXTRAL_WHOLE = 4 * 3 * 128 * 96, 460_416
@@ -43,7 +46,10 @@ def _setup(row):
         model = from_hf_config({**LLAMA, "model_type": "llama"})
         assert model.params == WHOLE == 2_475_776
     zc = row["zero_optimization"]
-    training = layout.Training(seq_len=16, precision="bf16", engine="deepspeed", zero_config=layout.ZeroConfig(
+    # a reentrant checkpoint is deepspeed.checkpointing's kind (Engine.deepspeed_checkpointing)
+    engine = replace(engines.DEEPSPEED, deepspeed_checkpointing=True) if row["checkpointing"] == "reentrant" \
+        else engines.DEEPSPEED
+    training = layout.Training(seq_len=16, precision="bf16", engine=engine, zero_config=layout.ZeroConfig(
         stage3_param_persistence_threshold=10, **zc))
     return model, training, layout.single(dp=2, zero=3, recompute="full" if row["checkpointing"] else "none")
 
@@ -117,13 +123,76 @@ def test_forward_gathers_ahead_as_deepspeed_does(name):
     # the share of the forward's 30 module fetches the prefetcher had started: all of them, none (no
     # prefetch bucket, or max_live 0), or, where what the reuse distance keeps fills max_live
     # (live-300k-reuse-1e9), 6 of 30 measured against 1 - (2,475,776 - 300,000) / 2,475,776 = 0.12 planned
-    model, training, lay = _setup(ROWS[name])
-    z3 = timing.zero3_gather_s(model, hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 2, 2), training, lay,
-                               memory.coefficients("time"))
+    z3 = _z3(ROWS[name])
     ahead, on_demand = ROWS[name]["modules_gathered_ahead"]["forward"], ROWS[name]["modules_gathered_on_demand"]["forward"]
     fetches = 15 if ROWS[name]["model"] == "mixtral" else 30
     assert ahead + on_demand == fetches
     assert float(z3["ahead_fwd"][0]) == pytest.approx(ahead / fetches, abs=0.1)
+
+
+def _z3(row) -> dict:
+    model, training, lay = _setup(row)
+    return timing.zero3_gather_s(model, hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 2, 2), training, lay,
+                                 memory.coefficients("time"))
+
+
+# the same knobs without and with a checkpoint: what the forward keeps into the backward is the same,
+# so the backward's extra gathers are the recompute's alone
+LAYER = 737_792  # (WHOLE - 2 x 131,072 - 256) / 3
+PAIRS = {"nothing-ahead": 3 * (LAYER - LARGEST),  # all of a layer but down_proj, which its backward holds
+         "live-300k": 3 * (LAYER - LARGEST),  # max_live under the layer: the prefetcher passes nothing
+         # up_proj kept: down_proj recomputed, then up_proj's backward: 180,224 < 300k
+         "reuse-300k": 3 * (LAYER - 2 * LARGEST),
+         # gate_proj too (up, down, up: 540,672 < 600k); not the 2nd norm (gate, up, down, up, gate: 901,120)
+         "reuse-600k": 3 * (LAYER - 3 * LARGEST),
+         "reuse-1e9": 0, "defaults": 0,  # all kept
+         "live-reuse-1m": 0}  # the prefetcher passed every backward use: the layer fits under max_live
+
+
+@pytest.mark.parametrize("name", list(PAIRS))
+def test_recompute_gathers_again_what_it_released_before_the_backward(name):
+    # nothing-ahead: 2,475,776 gathered in the backward without a checkpoint, 4,148,480 with one
+    extra = ROWS[name + "-checkpointed"]["elements_gathered"]["backward"] - ROWS[name]["elements_gathered"]["backward"]
+    assert extra == PAIRS[name]
+    model, training, lay = _setup(ROWS[name + "-checkpointed"])
+    assert sharding.recompute_fetches(model, training, lay)["regather"][0] == extra
+
+
+def test_recompute_under_a_prefetcher_that_fills_max_live():
+    # max_live 400k: up_proj and down_proj fit (360,448), gate_proj does not: 3 x 377,344 planned, where
+    # the prefetcher's own pace moves the forward's tail too (measured 1,213,696 and 573,696 more)
+    for name, measured in (("live-400k", 1_213_696), ("live-600k", 573_696)):
+        model, training, lay = _setup(ROWS[name + "-checkpointed"])
+        assert measured == ROWS[name + "-checkpointed"]["elements_gathered"]["backward"] \
+            - ROWS[name]["elements_gathered"]["backward"]
+        assert sharding.recompute_fetches(model, training, lay)["regather"][0] == pytest.approx(measured, rel=0.07)
+    # scaled to the layer as DeepSpeed's defaults are to a Llama-3-70B layer: nothing again
+    assert abs(ROWS["scaled-defaults-checkpointed"]["elements_gathered"]["backward"]
+               - ROWS["scaled-defaults"]["elements_gathered"]["backward"]) <= 256
+
+
+def test_reentrant_checkpoint_frees_more():
+    # a reentrant checkpoint recomputes down_proj too, before its backward: reuse 300k keeps nothing but
+    # down_proj (up_proj's 2 x 180,224 is over), 600k keeps up_proj (gate_proj's 720,896 is over); the
+    # forward's tail loses the last layer's down_proj (its recompute comes after the whole layer's)
+    for name, regathered in (("reuse-300k", 3 * (LAYER - LARGEST)), ("reuse-600k", 3 * (LAYER - 2 * LARGEST))):
+        row = ROWS[name + "-reentrant"]
+        assert row["elements_gathered"]["backward"] - ROWS[name]["elements_gathered"]["backward"] \
+            == regathered + LARGEST
+        model, training, lay = _setup(row)
+        assert sharding.recompute_fetches(model, training, lay)["regather"][0] == regathered
+
+
+@pytest.mark.parametrize("name", [n for n in ROWS if n != "prefetch-1-checkpointed"])
+def test_backward_gathers_what_the_step_time_charges(name):
+    # zero3_gather_s's backward passes x the rank's elements against what DeepSpeed all-gathered in the
+    # backward, within a tenth of the model (the forward's tail is granular by module; the 1-element
+    # prefetch bucket's forward falls behind its own prefetcher and gathers 1.45 passes: left out)
+    row = ROWS[name]
+    model, training, lay = _setup(row)
+    rank = MIXTRAL_WHOLE if row["model"] == "mixtral" else WHOLE
+    planned = float(_z3(row)["bwd"][0]) * rank
+    assert planned == pytest.approx(row["elements_gathered"]["backward"], abs=0.1 * rank)
 
 
 def test_largest_module_of_a_published_model():
@@ -147,6 +216,6 @@ def test_deepspeed_gathers_what_the_reference_says(tmp_path):
 
     rows = rerecord("calibrate.deepspeed_zero3", tmp_path / "zero3.json", timeout_s=900)
     assert [r["name"] for r in rows] == list(ROWS)
-    keys = ("peak_forward", "peak_backward", "modules_gathered_ahead", "modules_gathered_on_demand")
+    keys = ("peak_forward", "peak_backward", "modules_gathered_ahead", "modules_gathered_on_demand", "elements_gathered")
     for row in rows:
         assert {k: row[k] for k in keys} == {k: ROWS[row["name"]][k] for k in keys}, row["name"]

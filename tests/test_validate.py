@@ -40,14 +40,16 @@ def test_zero3_of_2021_falls_with_scale_as_measured():
     # case is off by -86 %; without them (the engine of today) the six rows were +129 % optimistic.
     z = {r["id"]: r["predicted"] for r in ROWS if "zero3" in r["id"]}
     fall = z["narayanan2021-t2-zero3-174.6B-384gpu"] / z["narayanan2021-t2-zero3-174.6B-1536gpu"]
-    assert 2.5 < fall < 4.5  # published 144 / 44 = 3.27; predicted 3.8 today
+    assert 2.5 < fall < 4.5  # published 144 / 44 = 3.27; predicted 4.1 today
     err = errors("TFLOP/s", "zero3")
-    assert np.mean(np.abs(err)) < 0.35  # 28.7 % today (175B: +19/+23/+3 %, 530B: +39/+43/+45 %)
+    # 21.7 % today (175B: +14/+13/-9 %, 530B: +33/+32/+30 %); 28.7 % before the recompute's second
+    # gathers (sharding.recompute_fetches: 2/3 of a 530B layer's parameters, 0.67 of a pass more)
+    assert np.mean(np.abs(err)) < 0.30
     assert np.max(np.abs(err)) < 0.50
 
 
 def test_overall_mape_and_cli():
-    assert validate.mape(ROWS) < 0.12  # 10.4% over all 38 figures today (the six ZeRO-3 rows: 28.7%)
+    assert validate.mape(ROWS) < 0.12  # 9.3% over all 38 figures today (the six ZeRO-3 rows: 21.7%)
     out = io.StringIO()
     assert cli.main(["validate"], out=out) == 0
     assert "MAPE all 38 figures" in out.getvalue()
