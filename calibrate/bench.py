@@ -46,13 +46,27 @@ def gemm_run(n: int, dtype: str, repeats: int = 5) -> dict:
             "flops_per_s": 2.0 * n**3 / seconds}
 
 
-def adam_run(params: int, foreach: bool, repeats: int = 3) -> dict:
-    """Median seconds of one torch AdamW step over `params` fp32 parameters on the CPU."""
+ADAM_SIZES = (2**24, 2**26)  # large enough that a step's fixed cost is a few percent
+ADAM_RATES = {"deepspeed": "cpu_adam_params_per_s", "torch-fused": "cpu_adam_params_per_s",
+              "torch": "cpu_adam_unfused_params_per_s"}
+"""The host optimizers an offloaded step runs (planner/timing.py cpu_adam_s) and the coefficient each
+measures: ZeRO-Offload's DeepSpeedCPUAdam, torch's fused AdamW (torchtitan), and torch's AdamW with
+its defaults (FSDP2's CPUOffloadPolicy under a plain AdamW: the single-tensor loop on CPU)."""
+
+
+def adam_run(params: int, implementation: str, repeats: int = 3) -> dict:
+    """Median seconds of one AdamW step over `params` fp32 parameters on the CPU."""
     import torch
 
     p = torch.nn.Parameter(torch.zeros(params))
     p.grad = torch.ones(params)
-    opt = torch.optim.AdamW([p], lr=1e-3, foreach=foreach)
+    if implementation == "deepspeed":
+        # what ZeRO-Offload builds from ds_config "AdamW" (runtime/zero/stage_1_and_2.py, stage3.py)
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        opt = DeepSpeedCPUAdam([p], lr=1e-3, adamw_mode=True)
+    else:
+        opt = torch.optim.AdamW([p], lr=1e-3, fused=True if implementation == "torch-fused" else None)
     opt.step()  # states are created at the first step
     times = []
     for _ in range(repeats):
@@ -60,7 +74,15 @@ def adam_run(params: int, foreach: bool, repeats: int = 3) -> dict:
         opt.step()
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
-    return {"params": params, "foreach": foreach, "adam_step_s": seconds, "adam_params_per_s": params / seconds}
+    return {"params": params, "implementation": implementation, "adam_step_s": seconds,
+            "adam_params_per_s": params / seconds}
+
+
+def _adam_prediction(params: int, implementation: str) -> dict:
+    """The planner's seconds for one step of `params` parameters under the prior rate."""
+    from planner.calibration import coefficient_values
+
+    return {"adam_step_s": params / coefficient_values("time")[ADAM_RATES[implementation]]}
 
 
 def _eager_run() -> dict:
@@ -124,8 +146,10 @@ def cases(profile_kind: str, gpu: str | None = None) -> list:
                         nproc=ranks, timeout_s=300))
     out.append(Case(name="bench/eager_ops/llama", kind="eager_ops", config={"variant": "llama"},
                     predict=_eager_prediction, reduce=lambda r: r[0], run_inline=_eager_run))
-    for params, foreach in ((2**20, False), (2**20, True), (2**22, True)):
-        out.append(Case(name=f"bench/cpu_adam/{params}/{'foreach' if foreach else 'single'}", kind="cpu_adam",
-                        config={"params": params, "foreach": foreach}, predict=dict, reduce=lambda r: r[0],
-                        run_inline=lambda p=params, f=foreach: adam_run(p, f)))
+    for implementation in ADAM_RATES:
+        for params in ADAM_SIZES[:1] if implementation == "torch-fused" else ADAM_SIZES:
+            out.append(Case(name=f"bench/cpu_adam/{params}/{implementation}", kind="cpu_adam",
+                            config={"params": params, "implementation": implementation},
+                            predict=lambda p=params, i=implementation: _adam_prediction(p, i), reduce=lambda r: r[0],
+                            run_inline=lambda p=params, i=implementation: adam_run(p, i)))
     return out

@@ -27,6 +27,7 @@ BOUNDS = {
     ("time", "bus_efficiency_intra_node"): (1e-4, 1.0),
     ("time", "collective_latency_scale"): (1e-3, 1e5),
     ("time", "cpu_adam_params_per_s"): (1e5, 1e11),
+    ("time", "cpu_adam_unfused_params_per_s"): (1e5, 1e11),
     ("time", "eager_op_host_s"): (1e-7, 1e-3),
     ("memory", "allocator_fragmentation"): (1e-4, 1.0),
     ("memory", "cuda_context_bytes"): (2**20, 4 * 2**30),
@@ -51,6 +52,14 @@ class FitGroup:
     """The answer band (planner.calibration.BAND_QUANTITIES) this quantity's held-out error sets."""
     note: str | None = None
     """What `calibrate report` says of the group's error (default: fitted, or exact terms)."""
+    where: Callable[[dict], bool] | None = None
+    """Which records of the kind the group takes (default: all)."""
+    label: str | None = None
+    """The name its errors go under (default: kind.quantity)."""
+
+    @property
+    def name(self) -> str:
+        return self.label or f"{self.kind}.{self.quantity}"
 
 
 def _gemm(records, c, ref):
@@ -66,9 +75,21 @@ def _collective(records, c, ref):
                                  else "all_gather", c["time"]) for x in m], dtype=float)
 
 
-def _cpu_adam(records, c, ref):
-    params = np.array([r["measurement"]["params"] for r in records], dtype=float)
-    return params / c["time"]["cpu_adam_params_per_s"]
+def _adam_implementation(record) -> str | None:
+    """calibrate/bench.py ADAM_RATES' implementation a cpu_adam record measured; the first profiles'
+    records (config 'foreach') ran torch's AdamW, single-tensor ('torch') or with foreach=True, which no
+    engine steps on the host (None)."""
+    config = record.get("config") or {}
+    if "implementation" in config:
+        return config["implementation"]
+    return None if config.get("foreach") else "torch"
+
+
+def _cpu_adam(rate: str):
+    def predict(records, c, ref):
+        params = np.array([r["measurement"]["params"] for r in records], dtype=float)
+        return params / c["time"][rate]
+    return predict
 
 
 def _eager_ops(records, c, ref):
@@ -144,7 +165,12 @@ GROUPS = (
     FitGroup("gemm", "gemm_s", (("time", "gemm_efficiency_max"), ("time", "gemm_half_efficiency_flops")), _gemm),
     FitGroup("collective", "collective_s", (("time", "bus_efficiency_intra_node"),
                                             ("time", "collective_latency_scale")), _collective),
-    FitGroup("cpu_adam", "adam_step_s", (("time", "cpu_adam_params_per_s"),), _cpu_adam),
+    # the fused host optimizers (one pass over the states), then torch's single-tensor loop
+    FitGroup("cpu_adam", "adam_step_s", (("time", "cpu_adam_params_per_s"),), _cpu_adam("cpu_adam_params_per_s"),
+             where=lambda r: _adam_implementation(r) in ("deepspeed", "torch-fused"), label="cpu_adam.fused_step_s"),
+    FitGroup("cpu_adam", "adam_step_s", (("time", "cpu_adam_unfused_params_per_s"),),
+             _cpu_adam("cpu_adam_unfused_params_per_s"), where=lambda r: _adam_implementation(r) == "torch",
+             label="cpu_adam.unfused_step_s"),
     FitGroup("eager_ops", "layer_host_s", (("time", "eager_op_host_s"),), _eager_ops),
     # the allocator's reserve and the memory outside it, from the end-to-end training steps
     # (calibrate/step_cases.py) where a GPU profile has them: a small model's few MB measure the
@@ -171,6 +197,7 @@ def usable(records: list, group: FitGroup) -> list:
         m = r.get("measurement") or {}
         predicted = group.coefficients or isinstance((r.get("prediction") or {}).get(group.quantity), (int, float))
         return (r.get("kind") == group.kind and r.get("outcome", {}).get("status") == "ok" and predicted
+                and (group.where is None or group.where(r))
                 and isinstance(m.get(group.quantity), (int, float)) and m[group.quantity] > 0)
     return [r for r in records if ok(r)]
 
@@ -265,7 +292,7 @@ def fit(records: list, ref: dict, k: int = 5) -> dict:
             fitted.setdefault(section, {})[name] = {"prior": prior[section][name], "value": value,
                                                     "lower": lo, "upper": hi, "runs": len(rows)}
         held = bool(np.isfinite(after).all())
-        errors[f"{group.kind}.{group.quantity}"] = {
+        errors[group.name] = {
             "runs": len(rows), "fitted": bool(group.coefficients), "kept": taken, "note": group.note, "before_mean": float(before.mean()),
             "before_max": float(before.max()), "after_mean": float(after.mean()) if held else None,
             "after_max": float(after.max()) if held else None,

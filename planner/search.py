@@ -260,10 +260,10 @@ def lean_zero3_training(model: ModelSpec, training: Training) -> Training | None
     prefetched beside the one computing: stage3_max_live_parameters = stage3_max_reuse_distance =
     2 x the largest block submodule, in tens of millions (DeepSpeed 0.19 zero/config.py: "Smaller
     values use less memory, but perform more communication"; partitioned_param_coordinator.py
-    fetch_sub_module prefetches only under max_live_parameters). The step time does not change in
-    the planner (it counts every gather of a submodule in forward and again in backward either way,
-    timing.zero3_gather_s); memory falls to the current block and the prefetch bucket
-    (memory.zero3_live_param_bytes). None where the engine has no such knobs or they are not lower."""
+    fetch_sub_module prefetches only under max_live_parameters). Memory falls to the current block
+    and the prefetch bucket (memory.zero3_live_param_bytes); the backward gathers again what the
+    forward, and under full recompute the recompute, released (timing.zero3_gather_s). None where
+    the engine has no such knobs or they are not lower."""
     zc = training.zero_config
     if training.engine.buffers is not Buffers.DEEPSPEED or 3 not in training.engine.zero_stages:
         return None

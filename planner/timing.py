@@ -598,10 +598,15 @@ def deepspeed_step_s(model: ModelSpec, cluster: Cluster, training: Training, lay
 
 
 def cpu_adam_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
-    """ZeRO-Offload (Ren et al. 2021 sections 4-5): DeepSpeedCPUAdam on the node's cores, shared by
-    the node's GPUs."""
+    """The offloaded optimizer step on the node's cores, shared by the node's GPUs: ZeRO-Offload's
+    DeepSpeedCPUAdam (Ren et al. 2021 sections 4-5), or torch's fused AdamW (torchtitan), one pass
+    over the states; an engine whose optimizer is torch's AdamW with its defaults
+    (Engine.optimizer_step_copy: foreach on CUDA; FSDP2's CPUOffloadPolicy steps it on CPU
+    DTensors) runs the single-tensor loop there (torch 2.13 optim/optimizer.py
+    _default_to_fused_or_foreach: foreach only on cuda/xpu/mtia), a pass per operator."""
     node_gpus = min(cluster.gpus_per_node, cluster.num_gpus)
-    return _partition_params(model, training, lay) * node_gpus / c["cpu_adam_params_per_s"]
+    rate = c["cpu_adam_unfused_params_per_s" if training.engine.optimizer_step_copy else "cpu_adam_params_per_s"]
+    return _partition_params(model, training, lay) * node_gpus / rate
 
 
 def optimizer_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:

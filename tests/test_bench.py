@@ -22,8 +22,9 @@ def test_gemm_and_adam_measure_what_they_say():
     g = bench.gemm_run(128, "float32", repeats=3)
     assert g["flops"] == 2 * 128**3  # 2 m n k
     assert g["flops_per_s"] == pytest.approx(g["flops"] / g["gemm_s"])
-    a = bench.adam_run(2**16, foreach=True, repeats=2)
+    a = bench.adam_run(2**16, "torch", repeats=2)
     assert a["adam_params_per_s"] == pytest.approx(2**16 / a["adam_step_s"])
+    assert a["implementation"] == "torch"
 
 
 @pytest.mark.slow
@@ -47,3 +48,12 @@ def test_fit_to_this_machine_lowers_held_out_error():
     # 100 % (single calls vary too much on 2 shared cores to assert a held-out error here)
     assert 0.1 < c["collective_latency_scale"]["value"] < 1e4
     assert 0.01 < c["bus_efficiency_intra_node"]["value"] <= 1.0
+    # the host optimizers: DeepSpeedCPUAdam and torch's fused AdamW make one pass over the states,
+    # torch's single-tensor loop a pass per operator; ZeRO-Offload (Ren et al. 2021 s.6) measured the
+    # former 5-7x faster, this CPU 7.5x (2^24 parameters, 1.95e9 against 0.26e9 params/s)
+    fused, unfused = c["cpu_adam_params_per_s"]["value"], c["cpu_adam_unfused_params_per_s"]["value"]
+    assert fused > 3 * unfused, (fused, unfused)
+    # one rate a kind across sizes: torch's fused AdamW ran at 1.3-1.9e9 params/s here, DeepSpeedCPUAdam
+    # at 2.0e9 (held-out 27 %), the single-tensor loop at 0.28-0.30e9 (2^24 and 2^26 parameters)
+    for name in ("cpu_adam.fused_step_s", "cpu_adam.unfused_step_s"):
+        assert result["error"][name]["after_mean"] < 0.5, result["error"][name]
