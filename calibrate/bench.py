@@ -1,6 +1,6 @@
-"""Micro-benchmarks: GEMM throughput, collective bus bandwidth, CPU AdamW rate; each measurement
-carries what the fit needs (calibrate/fit.py: FLOPs and seconds; op, bytes, ranks and seconds;
-parameters and seconds).
+"""Micro-benchmarks: GEMM throughput, collective bus bandwidth, CPU AdamW rates, the host's DTensor
+cost in an optimizer step; each measurement carries what the fit needs (calibrate/fit.py: FLOPs and
+seconds; op, bytes, ranks and seconds; parameters and seconds; seconds per tensor).
 
 busbw follows nccl-tests (doc/PERFORMANCE.md): algbw = bytes / seconds; all_reduce busbw =
 algbw x 2(n-1)/n, all_gather and reduce_scatter busbw = algbw x (n-1)/n."""
@@ -54,6 +54,17 @@ measures: ZeRO-Offload's DeepSpeedCPUAdam, torch's fused AdamW (torchtitan), and
 its defaults (FSDP2's CPUOffloadPolicy under a plain AdamW: the single-tensor loop on CPU)."""
 
 
+def _median_step_s(opt, repeats: int) -> float:
+    """Median seconds of an optimizer's step after the first, which creates its states."""
+    opt.step()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def adam_run(params: int, implementation: str, repeats: int = 3) -> dict:
     """Median seconds of one AdamW step over `params` fp32 parameters on the CPU."""
     import torch
@@ -67,22 +78,53 @@ def adam_run(params: int, implementation: str, repeats: int = 3) -> dict:
         opt = DeepSpeedCPUAdam([p], lr=1e-3, adamw_mode=True)
     else:
         opt = torch.optim.AdamW([p], lr=1e-3, fused=True if implementation == "torch-fused" else None)
-    opt.step()  # states are created at the first step
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        opt.step()
-        times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
+    seconds = _median_step_s(opt, repeats)
     return {"params": params, "implementation": implementation, "adam_step_s": seconds,
             "adam_params_per_s": params / seconds}
 
 
-def _adam_prediction(params: int, implementation: str) -> dict:
-    """The planner's seconds for one step of `params` parameters under the prior rate."""
+def _coefficient(name: str) -> float:
     from planner.calibration import coefficient_values
 
-    return {"adam_step_s": params / coefficient_values("time")[ADAM_RATES[implementation]]}
+    return coefficient_values("time")[name]
+
+
+def _adam_prediction(params: int, implementation: str) -> dict:
+    """The planner's seconds for one step of `params` parameters under the prior rate."""
+    return {"adam_step_s": params / _coefficient(ADAM_RATES[implementation])}
+
+
+def dtensor_step_run(implementation: str, counts=(50, 400), repeats: int = 9) -> dict:
+    """Host seconds per parameter tensor that torch's AdamW step (foreach or fused) spends in
+    DTensor's dispatch: its step over `counts` DTensors of a 1-rank gloo mesh less over as many
+    plain tensors, per tensor (the slope between the two counts, so fixed costs drop out). Small
+    CPU tensors: the host's Python, which a GPU host runs the same way."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+
+        def step_s(n: int, dtensor: bool) -> float:
+            params = [torch.nn.Parameter(distribute_tensor(torch.zeros(64, 64), mesh, [Shard(0)]) if dtensor
+                                         else torch.zeros(64, 64)) for _ in range(n)]
+            for p in params:
+                p.grad = torch.ones_like(p)
+            kind = {"fused": True} if implementation == "fused" else {"foreach": True}
+            return _median_step_s(torch.optim.AdamW(params, lr=1e-3, **kind), repeats)
+
+        low, high = counts
+        slope = {dt: (step_s(high, dt) - step_s(low, dt)) / (high - low) for dt in (False, True)}
+    finally:
+        if owned:
+            dist.destroy_process_group()
+    return {"implementation": implementation, "tensors": list(counts), "plain_s_per_tensor": slope[False],
+            "dtensor_s_per_tensor": slope[True], "extra_s_per_tensor": slope[True] - slope[False]}
 
 
 def _eager_run() -> dict:
@@ -146,6 +188,11 @@ def cases(profile_kind: str, gpu: str | None = None) -> list:
                         nproc=ranks, timeout_s=300))
     out.append(Case(name="bench/eager_ops/llama", kind="eager_ops", config={"variant": "llama"},
                     predict=_eager_prediction, reduce=lambda r: r[0], run_inline=_eager_run))
+    for implementation in ("foreach", "fused"):  # the FSDP engine's torch AdamW, torchtitan's fused one
+        out.append(Case(name=f"bench/dtensor_step/{implementation}", kind="dtensor_step",
+                        config={"implementation": implementation, "tensors": [50, 400], "shape": [64, 64]},
+                        predict=lambda: {"extra_s_per_tensor": _coefficient("dtensor_step_host_s_per_tensor")},
+                        reduce=lambda r: r[0], run_inline=lambda i=implementation: dtensor_step_run(i)))
     for implementation in ADAM_RATES:
         for params in ADAM_SIZES[:1] if implementation == "torch-fused" else ADAM_SIZES:
             out.append(Case(name=f"bench/cpu_adam/{params}/{implementation}", kind="cpu_adam",

@@ -107,7 +107,7 @@ def cmd_run(args) -> int:
     return 0 if all(r["outcome"]["status"] == "ok" for r in rows) else 1
 
 
-UNITS = ("_bytes", "_s", "_per_s", "_per_param")
+UNITS = ("_bytes", "_s", "_per_s", "_per_param", "_per_tensor")
 """Measured quantities the summary prints (the others are the config of a point)."""
 
 

@@ -29,6 +29,7 @@ BOUNDS = {
     ("time", "cpu_adam_params_per_s"): (1e5, 1e11),
     ("time", "cpu_adam_unfused_params_per_s"): (1e5, 1e11),
     ("time", "eager_op_host_s"): (1e-7, 1e-3),
+    ("time", "dtensor_step_host_s_per_tensor"): (1e-7, 1e-3),
     ("memory", "allocator_fragmentation"): (1e-4, 1.0),
     ("memory", "cuda_context_bytes"): (2**20, 4 * 2**30),
     ("memory", "nccl_bytes_per_group"): (2**16, 2**30),
@@ -172,6 +173,8 @@ GROUPS = (
              _cpu_adam("cpu_adam_unfused_params_per_s"), where=lambda r: _adam_implementation(r) == "torch",
              label="cpu_adam.unfused_step_s"),
     FitGroup("eager_ops", "layer_host_s", (("time", "eager_op_host_s"),), _eager_ops),
+    FitGroup("dtensor_step", "extra_s_per_tensor", (("time", "dtensor_step_host_s_per_tensor"),),
+             lambda records, c, ref: np.full(len(records), c["time"]["dtensor_step_host_s_per_tensor"])),
     # the allocator's reserve and the memory outside it, from the end-to-end training steps
     # (calibrate/step_cases.py) where a GPU profile has them: a small model's few MB measure the
     # allocator's block rounding, not what a step's changing activation sizes fragment

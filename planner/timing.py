@@ -385,10 +385,10 @@ def overlapped_exposed_s(total_s, buckets, window_s):
     return per + (buckets - 1.0) * np.maximum(per - window_s / buckets, 0.0)
 
 
-def rank_tensors(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
+def rank_tensors(model: ModelSpec, training: Training, lay: Layouts, per_expert: bool = True) -> tuple:
     """(gathered, all): parameter tensors a rank of the heavier end stage holds (one per local expert
-    of an expert tensor), and those ZeRO-3 gathers: a tensor of fewer local elements than
-    stage3_param_persistence_threshold stays whole (DeepSpeed 0.3.13 stage3.py __init__:
+    of an expert tensor, or the one stacked tensor with `per_expert` False), and those ZeRO-3
+    gathers: a tensor of fewer local elements than stage3_param_persistence_threshold stays whole (DeepSpeed 0.3.13 stage3.py __init__:
     param.ds_persist when ds_numel < the threshold). Each is one call of
     Engine.zero3_per_tensor_collectives, and each of ZeRO-1/2's partition a share of its step's
     per-tensor operators (deepspeed_step_s)."""
@@ -398,7 +398,7 @@ def rank_tensors(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
     def count(place):
         gathered = every = 0.0 * lay.tp
         for t in (t for t in model.tensors_at(place) if not t.tied):
-            copies = local_experts if t.expert else 1.0
+            copies = local_experts if t.expert and per_expert else 1.0
             every = every + copies
             gathered = gathered + np.where(local_numel(t, lay.tp, model.experts, lay.ep) / copies >= threshold, copies, 0.0)
         return gathered, every
@@ -560,11 +560,18 @@ def gpu_optimizer_step_s(model: ModelSpec, cluster: Cluster, training: Training,
     (Engine.optimizer_step_copy; torch 2.13 optim/adam.py _multi_tensor_adam, decoupled weight
     decay): mul_ params, lerp_ exp_avg with the gradient, mul_ and addcmul_ exp_avg_sq (the gradient
     read twice), sqrt into a temporary, div_, add_ eps, addcdiv_ params: 18 state-element and 3
-    gradient reads or writes per parameter (84 B in fp32), where a fused Adam moves 28."""
+    gradient reads or writes per parameter (84 B in fp32), where a fused Adam moves 28. Over DTensor
+    parameters (Buffers.FSDP: fully_shard makes every parameter one) the host spends
+    dtensor_step_host_s_per_tensor a tensor in DTensor's dispatch, foreach or fused alike (measured,
+    calibrate's dtensor_step bench), and the step takes the longer of that and its kernels."""
     b = state_bytes(training)
     foreach = training.engine.optimizer_step_copy and training.optimizer is Optimizer.ADAMW
     per_param = 18 * b.moment + 3 * b.grads if foreach else 5 * b.grads + 2 * b.optimizer + b.weights
-    return _partition_params(model, training, lay) * per_param / C.hbm_bytes_per_s(cluster, c)
+    kernels = _partition_params(model, training, lay) * per_param / C.hbm_bytes_per_s(cluster, c)
+    if training.engine.buffers is not Buffers.FSDP:
+        return kernels
+    return np.maximum(kernels, rank_tensors(model, training, lay, per_expert=False)[1]
+                      * c["dtensor_step_host_s_per_tensor"])
 
 
 def deepspeed_step_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:

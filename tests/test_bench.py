@@ -57,3 +57,5 @@ def test_fit_to_this_machine_lowers_held_out_error():
     # at 2.0e9 (held-out 27 %), the single-tensor loop at 0.28-0.30e9 (2^24 and 2^26 parameters)
     for name in ("cpu_adam.fused_step_s", "cpu_adam.unfused_step_s"):
         assert result["error"][name]["after_mean"] < 0.5, result["error"][name]
+    # DTensor's dispatch in an optimizer step: 15-22 us a tensor measured here, foreach and fused
+    assert 3e-6 < c["dtensor_step_host_s_per_tensor"]["value"] < 1e-4

@@ -36,6 +36,33 @@ def test_foreach_adamw_step():
         assert 0.7 < predicted / run["measurement"]["optimizer_s"] < 0.9
 
 
+def test_fsdp_step_over_dtensors_is_host_bound_for_a_small_model():
+    """SmolLM-135M under FSDP2 (1 x 1024): its 272 parameter tensors (30 layers of 9, the embedding,
+    the final norm; the output layer tied), every one a DTensor. The foreach kernels take 1.35e8 x 84 /
+    (0.9 x 4.8e12) = 2.6 ms; the host spends the prior's 16 us a tensor (this CI CPU's figure, calibrate's
+    dtensor_step bench) in DTensor's dispatch: 4.4 ms. Measured 19.5 and 11.2 ms: a GPU host's Python is
+    slower than this CPU's (its eager_op_host_s is 4x this CPU's dispatch), which the same bench run
+    there fits."""
+    import torch
+    import transformers
+
+    runs = _runs("step/fsdp/smollm-135m/mbs1-seq1024")
+    assert len(runs) == 2
+    c = runs[0]["config"]
+    with torch.device("meta"):
+        real = transformers.LlamaForCausalLM(transformers.LlamaConfig(**c["llama"]))
+    tensors = len(list(real.parameters()))  # tied: lm_head shares the embedding's
+    model = from_hf_config({**c["llama"], "model_type": "llama"})
+    lay = layout.single(dp=1, zero=3, mbs=c["mbs"])
+    training = layout.Training(seq_len=c["seq"], engine="fsdp")
+    assert timing.rank_tensors(model, training, lay, per_expert=False)[1][0] == tensors == 272
+    coef = timing.coefficients("time")
+    predicted = timing.gpu_optimizer_step_s(model, Cluster(lookup_gpu("h200"), 1, 1), training, lay, coef)[0]
+    assert predicted == 272 * coef["dtensor_step_host_s_per_tensor"]  # over the kernels' 2.6 ms
+    for run in runs:
+        assert 0.2 < predicted / run["measurement"]["optimizer_s"] < 1.0
+
+
 def test_deepspeed_zero1_step_is_host_bound():
     """DeepSpeed ZeRO-1's engine.step() on TinyLlama (bf16, FusedAdam, one rank): 65.4 and 48.3 ms
     measured, where its bytes alone (the planner's earlier 36 B a parameter) gave 9 ms. Counted on the
