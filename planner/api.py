@@ -27,6 +27,7 @@ from planner.inputs import (DEFAULTS, ClusterInput, LayoutInput, ModelInput, Tra
                             resolve_model, with_gpus)
 from planner.layout import Layouts, Training, ZeroConfig, single
 from planner.model import ModelSpec
+from planner.options import Recompute
 from planner.timing import time_to_train
 
 
@@ -201,7 +202,7 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     if tin.pipeline_edge_layers is None and train.pipeline_edge_layers != train.engine.pipeline_edge_layers:
         defaults["pp_edge_layers"] = train.pipeline_edge_layers  # chosen: search.edge_layers_choice
     knobs_free = tin.stage3_max_live_parameters is None and tin.stage3_max_reuse_distance is None
-    train, result, lean = _search_zero3_knobs(spec, clus, train, headroom, max_mbs, pins, result, knobs_free)
+    train, result, knobbed = _search_zero3_knobs(spec, clus, train, headroom, max_mbs, pins, result, knobs_free)
     if knobs_free and train.zero_config.stage3_max_live_parameters != ZeroConfig().stage3_max_live_parameters:
         defaults["stage3_max_live_parameters"] = train.zero_config.stage3_max_live_parameters  # searched
         defaults["stage3_max_reuse_distance"] = train.zero_config.stage3_max_reuse_distance
@@ -217,14 +218,14 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
         "peak_memory_band": clus.calibration.band("peak_memory") if clus.calibration else prior_band("peak_memory"),
     }
     for knob in ("stage3_max_live_parameters", "stage3_max_reuse_distance"):
-        if knob in defaults:  # lowered by _search_zero3_knobs: estimate needs them to agree
+        if knob in defaults:  # chosen by _search_zero3_knobs: estimate needs them to agree
             assumptions[knob] = defaults[knob]
     if pins:
         assumptions["pinned"] = {k: pinned[k] for k in search.PINNABLE if k in pinned}
     if result["coarsened"]:  # the space was larger than one search materializes
         assumptions["search_coarsened"] = list(result["coarsened"])
-    # with lowered ZeRO-3 knobs, the ZeRO-3 rows are the lean search's, the others the first search's
-    sources = [(result, result["valid"].zero != 3 if lean else None)] + ([(lean, None)] if lean else [])
+    # with other ZeRO-3 knobs, the ZeRO-3 rows are that search's, the others the first search's
+    sources = [(result, result["valid"].zero != 3 if knobbed else None)] + ([(knobbed, None)] if knobbed else [])
     ranked = []
     for res, keep in sources:
         for i in search.distinct_top(res, top if keep is None else top + int(np.count_nonzero(~keep))):
@@ -256,25 +257,34 @@ def _search_edges(spec, clus, train: Training, headroom: float, max_mbs: int, pi
 
 def _search_zero3_knobs(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, result: dict,
                         free: bool) -> tuple:
-    """(training, search result, lean ZeRO-3 search result or None): where a faster layout than the
-    best did not fit and the user left DeepSpeed's live-parameter knobs alone, the ZeRO-3 layouts
-    are searched again with them lowered (search.lean_zero3_training; no other layout reads them),
-    and the lowered knobs kept if their best layout beats the first search's."""
-    lean = search.lean_zero3_training(spec, train) if free and pins.get("zero", 3) == 3 else None
-    if lean is None:
+    """(training, search result, ZeRO-3 search result under other knobs or None): where the user left
+    DeepSpeed's live-parameter knobs alone, the ZeRO-3 layouts are searched again with them lowered
+    where a faster layout than the best did not fit (search.lean_zero3_training), and raised where
+    fitting ones recompute whole blocks that the defaults make the backward gather twice
+    (search.roomy_zero3_training; no other layout reads the knobs); the knobs whose best layout
+    beats the first search's are kept."""
+    if not free or pins.get("zero", 3) != 3:
         return train, result, None
-    ev = result["eval"]
+    ev, valid = result["eval"], result["valid"]
     speed = np.asarray(ev["time"]["throughput"]["tokens_per_s"])
-    blocked = speed[~np.asarray(ev["fits"]) & (result["valid"].zero == 3)]
+    fits, zero3 = np.asarray(ev["fits"]), valid.zero == 3
     best = float(speed[result["order"][0]]) if result["order"].size else -1.0
-    if blocked.size == 0 or blocked.max() <= best:
-        return train, result, None
-    other = search.search(spec, clus, lean, headroom, max_mbs, pinned={**pins, "zero": 3})
-    if other["order"].size and float(other["eval"]["time"]["throughput"]["tokens_per_s"][other["order"][0]]) > best:
-        result["candidates"] += other["candidates"]
-        result["elapsed_s"] += other["elapsed_s"]
-        return lean, result, other
-    return train, result, None
+    tries = []
+    blocked = speed[~fits & zero3]
+    if blocked.size and blocked.max() > best:
+        tries.append(search.lean_zero3_training(spec, train))
+    if np.any(fits & zero3 & (valid.recompute == int(Recompute.FULL))):
+        tries.append(search.roomy_zero3_training(spec, train))
+    chosen, other = train, None
+    for knobs in (t for t in tries if t is not None):
+        found = search.search(spec, clus, knobs, headroom, max_mbs, pinned={**pins, "zero": 3})
+        fastest = float(found["eval"]["time"]["throughput"]["tokens_per_s"][found["order"][0]]) \
+            if found["order"].size else -1.0
+        if fastest > best:
+            result["candidates"] += found["candidates"]
+            result["elapsed_s"] += found["elapsed_s"]
+            best, chosen, other = fastest, knobs, found
+    return chosen, result, other
 
 
 def _engine_best(spec, clus, training: Training, engine: str, headroom: float, max_mbs: int, pins: dict,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from planner import memory, timing
+from planner import layout, memory, timing
 from planner.engines import ENGINES, Buffers, ExpertTP, Modules
 from planner.errors import InputError
 from planner.hardware import Cluster
@@ -19,6 +19,7 @@ from planner.model import ModelSpec
 from planner.options import Offload, RankOrder, Recompute, Schedule
 from planner.pipeline import interleaved_layers, max_layers_on_stage
 from planner.rules import DIVISIBILITY, ENGINE_RULE, every_n_layers_broken, first_violation
+from planner.sharding import block_params
 
 VPP_CHOICES = (1, 2, 3, 4, 6, 8)
 CP_CHOICES = (1, 2, 4, 8)
@@ -272,6 +273,26 @@ def lean_zero3_training(model: ModelSpec, training: Training) -> Training | None
     if lean >= min(zc.stage3_max_live_parameters, zc.stage3_max_reuse_distance):
         return None
     return replace(training, zero_config=replace(zc, stage3_max_live_parameters=lean, stage3_max_reuse_distance=lean))
+
+
+def roomy_zero3_training(model: ModelSpec, training: Training) -> Training | None:
+    """`training` with DeepSpeed's ZeRO-3 live-parameter knobs raised so that a recomputed block
+    keeps what its recompute gathered until its backward: stage3_max_live_parameters =
+    stage3_max_reuse_distance = the largest block's elements (one rank of TP 1), in hundreds of
+    millions. With a prefetch bucket the prefetcher then passes every module's backward use before
+    the module is released (sharding.recompute_fetches: the module and the rest of the block under
+    max_live), so the backward gathers nothing twice (timing.zero3_gather_s), for the block held
+    gathered meanwhile (memory.zero3_live_param_bytes). None where the engine has no such knobs,
+    nothing prefetches, or the knobs are already that high."""
+    zc = training.zero_config
+    if training.engine.buffers is not Buffers.DEEPSPEED or 3 not in training.engine.zero_stages \
+            or zc.stage3_prefetch_bucket_size <= 0:
+        return None
+    one = layout.single(dp=1, zero=3)
+    roomy = -(-int(block_params(model, training, one)[0]) // 100_000_000) * 100_000_000
+    if roomy <= min(zc.stage3_max_live_parameters, zc.stage3_max_reuse_distance):
+        return None
+    return replace(training, zero_config=replace(zc, stage3_max_live_parameters=roomy, stage3_max_reuse_distance=roomy))
 
 
 def flat_schedule(training: Training) -> Schedule:

@@ -293,6 +293,35 @@ def test_recommend_lowers_zero3_live_parameters_where_that_decides_the_fit():
     assert not told.layouts
 
 
+def test_recommend_raises_zero3_live_parameters_where_recompute_gathers_twice():
+    # Llama-3.1-405B (a block of 2 x 16384^2 + 2 x 16384 x 1024 + 3 x 16384 x 53248 = 3,187,671,040
+    # elements, 3,187,703,808 with its norms) on 512 H100s under ZeRO-3 with every block recomputed:
+    # DeepSpeed's 1e9 defaults release gate_proj and what runs before it after the recompute, so the backward gathers
+    # 45 % of each block again (counted on the real engine: tests/test_deepspeed_zero3_live.py);
+    # knobs of 3.2e9 keep the block, and the search takes them because the step is faster
+    from planner import api, sharding
+    from planner.model import lookup
+
+    model = lookup("llama-3.1-405b")
+    cluster, training = {"gpus": 512, "gpu": "h100-sxm"}, {"engine": "deepspeed", "seq_len": 4096, "gbs": 512}
+    pins = {"zero": 3, "recompute": "full", "offload_optimizer": "none", "offload_params": "none"}
+    rec = api.recommend(model, cluster, training, pinned=pins, top=1)
+    assert rec.defaults["stage3_max_live_parameters"] == rec.defaults["stage3_max_reuse_distance"] == 3_200_000_000
+    lay = layout.single(dp=512, zero=3, recompute="full")
+    fetches = sharding.recompute_fetches(model, rec.training, lay)
+    assert fetches["regather"][0] == 0
+    default = api.estimate(model, cluster, training, {"dp": 512, "mbs": 1, **pins})
+    roomy = api.estimate(model, cluster, {**training, "stage3_max_live_parameters": 3_200_000_000,
+                                          "stage3_max_reuse_distance": 3_200_000_000}, {"dp": 512, "mbs": 1, **pins})
+    assert roomy.time["step_s"] < default.time["step_s"]
+    assert rec.layouts[0]["time"]["step_s"] == pytest.approx(roomy.time["step_s"], rel=1e-9)
+    # the block held: (3.2e9 - 1e9) more elements gathered ahead at 2 B each
+    held = roomy.memory["allocated_bytes"] - default.memory["allocated_bytes"]
+    assert held == pytest.approx((3.2e9 - 1e9) * 2, rel=0.01)
+    # a 70B block (856M elements) fits under the defaults: nothing to raise
+    assert search.roomy_zero3_training(lookup("llama-3-70b"), layout.Training(engine="deepspeed")) is None
+
+
 def test_hugging_face_engines_offer_only_the_recompute_gradient_checkpointing_launches():
     """transformers 5.25 modeling_utils.py _activation_checkpointing_enable wraps whole decoder layers
     in torch.utils.checkpoint and accelerate's fsdp_activation_checkpointing is a bool, so DeepSpeed
