@@ -236,6 +236,7 @@ def diagnose(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]
             if v is not None:
                 text += f"; overlap_comm true: {v.throughput['tokens_per_s'] / est.throughput['tokens_per_s']:.2f}x"
         found.append(Finding("communication", "warning", text, value=comm / step))
+    found += _recompute_regathers(est, model, cluster, train, lay)
     host = cluster_host_bytes(est)
     if mem["cpu_bytes_per_node"] > 0.8 * host and (lay["offload_optimizer"] != "none" or lay["offload_params"] != "none"):
         found.append(Finding("cpu_memory", "warning", f"offload uses {mem['cpu_bytes_per_node'] / host:.0%} of the "
@@ -245,6 +246,34 @@ def diagnose(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]
         found.append(Finding("compute", "warning", f"compute is {b['compute'] / step:.0%} of the step; the largest "
                              f"overhead is {worst} ({b[worst] / step:.0%})", value=b["compute"] / step))
     return found
+
+
+def _recompute_regathers(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]:
+    """ZeRO-3 with every block recomputed, where the live-parameter knobs let DeepSpeed release what
+    the recompute gathered before the backward uses it (sharding.recompute_fetches): the share of a
+    block gathered twice, and what knobs raised to the block (search.roomy_zero3_training) buy."""
+    from planner import search, sharding
+    from planner.layout import single
+
+    if lay["zero"] != 3 or lay.get("recompute", "none") != "full":
+        return []
+    one = single(tp=est.layout["tp"], dp=est.layout["dp"], zero=3, recompute="full")
+    again = float(sharding.recompute_fetches(est.model, est.training, one)["regather"][0])
+    roomy = search.roomy_zero3_training(est.model, est.training)
+    if again <= 0 or roomy is None:
+        return []
+    knobs = roomy.zero_config.stage3_max_live_parameters
+    share = again / float(sharding.block_params(est.model, est.training, one)[0] * est.model.layers)
+    text = (f"the recompute gathers {share:.0%} of each block again in the backward (released in between: "
+            f"stage3_max_live_parameters / stage3_max_reuse_distance under the block)")
+    v = _variant(model, cluster, train, lay, t_stage3_max_live_parameters=knobs, t_stage3_max_reuse_distance=knobs)
+    if v is None:
+        return [Finding("communication", "info", text, value=share)]
+    more = v.memory["gpu_bytes"] - est.memory["gpu_bytes"]
+    text += (f"; both {knobs:,} keep it: {v.throughput['tokens_per_s'] / est.throughput['tokens_per_s']:.2f}x, "
+             f"{more / 2**30:+.1f} GiB per GPU ({'fits' if v.memory['fits'] else 'does not fit'})")
+    return [Finding("communication", "info", text, value=share,
+                    gain=v.throughput["tokens_per_s"] / est.throughput["tokens_per_s"])]
 
 
 def cluster_host_bytes(est) -> float:

@@ -214,6 +214,26 @@ def test_zero3_memory_fix_lowers_both_knobs(tmp_path):
     assert 1.8e9 <= fixes[0]["frees_bytes"] <= 1.8e9 * 1.25
 
 
+def test_zero3_recompute_that_gathers_twice_names_the_knobs_that_keep_the_block(tmp_path):
+    """Llama-3.1-405B under ZeRO-3 with DeepSpeed's 1e9 defaults and every block recomputed: the recompute
+    releases gate_proj and what runs before it, 1,443,889,152 of a block's 3,187,703,808 elements (45 %;
+    the norms, under stage3_param_persistence_threshold, stay whole), before the backward uses them (sharding.recompute_fetches, counted on the real engine); knobs of
+    3.2e9 keep the block, for (3.2e9 - 1e9) x 2 B more of gathered weights."""
+    ds = {"train_batch_size": 512, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+          "zero_optimization": {"stage": 3}}
+    code, text, _ = run("check", "--config", write(tmp_path, "z3.json", ds), "--model", "llama-3.1-405b", "--gpus",
+                        "512", "--gpu", "h100-sxm", "--seq-len", "4096", "--recompute", "full", "--json")
+    found = [f for f in json.loads(text)["findings"] if "gathers" in f["message"]]
+    assert len(found) == 1 and "45%" in found[0]["message"] and "3,200,000,000" in found[0]["message"]
+    # gate_proj 16384 x 53248, o_proj and q_proj 16384^2, k_proj and v_proj 1024 x 16384
+    assert found[0]["value"] == pytest.approx((872_415_232 + 2 * 268_435_456 + 2 * 16_777_216) / 3_187_703_808)
+    assert found[0]["gain"] > 1.0 and "(fits)" in found[0]["message"]
+    # without recompute nothing is gathered twice
+    code, text, _ = run("check", "--config", write(tmp_path, "z3.json", ds), "--model", "llama-3.1-405b", "--gpus",
+                        "512", "--gpu", "h100-sxm", "--seq-len", "4096", "--recompute", "none", "--json")
+    assert not [f for f in json.loads(text)["findings"] if "gathers" in f["message"]]
+
+
 def test_auto_values_resolve_as_transformers_does(tmp_path):
     # transformers integrations/deepspeed.py trainer_config_finalize: reduce_bucket_size = hidden^2
     # (Llama-3-8B: 4096^2 = 16,777,216); the micro-batch from the script (--mbs 2), accumulation 1
