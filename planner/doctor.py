@@ -257,7 +257,7 @@ def _recompute_regathers(est, model, cluster: dict, train: dict, lay: dict) -> l
 
     if lay["zero"] != 3 or lay.get("recompute", "none") != "full":
         return []
-    one = single(tp=est.layout["tp"], dp=est.layout["dp"], zero=3, recompute="full")
+    one = single(**{k: est.layout[k] for k in ("tp", "pp", "dp", "ep")}, zero=3, recompute="full")
     again = float(sharding.recompute_fetches(est.model, est.training, one)["regather"][0])
     roomy = search.roomy_zero3_training(est.model, est.training)
     if again <= 0 or roomy is None:

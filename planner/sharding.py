@@ -229,7 +229,7 @@ def recompute_fetches(model: ModelSpec, training: Training, lay: Layouts) -> dic
             after = after + size
         held = np.maximum(last_gathered + kept, largest_released) if reentrant else \
             last_gathered + np.maximum(kept, largest_released)
-        working = np.maximum(working, np.where(count > 0, held, 0.0))
+        working = np.maximum(working, held)
     if training.engine.zero3_fetch_per_block:
         regather = 0.0 * regather
     return {"regather": np.ceil(regather), "working": np.ceil(working)}

@@ -388,8 +388,8 @@ def overlapped_exposed_s(total_s, buckets, window_s):
 def rank_tensors(model: ModelSpec, training: Training, lay: Layouts, per_expert: bool = True) -> tuple:
     """(gathered, all): parameter tensors a rank of the heavier end stage holds (one per local expert
     of an expert tensor, or the one stacked tensor with `per_expert` False), and those ZeRO-3
-    gathers: a tensor of fewer local elements than stage3_param_persistence_threshold stays whole (DeepSpeed 0.3.13 stage3.py __init__:
-    param.ds_persist when ds_numel < the threshold). Each is one call of
+    gathers: a tensor of fewer local elements than stage3_param_persistence_threshold stays whole
+    (DeepSpeed 0.3.13 stage3.py __init__: param.ds_persist when ds_numel < the threshold). Each is one call of
     Engine.zero3_per_tensor_collectives, and each of ZeRO-1/2's partition a share of its step's
     per-tensor operators (deepspeed_step_s)."""
     threshold = training.zero_config.stage3_param_persistence_threshold
