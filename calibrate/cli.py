@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+from dataclasses import replace
 import os
 import sys
 import time
@@ -17,8 +18,10 @@ import time
 from planner.calibration import append_runs, read_profile, resolve_path, save_profile
 from planner.errors import InputError
 
-SUITES = ("deepspeed", "torch", "bench", "step")
-"""Case modules: calibrate.deepspeed_cases, calibrate.torch_cases, calibrate.bench, calibrate.step_cases."""
+SUITES = ("bench", "step", "deepspeed", "torch")
+"""Case modules: calibrate.bench, calibrate.step_cases, calibrate.deepspeed_cases, calibrate.torch_cases, in
+the order a run takes them: the micro-benchmarks and the end-to-end steps, which most coefficients are
+fitted to, before the engines' memory cases, so that a --budget-s cuts the latter."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -36,6 +39,10 @@ def build_parser() -> Parser:
     r.add_argument("--only", metavar="GLOB", help="run only cases whose name matches, e.g. 'deepspeed/zero2*'")
     r.add_argument("--gpu", help="GPU catalog name of this machine (default: detected; 'cpu' without CUDA)")
     r.add_argument("--list", action="store_true", help="list the cases and exit")
+    r.add_argument("--budget-s", type=float, metavar="SECONDS",
+                   help="stop launching cases once this much wall time is spent: a case whose last run in the "
+                        "profile took longer than what is left is skipped, the others are cut at what is left "
+                        "(default: no limit)")
     f = sub.add_parser("fit", help="fit the profile's coefficients (bounded least squares, k-fold held-out error)")
     f.add_argument("profile")
     f.add_argument("--folds", type=int, default=5, help="k of the k-fold held-out error (default 5)")
@@ -92,19 +99,43 @@ def cmd_run(args) -> int:
     name = path.stem
     if path.exists():
         read_profile(args.profile, "PROFILE")  # a foreign or corrupt file is refused before any run
+    if args.budget_s is not None and not args.budget_s > 0:
+        raise InputError(f"--budget-s: must be a positive number of seconds, got {args.budget_s:g}")
+    last = last_wall_s(read_profile(args.profile, "PROFILE")["runs"]) if path.exists() else {}
     env = environment()
-    rows = []
+    rows, skipped = [], []
     start = time.perf_counter()
     with tqdm(cases, unit="run", desc="calibrate", file=sys.stderr) as bar:  # run i of n, elapsed, ETA
         for case in bar:
+            left = None if args.budget_s is None else args.budget_s - (time.perf_counter() - start)
+            if left is not None and (left < 1.0 or last.get(case.name, 0.0) > left):
+                skipped.append(case.name)  # measured before, too long for what is left
+                continue
             bar.set_postfix_str(case.name)
+            if left is not None and case.module is not None:
+                case = replace(case, timeout_s=min(case.timeout_s, left))
             records = expand_rows(run_case(case))
             for record in records:
                 record["environment"] = env
             append_runs(path, records, name, gpu, env)  # each run lands as soon as it is measured
             rows += records
     print(summary(rows, time.perf_counter() - start, path))
+    if skipped:
+        print(f"skipped {len(skipped)} case(s) for --budget-s {args.budget_s:g}: {', '.join(skipped)}")
     return 0 if all(r["outcome"]["status"] == "ok" for r in rows) else 1
+
+
+def last_wall_s(runs: list) -> dict:
+    """{case name: seconds its latest run took} from a profile's records (a sweep's records, named
+    case/op/size, share their case's one launch)."""
+    out = {}
+    for r in runs:
+        seconds = (r.get("outcome") or {}).get("wall_s")
+        if isinstance(seconds, (int, float)):
+            name = r["name"].split("/")
+            case = "/".join(name[:2]) if r.get("kind") == "collective" else r["name"]
+            out[case] = float(seconds)
+    return out
 
 
 UNITS = ("_bytes", "_s", "_per_s", "_per_param", "_per_tensor")
