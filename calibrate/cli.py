@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-from dataclasses import replace
 import os
 import sys
 import time
+from dataclasses import replace
 
 from planner.calibration import append_runs, read_profile, resolve_path, save_profile
 from planner.errors import InputError
@@ -97,11 +97,10 @@ def cmd_run(args) -> int:
         raise InputError(f"--only: no case matches {args.only!r} (see --list)")
     path = resolve_path(args.profile)
     name = path.stem
-    if path.exists():
-        read_profile(args.profile, "PROFILE")  # a foreign or corrupt file is refused before any run
+    # a foreign or corrupt file is refused before any run
+    last = last_wall_s(read_profile(args.profile, "PROFILE")["runs"]) if path.exists() else {}
     if args.budget_s is not None and not args.budget_s > 0:
         raise InputError(f"--budget-s: must be a positive number of seconds, got {args.budget_s:g}")
-    last = last_wall_s(read_profile(args.profile, "PROFILE")["runs"]) if path.exists() else {}
     env = environment()
     rows, skipped = [], []
     start = time.perf_counter()
