@@ -36,6 +36,8 @@ KNOBS = {
     "live-400k-checkpointed": (400_000, 0, 50_000, True),
     "live-600k": (600_000, 0, 50_000, False),
     "live-600k-checkpointed": (600_000, 0, 50_000, True),
+    "live-400k-reuse-600k": (400_000, 600_000, 50_000, False),
+    "live-400k-reuse-600k-checkpointed": (400_000, 600_000, 50_000, True),
     "reuse-300k": (0, 300_000, 0, False),
     "reuse-600k": (0, 600_000, 0, False),
     "reuse-1e9": (0, 10**9, 0, False),
