@@ -241,8 +241,8 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     hints = [] if records else search.what_would_fit(spec, clus, train, headroom, max_mbs, result)
     points = search.landscape(result, landscape) if landscape else None
     best = records[0]["throughput"]["tokens_per_s"] if records else None
-    others = [_engine_best(spec, clus, train, name, headroom, max_mbs, pins, best, tin.pipeline_edge_layers is None)
-              for name in ENGINE_NAMES if name != train.engine.name]
+    others = [_engine_best(spec, clus, train, name, headroom, max_mbs, pins, best, tin.pipeline_edge_layers is None,
+                           knobs_free) for name in ENGINE_NAMES if name != train.engine.name]
     return Recommendation(spec, clus, train, assumptions, defaults, result["candidates"], result["rejected"],
                           records, hints, result["elapsed_s"], points, others)
 
@@ -288,11 +288,13 @@ def _search_zero3_knobs(spec, clus, train: Training, headroom: float, max_mbs: i
 
 
 def _engine_best(spec, clus, training: Training, engine: str, headroom: float, max_mbs: int, pins: dict,
-                 best_tokens_per_s: float | None, free_edges: bool) -> dict:
+                 best_tokens_per_s: float | None, free_edges: bool, free_knobs: bool) -> dict:
     """The fastest fitting layout of the same model, cluster, batch and pins under another engine
-    (the settings it does not take dropped: Training.for_engine; its pipeline split chosen as its
-    own recommend would), with its speed relative to the recommended one (> 1: faster)."""
-    _, result = _search_edges(spec, clus, training.for_engine(engine), headroom, max_mbs, pins, free_edges)
+    (the settings it does not take dropped: Training.for_engine; its pipeline split and ZeRO-3 knobs
+    chosen as its own recommend would), with its speed relative to the recommended one (> 1: faster)."""
+    train, result = _search_edges(spec, clus, training.for_engine(engine), headroom, max_mbs, pins, free_edges)
+    # a search under other ZeRO-3 knobs comes back only where its fastest beats the first's
+    result = _search_zero3_knobs(spec, clus, train, headroom, max_mbs, pins, result, free_knobs)[2] or result
     if not result["order"].size:
         why = "nothing fits"
         if result["valid"].size == 0:
