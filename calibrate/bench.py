@@ -1,5 +1,5 @@
 """Micro-benchmarks: GEMM throughput, collective bus bandwidth, CPU AdamW rates, the host's DTensor
-cost in an optimizer step; each measurement carries what the fit needs (calibrate/fit.py: FLOPs and
+cost in an optimizer step, the spread of speed between a machine's GPUs; each measurement carries what the fit needs (calibrate/fit.py: FLOPs and
 seconds; op, bytes, ranks and seconds; parameters and seconds; seconds per tensor).
 
 busbw follows nccl-tests (doc/PERFORMANCE.md): algbw = bytes / seconds; all_reduce busbw =
@@ -44,6 +44,37 @@ def gemm_run(n: int, dtype: str, repeats: int = 5) -> dict:
     seconds = statistics.median(times)
     return {"m": n, "n": n, "k": n, "dtype": dtype, "flops": 2.0 * n**3, "gemm_s": seconds,
             "flops_per_s": 2.0 * n**3 / seconds}
+
+
+def rank_speed_run(n: int = 8192, rounds: int = 6, matmuls: int = 40) -> dict:
+    """Each visible GPU's sustained bf16 GEMM rate with every GPU busy at once, as in a training step
+    (clocks under power management differ by chip: Sinha et al. SC22), and their spread: the standard
+    deviation of the devices' median rates over their mean (planner/stragglers.py rank_speed_cv).
+    Each round queues `matmuls` n x n x n matmuls on every device from this thread (launches are
+    asynchronous, so the devices run together) and times each device's with CUDA events; the first
+    round warms the clocks and is dropped. One device has no spread: speed_cv is None."""
+    import torch
+
+    devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    a = [torch.randn(n, n, dtype=torch.bfloat16, device=d) for d in devices]
+    out = [torch.empty_like(x) for x in a]
+    rates = [[] for _ in devices]
+    for _ in range(rounds + 1):
+        events = []
+        for x, y, d in zip(a, out, devices):
+            with torch.cuda.device(d):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(matmuls):
+                    torch.matmul(x, x, out=y)
+                end.record()
+                events.append((start, end))
+        for i, (start, end) in enumerate(events):
+            end.synchronize()
+            rates[i].append(matmuls * 2.0 * n**3 / (start.elapsed_time(end) / 1e3))
+    medians = [statistics.median(r[1:]) for r in rates]
+    spread = statistics.stdev(medians) / statistics.mean(medians) if len(medians) >= 2 else None
+    return {"devices": len(devices), "n": n, "flops_per_s": medians, "speed_cv": spread}
 
 
 ADAM_SIZES = (2**24, 2**26)  # large enough that a step's fixed cost is a few percent
@@ -186,6 +217,10 @@ def cases(profile_kind: str, gpu: str | None = None) -> list:
         out.append(Case(name="bench/collectives", kind="collective", config=spec, predict=dict,
                         reduce=_collective_rows, module="calibrate.bench_worker", args=[json.dumps(spec)],
                         nproc=ranks, timeout_s=300))
+    if gpu_run and ranks >= 2:  # the spread between GPUs needs two of them
+        out.append(Case(name="bench/rank_speed", kind="rank_speed", config={"n": 8192, "dtype": "bfloat16"},
+                        predict=lambda: {"speed_cv": _coefficient("rank_speed_cv")}, reduce=lambda r: r[0],
+                        run_inline=rank_speed_run))
     out.append(Case(name="bench/eager_ops/llama", kind="eager_ops", config={"variant": "llama"},
                     predict=_eager_prediction, reduce=lambda r: r[0], run_inline=_eager_run))
     for implementation in ("foreach", "fused"):  # the FSDP engine's torch AdamW, torchtitan's fused one

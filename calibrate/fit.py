@@ -30,6 +30,7 @@ BOUNDS = {
     ("time", "cpu_adam_unfused_params_per_s"): (1e5, 1e11),
     ("time", "eager_op_host_s"): (1e-7, 1e-3),
     ("time", "dtensor_step_host_s_per_tensor"): (1e-7, 1e-3),
+    ("time", "rank_speed_cv"): (1e-4, 0.3),
     ("memory", "allocator_fragmentation"): (1e-4, 1.0),
     ("memory", "cuda_context_bytes"): (2**20, 4 * 2**30),
     ("memory", "nccl_bytes_per_group"): (2**16, 2**30),
@@ -91,6 +92,11 @@ def _cpu_adam(rate: str):
         params = np.array([r["measurement"]["params"] for r in records], dtype=float)
         return params / c["time"][rate]
     return predict
+
+
+def _measured_itself(name: str):
+    """A bench that measures the time coefficient `name` itself: each record predicts its value."""
+    return lambda records, c, ref: np.full(len(records), c["time"][name])
 
 
 def _eager_ops(records, c, ref):
@@ -174,7 +180,9 @@ GROUPS = (
              label="cpu_adam.unfused_step_s"),
     FitGroup("eager_ops", "layer_host_s", (("time", "eager_op_host_s"),), _eager_ops),
     FitGroup("dtensor_step", "extra_s_per_tensor", (("time", "dtensor_step_host_s_per_tensor"),),
-             lambda records, c, ref: np.full(len(records), c["time"]["dtensor_step_host_s_per_tensor"])),
+             _measured_itself("dtensor_step_host_s_per_tensor")),
+    # the spread of speeds between a machine's GPUs (planner/stragglers.py; two or more GPUs)
+    FitGroup("rank_speed", "speed_cv", (("time", "rank_speed_cv"),), _measured_itself("rank_speed_cv")),
     # the allocator's reserve and the memory outside it, from the end-to-end training steps
     # (calibrate/step_cases.py) where a GPU profile has them: a small model's few MB measure the
     # allocator's block rounding, not what a step's changing activation sizes fragment

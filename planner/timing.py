@@ -3,7 +3,7 @@
 The step is the slowest pipeline stage's m micro-batches (Narayanan et al. 2021, sections 2-3)
 plus per-step communication, offload and the optimizer update:
 
-    step = m*(compute + recompute + exposed TP/EP/CP) + bubble + PP p2p
+    step = m*(compute + recompute + exposed TP/EP/CP) + bubble + PP p2p + stragglers
            + DP not overlapped + overlapped DP beyond the compute it runs under + offload + optimizer + other
 
 Each term below is one mechanism with its source. Overlapped data-parallel collectives are priced
@@ -33,8 +33,10 @@ from planner.pipeline import (blocks_on_stage, bubble_s, chunks_per_stage, first
                               p2p_transfers)
 from planner.sharding import (block_fetches, block_params, expert_dp, expert_folds, expert_tp, rank_params,
                               recompute_fetches, state_bytes)
+from planner.stragglers import straggler_s
 
-BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble", "offload", "optimizer", "other")
+BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble", "stragglers", "offload", "optimizer",
+                  "other")
 MEGATRON_DDP_BUCKET = 40_000_000  # megatron.core DistributedDataParallelConfig: bucket_size = max(40M, 1M * dp)
 
 
@@ -207,6 +209,7 @@ def microbatch_s(model: ModelSpec, cluster: Cluster, training: Training, lay: La
     for blocks in _slowest_stage_blocks(model, training, lay):
         rerun_left = recomputed_layers(lay, sum(n for _, n in blocks), lay.vpp)  # blocks whose whole forward runs again
         out = {"compute": head, "fwd_mb": head / 3.0, "weight_grad_s": head / 3.0, "recompute": 0.0, "tp_comm": 0.0,
+               "restore": 0.0,
                # each pass's block kernels and their host dispatch apart (param_fetch_exposed_s adds to the host)
                "gpu_fwd_mb": 0.0, "host_fwd_mb": 0.0, "gpu_bwd_mb": 0.0, "host_bwd_mb": 0.0, "blocks": 0.0, "reruns": 0.0}
         # the head's backward is twice its forward (dgrad + wgrad: Narayanan 2021 eq. 3's 3x); each
@@ -224,6 +227,7 @@ def microbatch_s(model: ModelSpec, cluster: Cluster, training: Training, lay: La
             out["host_bwd_mb"] = out["host_bwd_mb"] + n * b["host_bwd"] + rerun * b["host_fwd"]
             out["blocks"], out["reruns"] = out["blocks"] + n, out["reruns"] + rerun
             out["recompute"] = out["recompute"] + rerun * (b["fwd"] + b["restore"]) + np.where(selective, n * b["sel"], 0.0)
+            out["restore"] = out["restore"] + rerun * b["restore"]
             out["tp_comm"] = out["tp_comm"] + n * b["comm"] + rerun * (b["tp_fwd"] + 2.0 * b["a2a"]) \
                 + np.where(selective, n * b["sel_comm"], 0.0)
         out["slot"] = out["compute"] + out["recompute"] + out["tp_comm"]
@@ -684,6 +688,8 @@ def _pipeline_terms(model, cluster, training, lay, c) -> dict:
            "model_flops_per_gpu": flops["model_flops"] / lay.world,
            "hardware_flops_per_gpu": flops["hardware_flops"] / lay.world}
     out["busy"] = out["compute"] + out["recompute"]  # what overlapped communication can hide behind
+    # what the GPU's speed paces: the busy time but the checkpoints' PCIe copies, and the bubble
+    out["paced"] = out["busy"] - m * mb["restore"] + out["pp_bubble"]
     out["total"] = out["busy"] + out["tp_comm"] + out["pp_bubble"] + out["pp_comm"]
     return out
 
@@ -749,7 +755,8 @@ def step_time(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
     candidate; each group of terms is evaluated once per distinct combination of the fields it
     reads, and the breakdown and throughput parts are gathered when read (planner/grouping.py Lazy):
 
-        step_s = pipeline work + exposed DP, offload and optimizer
+        step_s = pipeline work + the slowest rank's delay to it (planner/stragglers.py)
+                 + exposed DP, offload and optimizer
                  + max(hideable DP - the compute it hides behind, 0) + fixed overhead"""
     c = coefficients("time", cluster.calibration)
     codes = lay.codes() if lay.size > 64 else None
@@ -757,7 +764,8 @@ def step_time(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
     step = grouped(codes, STEP_FIELDS, lambda sub: _step_terms(model, cluster, training, sub, c), lay)
     other = max(float(c["step_overhead_s"]), 0.0)
     overlapped = overlapped_dp_s(step, pipe, c)
-    step_s = pipe["total"] + step["total"] + overlapped + other
+    slowest = straggler_s(lay.world, pipe["paced"], float(c["rank_speed_cv"]))
+    step_s = pipe["total"] + slowest + step["total"] + overlapped + other
 
     def part(src, key):
         return lambda i: src[key] if i is None else src.at(key, i)
@@ -772,7 +780,9 @@ def step_time(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
 
     breakdown = Lazy({"compute": part(pipe, "compute"), "recompute": part(pipe, "recompute"),
                       "tp_comm": part(pipe, "tp_comm"), "dp_comm": dp_comm, "pp_comm": part(pipe, "pp_comm"),
-                      "pp_bubble": part(pipe, "pp_bubble"), "offload": part(step, "offload"),
+                      "pp_bubble": part(pipe, "pp_bubble"),
+                      "stragglers": lambda i: slowest if i is None else slowest.flat[i],
+                      "offload": part(step, "offload"),
                       "optimizer": part(step, "optimizer"),
                       "other": lambda i: np.full(lay.shape, other) if i is None else other})
     return {"step_s": step_s, "breakdown": breakdown, "throughput": _rates(cluster, training, lay, step_s, pipe)}

@@ -69,8 +69,9 @@ ESTIMATE_KEYS = {
                                         "error_band_bytes", "verdict")),
     *(f"memory.breakdown.{k}" for k in ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")),
     "time", "time.step_s", "time.breakdown", "time.error_band",
-    *(f"time.breakdown.{k}" for k in ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble", "offload",
-                                      "optimizer", "other")),
+    *(f"time.breakdown.{k}" for k in ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble",
+                                      "stragglers",  # issue 8: the slowest rank's delay
+                                      "offload", "optimizer", "other")),
     "throughput", *(f"throughput.{k}" for k in ("tokens_per_s", "samples_per_s", "model_tflops_per_gpu",
                                                 "hardware_tflops_per_gpu", "mfu", "hfu")),
     "cluster", "training", "time_to_train", "time_to_train.days", "time_to_train.gpu_hours", "time_to_train.cost",

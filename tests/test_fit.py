@@ -122,3 +122,14 @@ def test_the_reserve_comes_from_the_training_steps():
     kept = result["error"]["memory.reserved_peak_bytes"]
     assert kept["kept"] and kept["after_max"] == pytest.approx(1.2 / 1.01 - 1, rel=1e-3)  # 18.8 %
     assert result["bands"]["peak_memory"] < 0.01  # the steps' held-out error, not the small runs'
+
+
+def test_the_spread_between_gpus_is_fitted_where_a_machine_has_several():
+    # calibrate's rank_speed bench on two 8-GPU machines measuring a 1.0 % and a 1.4 % spread; a
+    # one-GPU machine's record has none and is not used
+    def spread(cv):
+        return {"kind": "rank_speed", "outcome": {"status": "ok"}, "measurement": {"devices": 8 if cv else 1, "speed_cv": cv}}
+    result = F.fit([spread(0.010), spread(0.014), spread(None)], REF, k=2)
+    assert result["error"]["rank_speed.speed_cv"]["runs"] == 2
+    assert 0.010 < result["coefficients"]["time"]["rank_speed_cv"]["value"] < 0.014
+    assert "rank_speed_cv" not in F.fit([spread(None)], REF)["coefficients"].get("time", {})  # the prior stays

@@ -24,8 +24,10 @@ def test_every_comparable_record_is_compared():
 
 def test_megatron_ptd_throughput_mape():
     ptd = np.concatenate([errors("TFLOP/s", "-t1-"), errors("TFLOP/s", "-ptd-"), errors("iteration")])
-    assert np.mean(np.abs(ptd)) < 0.10  # 8.5% today; every case optimistic (Narayanan T1/T2, Korthikanti T5)
-    assert np.max(np.abs(ptd)) < 0.16
+    # 5.7 % today (-7.7 % to +10.8 %); 8.5 %, every case optimistic, before the slowest rank's delay
+    # (planner/stragglers.py: +1.7 % of the compute on 8 GPUs, +3.9 % on 1,000)
+    assert np.mean(np.abs(ptd)) < 0.08
+    assert np.max(np.abs(ptd)) < 0.13
 
 
 def test_activation_memory_mape():
@@ -40,16 +42,16 @@ def test_zero3_of_2021_falls_with_scale_as_measured():
     # case is off by -86 %; without them (the engine of today) the six rows were +129 % optimistic.
     z = {r["id"]: r["predicted"] for r in ROWS if "zero3" in r["id"]}
     fall = z["narayanan2021-t2-zero3-174.6B-384gpu"] / z["narayanan2021-t2-zero3-174.6B-1536gpu"]
-    assert 2.5 < fall < 4.5  # published 144 / 44 = 3.27; predicted 4.1 today
+    assert 2.5 < fall < 4.5  # published 144 / 44 = 3.27; predicted 4.0 today
     err = errors("TFLOP/s", "zero3")
-    # 21.7 % today (175B: +14/+13/-9 %, 530B: +33/+32/+30 %); 28.7 % before the recompute's second
+    # 19.7 % today (175B: +11/+11/-10 %, 530B: +29/+30/+28 %); 28.7 % before the recompute's second
     # gathers (sharding.recompute_fetches: 2/3 of a 530B layer's parameters, 0.67 of a pass more)
-    assert np.mean(np.abs(err)) < 0.30
+    assert np.mean(np.abs(err)) < 0.25
     assert np.max(np.abs(err)) < 0.50
 
 
 def test_overall_mape_and_cli():
-    assert validate.mape(ROWS) < 0.12  # 9.3% over all 38 figures today (the six ZeRO-3 rows: 21.7%)
+    assert validate.mape(ROWS) < 0.10  # 7.2% over all 38 figures today (the six ZeRO-3 rows: 19.7%)
     out = io.StringIO()
     assert cli.main(["validate"], out=out) == 0
     assert "MAPE all 38 figures" in out.getvalue()
