@@ -23,6 +23,7 @@ TERMS = [
     ("planner.sharding", "rank_params"), ("planner.sharding", "persistent_params"),
     ("planner.sharding", "deepspeed_grad_partition_excess"), ("planner.sharding", "expert_dp"),
     ("planner.sharding", "expert_tp"), ("planner.sharding", "largest_module_params"), ("planner.sharding", "recompute_fetches"),
+    ("planner.sharding", "zero3_swap_elements"), ("planner.sharding", "aio_aligned"),
     ("planner.sharding", "largest_tensor_params"), ("planner.memory", "deepspeed_offload_staging_bytes"),
     ("planner.sharding", "oversized_tensor_params"), ("planner.memory", "deepspeed_reduction_transient_bytes"),
     ("planner.memory", "weight_bytes"), ("planner.memory", "grad_bytes"), ("planner.memory", "optimizer_bytes"),
@@ -73,7 +74,8 @@ FAST_TESTS = ["tests/test_memory.py", "tests/test_deepspeed_zero3_live.py", "tes
               "tests/test_moe_capacity.py", "tests/test_dense_first.py",
               "tests/test_expert_tp.py", "tests/test_activations_deepseek.py", "tests/test_step_time_h200.py",
               "tests/test_fsdp_torchtitan.py", "tests/test_compiled.py", "tests/test_activations_megatron_moe.py",
-              "tests/test_activations_deepspeed_moe.py", "tests/test_deepspeed_offload_real.py", "tests/test_stragglers.py"]
+              "tests/test_activations_deepspeed_moe.py", "tests/test_deepspeed_offload_real.py", "tests/test_stragglers.py",
+              "tests/test_deepspeed_nvme_real.py"]
 
 
 def run(spec: str, pytest_args: list[str]) -> tuple[bool, str, float]:

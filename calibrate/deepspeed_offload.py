@@ -51,7 +51,12 @@ HOST = ("inner.state[].exp_avg", "inner.state[].exp_avg_sq", "optimizer.single_p
         "optimizer.single_partition_of_fp32_groups[].grad", "optimizer.param_buffer_of_bit16_for_cpu_offload_groups[]",
         "optimizer.temp_grad_buffer_for_cpu_offload", "optimizer.accumulated_grads_in_cpu[]",
         "optimizer.fp32_partitioned_groups_flat[]", "optimizer.fp32_partitioned_groups_flat[].grad",
-        "optimizer.grad_partitions_flat_buffer")
+        "optimizer.grad_partitions_flat_buffer",
+        # ZeRO-Infinity (calibrate/deepspeed_nvme.py): swap_tensor/utils.py SwapBufferManager's
+        # get_accelerator().pin_memory'd buffers, stage3.py _create_param_groups_fp16_flat_cpu_memory,
+        # partitioned_param_swapper.py buffers and reserve_partitioned_swap_space (new_cpu_locked_tensor)
+        "optimizer.optimizer_swapper.swap_buffer_manager.all_buffers[]", "optimizer.param_groups_fp16_flat_cpu_memory[]",
+        "swapper.buffers", "swapper.partitioned_swap_buffer")
 
 
 def where(path: str, offload_param: bool, offload_optimizer: bool = True) -> str:

@@ -16,6 +16,8 @@ backward of the last step and after its step(). Usage (calibrate/deepspeed_offlo
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import torch
 
@@ -69,6 +71,10 @@ def held_by_path(engine) -> dict:
                 _walk(getattr(p, attr), f"param.{attr}", 0, seen, out)
         if hasattr(p, "ds_tensor"):
             _walk(p.ds_tensor, "param.ds_tensor", 0, seen, out)
+    # ZeRO-Infinity's parameter swapper (partition_parameters.py Init: param.nvme_swapper, one for all)
+    swapper = next((p.nvme_swapper for p in engine.module.parameters() if getattr(p, "nvme_swapper", None)), None)
+    if swapper is not None:
+        _walk(vars(swapper), "swapper", 3, seen, out)
     opt = engine.optimizer
     inner = getattr(opt, "optimizer", None)
     states = list(inner.state.values()) if inner is not None else []  # kept alive: `seen` holds ids
@@ -88,11 +94,17 @@ def _one_run(run: dict) -> dict:
     import transformers
 
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**LLAMA, **run.get("llama", {})}))
     zero = {"stage": run["zero"], "reduce_bucket_size": BUCKET, "allgather_bucket_size": BUCKET,
-            "stage3_prefetch_bucket_size": BUCKET, "stage3_param_persistence_threshold": 10}
+            "stage3_prefetch_bucket_size": BUCKET, "stage3_param_persistence_threshold": 10, **run.get("zero_extra", {})}
+    nvme_path = None
     for part in ("optimizer", "param"):
-        if run.get(f"offload_{part}"):
+        target = run.get(f"offload_{part}")
+        if target == "nvme":  # ZeRO-Infinity: swap files in a scratch folder, through DeepSpeed's aio op
+            nvme_path = nvme_path or tempfile.mkdtemp(prefix="ds-nvme-")
+            zero[f"offload_{part}"] = {"device": "nvme", "nvme_path": nvme_path, "pin_memory": False,
+                                       **run.get(f"nvme_{part}", {})}
+        elif target:
             zero[f"offload_{part}"] = {"device": "cpu", "pin_memory": False}
     ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": run["gas"], "bf16": {"enabled": True},
           "zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False, "steps_per_print": 10**9,
@@ -115,6 +127,8 @@ def _one_run(run: dict) -> dict:
     out = {"name": run["name"], "optimizer": type(zopt).__name__, "offload": offload, "moments": rows,
            "params": sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())}
     engine.destroy()
+    if nvme_path:
+        shutil.rmtree(nvme_path, ignore_errors=True)
     return out
 
 

@@ -237,6 +237,7 @@ def diagnose(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]
                 text += f"; overlap_comm true: {v.throughput['tokens_per_s'] / est.throughput['tokens_per_s']:.2f}x"
         found.append(Finding("communication", "warning", text, value=comm / step))
     found += _recompute_regathers(est, model, cluster, train, lay)
+    found += _nvme_reuse_buffer(est, model, cluster, train, lay)
     host = cluster_host_bytes(est)
     if mem["cpu_bytes_per_node"] > 0.8 * host and (lay["offload_optimizer"] != "none" or lay["offload_params"] != "none"):
         found.append(Finding("cpu_memory", "warning", f"offload uses {mem['cpu_bytes_per_node'] / host:.0%} of the "
@@ -274,6 +275,31 @@ def _recompute_regathers(est, model, cluster: dict, train: dict, lay: dict) -> l
              f"{more / 2**30:+.1f} GiB per GPU ({'fits' if v.memory['fits'] else 'does not fit'})")
     return [Finding("communication", "info", text, value=share,
                     gain=v.throughput["tokens_per_s"] / est.throughput["tokens_per_s"])]
+
+
+def _nvme_reuse_buffer(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]:
+    """ZeRO-3 with the parameters on NVMe, where the partition spills past offload_param.max_in_cpu:
+    DeepSpeed pins a buffer of the largest sub-group's full (unpartitioned) parameters on every rank
+    (sharding.zero3_swap_elements 'reuse'), and a smaller sub_group_size shrinks it."""
+    from planner import sharding
+    from planner.layout import single
+
+    if lay["zero"] != 3 or lay["offload_params"] != "nvme":
+        return []
+    one = single(**{k: est.layout[k] for k in ("tp", "pp", "dp", "ep")}, zero=3, offload_params="nvme")
+    reuse = float(sharding.zero3_swap_elements(est.model, est.training, one, 0)["reuse"][0])
+    if reuse <= 0:
+        return []
+    w = est.training.precision.element_bytes
+    text = (f"ZeRO-Infinity pins {reuse * w / 2**30:.1f} GiB a rank for the largest sub-group's full parameters "
+            f"(the partition spills past offload_param.max_in_cpu)")
+    smaller = est.training.zero_config.sub_group_size // 10
+    v = _variant(model, cluster, train, lay, t_sub_group_size=smaller)
+    if v is not None:
+        saved = est.memory["cpu_bytes_per_node"] - v.memory["cpu_bytes_per_node"]
+        text += (f"; sub_group_size {smaller:,} frees {saved / 2**30:.1f} GiB of host memory a node, "
+                 f"{v.throughput['tokens_per_s'] / est.throughput['tokens_per_s']:.2f}x")
+    return [Finding("cpu_memory", "info", text, value=reuse * w)]
 
 
 def cluster_host_bytes(est) -> float:

@@ -25,7 +25,7 @@ from planner.pipeline import first_routed_stage
 from planner.sharding import (block_params, expert_dp, deepspeed_grad_partition_excess, optimizer_bytes_per_param,
                               largest_module_params, largest_tensor_params, oversized_tensor_params, persistent_params,
                               rank_params,
-                              recompute_fetches, state_bytes)
+                              recompute_fetches, state_bytes, aio_aligned, zero3_swap_elements)
 
 BREAKDOWN_KEYS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
 PHASES = ("forward/backward", "optimizer step", "gradient reduction")
@@ -208,20 +208,26 @@ def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.
         + np.where(accumulated, _sharded(w, True, dense, expert, training, lay) + w * excess, 0.0)
     grad_accum = 4.0 if training.zero_config.fp32_grad_accum else w
     optimizer = optimizer + np.where(deepspeed & (lay.zero == 3), _sharded(grad_accum, True, dense, expert, training, lay), 0.0)
-    # ZeRO-3 offloading to NVMe keeps its gradient partitions on the host as well (self.device is the
-    # CPU for either device) and page-locked swap buffers (read in DeepSpeed 0.19.8, not run here: its
-    # aio op needs libaio): swap_tensor/optimizer_utils.py OptimizerSwapper.__init__ SwapBufferManager
-    # of offload_optimizer.buffer_count (default 4) fp32 buffers of the largest sub-group partition
-    # (stage3.py _configure_tensor_swapping: max(fp16_partitioned_groups_flat_numel));
-    # partitioned_param_swapper.py AsyncPartitionedParameterSwapper.buffers, offload_param.buffer_count
-    # (5) x buffer_size (1e8) 16-bit elements, beside stage3.py _create_param_groups_fp16_flat_cpu_memory's
-    # first offload_param.max_in_cpu (1e9) elements of the partition (layout.ZeroConfig)
+    # ZeRO-3 offloading to NVMe (DeepSpeed 0.19.8, measured on 2 gloo ranks through its aio op:
+    # calibrate/deepspeed_nvme.py) keeps on the host its gradient partitions (self.device is the CPU
+    # for either device), page-locked swap buffers and what is too small to swap
+    # (sharding.zero3_swap_elements): swap_tensor/optimizer_utils.py OptimizerSwapper.__init__'s
+    # offload_optimizer.buffer_count (4) fp32 buffers of the largest sub-group's partition, and the
+    # fp32 master, states and gradient of sub-groups under 1 MiB; partitioned_param_swapper.py
+    # AsyncPartitionedParameterSwapper.buffers, offload_param.buffer_count (5) x buffer_size (1e8)
+    # 16-bit elements, stage3.py _create_param_groups_fp16_flat_cpu_memory's first
+    # offload_param.max_in_cpu (1e9) elements of the partition, used or not, and where the partition
+    # spills past them, the reuse buffer of the largest sub-group's full parameters (layout.ZeroConfig)
     zc = training.zero_config
     partition = (dense + expert) / lay.zero_ranks
     zero3 = deepspeed & (lay.zero == 3)
+    on_nvme = zero3 & ((lay.offload_optimizer == Offload.NVME) | (lay.offload_params == Offload.NVME))
+    swap = zero3_swap_elements(model, training, lay, stage, on_nvme)
     nvme_optimizer = _sharded(grad_accum, True, dense, expert, training, lay) \
-        + zc.nvme_optimizer_buffer_count * np.minimum(zc.sub_group_size, partition) * 4.0
-    nvme_params = zc.nvme_param_buffer_count * zc.nvme_param_buffer_size * w + np.minimum(zc.nvme_params_in_cpu, partition) * w
+        + zc.nvme_optimizer_buffer_count * aio_aligned(swap["largest"], 4) * 4.0 \
+        + swap["unswapped"] * (state_bytes(training).optimizer + 4.0)
+    nvme_params = (zc.nvme_param_buffer_count * aio_aligned(zc.nvme_param_buffer_size, w)
+                   + np.minimum(zc.nvme_params_in_cpu, partition) + swap["reuse"]) * w
     nvme = np.where(zero3 & (lay.offload_optimizer == Offload.NVME), nvme_optimizer, 0.0) \
         + np.where(zero3 & (lay.offload_params == Offload.NVME), nvme_params, 0.0)
     params = _sharded(state_bytes(training).weights, lay.zero >= 3, dense, expert, training, lay)

@@ -334,6 +334,29 @@ EXACT_TENSORS = 20_000
 layers of Llama-3.1-405B are ~1,100)."""
 
 
+def _per_stage_flat(model: ModelSpec, training: Training, lay: Layouts, stage, where, value, count: int = 1) -> np.ndarray:
+    """value(sizes, ends, zero ranks) -> `count` floats for each candidate `where` is true (0
+    elsewhere), from the flat parameter list of its stage, evaluated once per distinct (tp, blocks,
+    first or last stage, zero ranks, ep, expert tp, first block): shape (count, *lay.shape)."""
+    stage = np.broadcast_to(stage, lay.shape)
+    where = np.ones(lay.shape, dtype=bool) if where is None else np.broadcast_to(where, lay.shape)
+    out = np.zeros((count, *lay.shape))
+    rows = np.flatnonzero(where.ravel())
+    if not rows.size:
+        return out
+    n_layers = model.layers // lay.pp + (stage < model.layers % lay.pp)  # flat_local_sizes' split
+    start = first_layer_on_stage(model.layers, lay.pp, stage) if model.moe_layers != model.layers else 0 * lay.tp
+    columns = (lay.tp, n_layers, stage == 0, stage == lay.pp - 1, lay.zero_ranks, lay.ep, expert_tp(training, lay), start)
+    key = np.stack([np.broadcast_to(a, lay.shape).ravel()[rows].astype(np.int64) for a in columns], axis=-1)
+    uniq, inverse = np.unique(key, axis=0, return_inverse=True)
+    values = np.zeros((count, len(uniq)))
+    for j, (t, n, first, last, d, e, etp, begin) in enumerate(uniq):
+        sizes, ends = _flat(model, int(t), int(n), bool(first), bool(last), int(e), int(etp), int(begin))
+        values[:, j] = value(sizes, ends, int(d))
+    out.reshape(count, -1)[:, rows] = values[:, inverse.ravel()]
+    return out
+
+
 def deepspeed_grad_partition_excess(model: ModelSpec, training: Training, lay: Layouts, stage, where=None) -> np.ndarray:
     """Elements by which the worst rank's ZeRO-1/2 gradient partition exceeds rank_params/D, for the
     candidates `where` is true (all by default; 0 elsewhere).
@@ -341,26 +364,72 @@ def deepspeed_grad_partition_excess(model: ModelSpec, training: Training, lay: L
     DeepSpeed 0.19 stage_1_and_2.py copy_grads_in_partition sizes grads_in_partition by the full
     numel of every parameter overlapping the rank's partition, so the parameters straddling its two
     edges count whole (a whole embedding when an edge falls inside it). The flat order is the
-    model's tensor list; evaluated once per distinct (tp, blocks, first or last stage, D, ep). Past EXACT_TENSORS
-    tensors on a stage (thousands of layers) it takes the bound of two whole largest tensors."""
-    stage = np.broadcast_to(stage, lay.shape)
-    where = np.ones(lay.shape, dtype=bool) if where is None else np.broadcast_to(where, lay.shape)
-    excess = np.zeros(lay.shape)
-    rows = np.flatnonzero(where.ravel())
-    if not rows.size:
-        return excess
-    n_layers = model.layers // lay.pp + (stage < model.layers % lay.pp)  # flat_local_sizes' split
-    start = first_layer_on_stage(model.layers, lay.pp, stage) if model.moe_layers != model.layers else 0 * lay.tp
-    columns = (lay.tp, n_layers, stage == 0, stage == lay.pp - 1, lay.zero_ranks, lay.ep, expert_tp(training, lay), start)
-    key = np.stack([np.broadcast_to(a, lay.shape).ravel()[rows].astype(np.int64) for a in columns], axis=-1)
-    uniq, inverse = np.unique(key, axis=0, return_inverse=True)
-    values = np.zeros(len(uniq))
-    for j, (t, n, first, last, d, e, etp, start) in enumerate(uniq):
-        if d > 1:
-            sizes, ends = _flat(model, int(t), int(n), bool(first), bool(last), int(e), int(etp), int(start))
-            if sizes.size > EXACT_TENSORS:
-                values[j] = 2 * sizes.max()  # the worst partition overhangs by less than a tensor at each edge
-            else:
-                values[j] = _worst_partition_overlap(sizes, ends, int(d)) - ends[-1] / d
-    excess.ravel()[rows] = values[inverse.ravel()]
-    return excess
+    model's tensor list. Past EXACT_TENSORS tensors on a stage (thousands of layers) it takes the
+    bound of two whole largest tensors."""
+    def excess(sizes, ends, d):
+        if d <= 1:
+            return 0.0
+        if sizes.size > EXACT_TENSORS:
+            return 2 * sizes.max()  # the worst partition overhangs by less than a tensor at each edge
+        return _worst_partition_overlap(sizes, ends, d) - ends[-1] / d
+    return _per_stage_flat(model, training, lay, stage, where, excess)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSpeed ZeRO-3 sub-groups and ZeRO-Infinity's swap space (DeepSpeed 0.19.8 runtime/zero/stage3.py,
+# runtime/swap_tensor/): measured by calibrate/deepspeed_nvme.py
+
+
+AIO_MIN_BYTES = 2**20
+"""swap_tensor/utils.py MIN_AIO_BYTES (the swappers take max(it, aio block_size), 1 MiB by default):
+a smaller tensor or optimizer sub-group is never swapped and stays in host memory."""
+AIO_ALIGNED_BYTES = 1024
+"""swap_tensor/utils.py AIO_ALIGNED_BYTES x aio intra_op_parallelism (default 1): swap buffers
+round each tensor up to it (_io_aligned_numel)."""
+
+
+def aio_aligned(elements, element_bytes: int):
+    """Elements rounded up to the swap alignment (optimizer_utils.py _io_aligned_numel)."""
+    step = AIO_ALIGNED_BYTES // element_bytes
+    return np.ceil(np.asarray(elements, dtype=np.float64) / step) * step
+
+
+def _sub_groups(sizes: np.ndarray, ranks: int, sub_group_size: int) -> list:
+    """(partition elements, first tensor, end) of each ZeRO-3 sub-group over one rank's parameters in
+    registration order (stage3.py _create_fp16_sub_groups: a sub-group closes once its partitions
+    reach sub_group_size, so it overshoots by up to one tensor; each tensor's partition is its numel
+    padded to the ranks, partition_parameters.py _partition_param). One searchsorted a sub-group."""
+    ends = np.concatenate([[0.0], np.cumsum(np.ceil(sizes / ranks))])
+    groups, i = [], 0
+    while i < sizes.size:
+        j = min(max(int(np.searchsorted(ends, ends[i] + sub_group_size, side="left")), i + 1), sizes.size)
+        groups.append((ends[j] - ends[i], i, j))
+        i = j
+    return groups
+
+
+def zero3_swap_elements(model: ModelSpec, training: Training, lay: Layouts, stage, where=None) -> dict:
+    """What sizes ZeRO-Infinity's host buffers, per candidate (elements; 0 where `where` is false):
+    'largest': the partition of the largest sub-group (the optimizer swapper's buffers hold one of
+    its tensors each, optimizer_utils.py OptimizerSwapper.__init__ largest_numel); 'unswapped': the
+    partition elements of sub-groups under AIO_MIN_BYTES in fp32, whose master, states and fp32
+    gradient stay on the host (stage3.py _swappable_optimizer_subgroup); 'reuse': the aligned FULL
+    elements of the largest sub-group's parameters where a sub-group's 16-bit partition does not fit
+    offload_param.max_in_cpu (stage3.py _create_fp16_partitions_with_defragmentation: flat_offset +
+    total_elements <= the CPU buffer, else the sub-group lives on NVMe and
+    reserve_partitioned_swap_space takes [t.ds_numel for t in the largest sub-group]: full numels,
+    not partitions, as measured)."""
+    zc, w = training.zero_config, training.precision.element_bytes
+
+    def walk(sizes, ends, d):
+        partition = float(np.ceil(sizes / d).sum())
+        spills = partition > zc.nvme_params_in_cpu  # the sub-groups fill the CPU buffer in order
+        if partition / zc.sub_group_size > EXACT_TENSORS:  # beyond real models: no sub-group under 1 MiB,
+            largest = min(partition, zc.sub_group_size - 1 + float(np.ceil(sizes.max() / d)))  # one tensor over
+            return largest, 0.0, largest * d * spills
+        groups = _sub_groups(sizes, d, zc.sub_group_size)
+        size, first, end = max(groups, key=lambda g: g[0])  # the first of the largest
+        reuse = float(aio_aligned(sizes[first:end], w).sum()) if spills else 0.0
+        return size, sum(g[0] for g in groups if g[0] * 4 < AIO_MIN_BYTES), reuse
+
+    return dict(zip(("largest", "unswapped", "reuse"), _per_stage_flat(model, training, lay, stage, where, walk, 3)))

@@ -164,7 +164,8 @@ def test_zero2_nvme_offload_is_checked_as_the_cpu_offload_deepspeed_runs(tmp_pat
 def test_zero3_nvme_buffers_are_read_from_the_config(tmp_path):
     # offload_optimizer.buffer_count 8 (default 4) and offload_param.buffer_size 2e8 (default 1e8):
     # Llama-2-7B over 8 ranks, a partition of 6,738,415,616 / 8 = 842,301,952 (< sub_group_size 1e9),
-    # so each rank pins 4 more fp32 buffers of it and 5 x 1e8 more bf16 elements
+    # so each rank pins 4 more fp32 buffers of it and 5 x (2e8 - 100,000,256) more bf16 elements (each
+    # buffer rounded up to 1,024 B, partitioned_param_swapper.py _io_aligned_numel: 1e8 -> 100,000,256)
     def host_per_node(optimizer: dict, param: dict) -> float:
         ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
               "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme", **optimizer},
@@ -174,7 +175,21 @@ def test_zero3_nvme_buffers_are_read_from_the_config(tmp_path):
         return json.loads(text)["estimate"]["memory"]["cpu_bytes_per_node"]
 
     more = host_per_node({"buffer_count": 8}, {"buffer_size": 200_000_000}) - host_per_node({}, {})
-    assert more == pytest.approx(8 * (4 * 842_301_952 * 4 + 5 * 100_000_000 * 2), rel=1e-9)
+    assert more == pytest.approx(8 * (4 * 842_301_952 * 4 + 5 * (200_000_000 - 100_000_256) * 2), rel=1e-12)
+
+
+def test_zero_infinity_reuse_buffer_is_named_with_the_sub_group_size_that_shrinks_it(tmp_path):
+    # Llama-3-70B's parameters on NVMe over 16 ranks spill past max_in_cpu 1e9 (a 4.4e9 partition):
+    # DeepSpeed 0.19.8 pins the largest sub-group's full parameters, 16,217,554,944 elements (the
+    # arithmetic in tests/test_memory.py) x 2 B, on every rank
+    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+          "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"},
+                                "offload_param": {"device": "nvme", "nvme_path": "/nvme"}}}
+    _, text, _ = run("check", "--config", write(tmp_path, "ds_config.json", ds), "--model", "llama-3-70b",
+                     "--gpus", "16", "--json")
+    reuse = [f for f in json.loads(text)["findings"] if "full parameters" in f["message"]]
+    assert len(reuse) == 1 and reuse[0]["value"] == 16_217_554_944 * 2
+    assert "sub_group_size 100,000,000 frees" in reuse[0]["message"]
 
 
 def test_out_of_memory_names_fixes_with_the_memory_they_free(tmp_path):

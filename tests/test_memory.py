@@ -163,17 +163,24 @@ def test_zero3_offload_host_bytes_per_engine():
 def test_zero3_nvme_offload_keeps_swap_buffers_in_host_memory():
     # Llama-3-70B (70,553,706,496 parameters) over 16 ranks: a partition of 4,409,606,656. DeepSpeed
     # 0.19.8's defaults (offload_config.py): the optimizer's swapper pins 4 fp32 buffers of the largest
-    # sub-group (sub_group_size 1e9 < the partition) and the bf16 gradient partitions stay on the host:
-    # 4 x 1e9 x 4 + 2 x 4,409,606,656 = 24.82 GB; the parameters' swapper pins 5 x 1e8 bf16 elements and
-    # keeps the first max_in_cpu 1e9 of the partition: 1e9 + 2e9 = 3 GB
+    # sub-group and the bf16 gradient partitions stay on the host. A sub-group closes once its
+    # partitions reach sub_group_size 1e9 (stage3.py _create_fp16_sub_groups); a rank's partitions:
+    # the embedding 128,256 x 8,192 / 16 = 65,667,072, a layer 53,478,400 (q, o 4,194,304, k, v 524,288,
+    # gate, up, down 14,680,064, 2 norms 512). The first: embedding + 17 layers = 974,799,872, then q, k,
+    # v, o, gate, up: 1,013,597,184 (the largest). 4 x 1,013,597,184 x 4 + 2 x 4,409,606,656 = 25.04 GB
     model = lookup("llama-3-70b")
     assert model.params == 70_553_706_496
     training, part = layout.Training(engine="deepspeed"), 70_553_706_496 / 16
     optimizer = memory.host_bytes(model, training, layout.single(dp=16, zero=3, offload_optimizer="nvme"), 0)[0]
-    assert optimizer == pytest.approx(4 * 1e9 * 4 + 2 * part, rel=1e-9)
+    assert optimizer == pytest.approx(4 * 1_013_597_184 * 4 + 2 * part, rel=1e-12)
     both = memory.host_bytes(model, training, layout.single(dp=16, zero=3, offload_optimizer="nvme",
                                                             offload_params="nvme"), 0)[0]
-    assert both - optimizer == pytest.approx(5 * 1e8 * 2 + 1e9 * 2, rel=1e-9)
+    # the parameters' swapper pins 5 x 1e8 bf16 elements (each rounded up to 1,024 B: 100,000,256), keeps
+    # the first max_in_cpu 1e9 of the partition, and, the partition spilling past it, a reuse buffer of
+    # the largest sub-group's FULL parameters (stage3.py reserve_partitioned_swap_space, t.ds_numel;
+    # measured: tests/test_deepspeed_nvme_real.py): the embedding 1,050,673,152 + 17 x 855,654,400 + q,
+    # k, v, o, gate, up 620,756,992 = 16,217,554,944 elements, 32.4 GB a rank
+    assert both - optimizer == pytest.approx((5 * 100_000_256 + 1e9 + 16_217_554_944) * 2, rel=1e-12)
 
 
 def test_zero2_has_no_nvme_offload_in_deepspeed():
