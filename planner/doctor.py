@@ -125,6 +125,12 @@ def inputs(ds: dict, model, cluster: dict, layout: dict, mbs_flag: int | None) -
     for flag in ("overlap_comm", "contiguous_gradients"):
         if isinstance(zero.get(flag), bool):
             training[flag] = zero[flag]
+    swapper = zero.get("offload_optimizer") or {}
+    if stage == 3 and offload["offload_optimizer"] == "nvme" and (swapper.get("pipeline_read") or swapper.get("pipeline_write")):
+        # stage3.py _configure_tensor_swapping: PipelinedOptimizerSwapper overlaps a sub-group's I/O with the step
+        found.append(Finding("config", "info", "offload_optimizer.pipeline_read/pipeline_write: DeepSpeed overlaps the "
+                             "NVMe swaps with the CPU step; the step time here is DeepSpeed's default sequential "
+                             "swapper's, an upper bound"))
     checkpointing = ds.get("activation_checkpointing") or {}  # runtime/activation_checkpointing/config.py
     for flag in ("partition_activations", "cpu_checkpointing"):
         training[flag] = bool(checkpointing.get(flag, False))  # DeepSpeed's defaults: both off

@@ -102,7 +102,7 @@ class Lazy(Mapping):
 def _group(codes: FieldCodes, names: tuple) -> tuple:
     """(index of one representative per distinct combination of `names`, each row's combination)."""
     lay = codes.lay
-    limit = max(1 << 22, 4 * lay.size)
+    limit = max(1 << 12, 4 * lay.size)  # a dense table costs O(space): only where it is not much larger than N
     compress = np.prod([float(codes(name)[1]) for name in names]) > limit
     key, space = codes(names[0], compress)[0].astype(np.int64), codes(names[0], compress)[1]
     for name in names[1:]:  # mixed-radix code

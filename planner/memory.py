@@ -588,7 +588,9 @@ def overhead_bytes(tensor_bytes, fixed_bytes, coef: dict) -> np.ndarray:
 # the fields each group of terms reads; step time groups by the same two sets (timing.py), so the
 # grouping of the candidates is computed once for both (rank_order is step time's alone: where the
 # ranks sit moves no byte)
-STATE_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "gas", "zero", "offload_optimizer", "offload_params", "rank_order")
+# recompute: ZeRO-3's gathered parameters while a checkpoint recomputes (zero3_live_param_bytes)
+STATE_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "gas", "zero", "offload_optimizer", "offload_params", "rank_order",
+                "recompute")
 ACTIVATION_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "gas", "mbs", "recompute", "recompute_layers", "sequence_parallel", "vpp",
                      "schedule", "rank_order")
 

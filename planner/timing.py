@@ -641,7 +641,8 @@ def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
     grads through the CPU each micro-step (async_accumulate_grad_in_cpu_via_gpu; ZeRO-1 keeps them
     on the GPU until the boundary, and fp32 accumulation keeps ZeRO-2's partition there: measured,
     memory.host_bytes); ZeRO-3 offloads each micro-step's partition; updated 16-bit params come back up, not overlapped. NVMe (Rajbhandari et al. 2021
-    section 6): states read and written per step, pipelined with CPU Adam. ZeRO-3 parameter
+    section 6): states and the fp32 gradient read and written per step, in turn with the CPU step
+    (DeepSpeed's default swapper; its pipelined one is not modelled). ZeRO-3 parameter
     offload: the partition goes up before each gather (forward, backward), prefetched like the
     gathers; a GPU optimizer's updated partition goes back down once."""
     gpu = cluster.gpu
@@ -655,9 +656,13 @@ def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
     hidden = np.where(training.overlaps_grad_reduce(lay.zero), c["dp_overlap_fraction_with_overlap"], 0.0)
     traffic = np.where(offload_opt, (1 - hidden) * grads_down / pcie + partition * b.weights / pcie, 0.0)
     nvme_bw = gpu.nvme_bytes_per_s_per_node / min(cluster.gpus_per_node, cluster.num_gpus)
-    nvme_io = 2.0 * partition * b.optimizer / nvme_bw
-    traffic = traffic + np.where(lay.offload_optimizer == Offload.NVME,
-                                 np.maximum(nvme_io - cpu_adam_s(model, cluster, training, lay, c), 0.0), 0.0)
+    # ZeRO-Infinity (DeepSpeed 0.19.8 stage3.py step, _swap_out_offload_fp32_gradients): the fp32
+    # gradient partition is written at the accumulation boundary; each sub-group then reads its fp32
+    # master, states and gradient, steps and writes master and states back. The default
+    # PartitionedOptimizerSwapper (offload_optimizer.pipeline_read/pipeline_write false; the exported
+    # config) waits on each transfer (aio_handle.wait()), so none of it overlaps the CPU step
+    nvme_io = partition * (2.0 * b.optimizer + 2.0 * 4.0) / nvme_bw
+    traffic = traffic + np.where(lay.offload_optimizer == Offload.NVME, nvme_io, 0.0)
     param_up = partition * b.weights / pcie + np.where(lay.offload_params == Offload.NVME,
                                                        partition * b.weights / nvme_bw, 0.0)
     return traffic + np.where(lay.offload_params > Offload.NONE,
@@ -670,7 +675,7 @@ def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
 
 
 PIPE_FIELDS = ACTIVATION_FIELDS  # the same grouping as memory's (computed once per candidate set)
-STEP_FIELDS = STATE_FIELDS
+STEP_FIELDS = STATE_FIELDS + ("recompute_layers", "recompute_method", "vpp")  # zero3_gather_s' recomputed share
 Z3_KEYS = ("one", "calls", "fwd", "bwd", "whole_step", "prefetch", "ahead_fwd")  # zero3_gather_s
 FETCH_PIPE_KEYS = ("gpu_fwd_mb", "host_fwd_mb", "gpu_bwd_mb", "host_bwd_mb", "blocks", "reruns")  # param_fetch_exposed_s
 

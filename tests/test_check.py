@@ -192,6 +192,17 @@ def test_zero_infinity_reuse_buffer_is_named_with_the_sub_group_size_that_shrink
     assert "sub_group_size 100,000,000 frees" in reuse[0]["message"]
 
 
+def test_a_pipelined_nvme_swapper_is_said_to_be_timed_as_the_sequential_one(tmp_path):
+    # stage3.py _configure_tensor_swapping: pipeline_read or pipeline_write picks PipelinedOptimizerSwapper
+    def findings(swapper: dict) -> list:
+        ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme", **swapper}}}
+        _, text, _ = run("check", "--config", write(tmp_path, "ds_config.json", ds), "--model", "llama-2-7b",
+                         "--gpus", "8", "--json")
+        return [f for f in json.loads(text)["findings"] if "pipeline_read" in f["message"]]
+    assert len(findings({"pipeline_read": True})) == 1 and findings({}) == []
+
+
 def test_out_of_memory_names_fixes_with_the_memory_they_free(tmp_path):
     # Llama-3-8B, ZeRO-2, micro-batch 4 of 4096 tokens without activation checkpointing on 80 GB:
     # activations alone are ~25 GiB per sequence (Korthikanti 2022 eq. 2: 34sbh + 5as^2b/ flash-attention's sbh terms)

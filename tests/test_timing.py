@@ -1084,3 +1084,19 @@ def test_deepspeeds_pipeline_offloads_checkpoints_off_the_compute_stream():
     on_device, on_host = run(False), run(True)
     assert on_host["time"]["step_s"][0] == on_device["time"]["step_s"][0]
     assert on_host["memory"]["total"][0] < on_device["memory"]["total"][0]
+
+
+def test_zero_infinity_swaps_states_and_the_fp32_gradient_in_turn_with_the_cpu_step():
+    """DeepSpeed 0.19.8 stage3.py: the fp32 gradient partition is written to NVMe at the boundary
+    (_swap_out_offload_fp32_gradients, 4 B a parameter), each sub-group reads master, states and that
+    gradient (12 + 4 B) and writes master and states back (12 B), and the default swapper waits on
+    every transfer (partitioned_optimizer_swapper.py aio_handle.wait()): 32 B a parameter of the
+    partition at a rank's share of the node's NVMe, not hidden by the CPU step. Llama-2-7B over 16
+    A100s, ZeRO-3: 6,738,415,616 / 16 parameters a rank; the CPU offload moves the same over PCIe."""
+    cluster = hardware.Cluster(A100, 16, 8)
+
+    def offload_s(device):
+        return timing.step_time(LLAMA7, cluster, DS, layout.single(dp=16, zero=3, mbs=2, gas=4,
+                                                                   offload_optimizer=device))["breakdown"]["offload"][0]
+    nvme_per_rank = A100.nvme_bytes_per_s_per_node / 8
+    assert offload_s("nvme") - offload_s("cpu") == pytest.approx(PSI7 / 16 * 32 / nvme_per_rank, rel=1e-9)
