@@ -1,6 +1,7 @@
 """Micro-benchmarks: GEMM throughput, collective bus bandwidth, CPU AdamW rates, the host's DTensor
-cost in an optimizer step, the spread of speed between a machine's GPUs; each measurement carries what the fit needs (calibrate/fit.py: FLOPs and
-seconds; op, bytes, ranks and seconds; parameters and seconds; seconds per tensor).
+cost in an optimizer step, the spread of speed between a machine's GPUs; each measurement carries
+what the fit needs (calibrate/fit.py: FLOPs and seconds; op, bytes, ranks and seconds; parameters
+and seconds; seconds per tensor; the spread itself).
 
 busbw follows nccl-tests (doc/PERFORMANCE.md): algbw = bytes / seconds; all_reduce busbw =
 algbw x 2(n-1)/n, all_gather and reduce_scatter busbw = algbw x (n-1)/n."""

@@ -1,5 +1,6 @@
-"""Worker: DeepSpeed ZeRO-Offload and ZeRO-Infinity's CPU parameter offload on a small
-transformers Llama, run under DeepSpeed's launcher (DS_ACCELERATOR=cpu and gloo on a CPU).
+"""Worker: DeepSpeed ZeRO-Offload and ZeRO-Infinity (parameters to the CPU; optimizer and parameters
+to NVMe through DeepSpeed's aio op, swap files in a scratch folder) on a small transformers Llama,
+run under DeepSpeed's launcher (DS_ACCELERATOR=cpu and gloo on a CPU).
 
 On the CPU accelerator the engine's device and host tensors are both CPU tensors, so this worker
 counts every storage the engine holds by *where the engine keeps it*: the attribute path it was
