@@ -17,7 +17,7 @@ from planner import activations as A
 from planner.engines import Buffers, Modules
 from planner.grouping import Lazy, grouped
 from planner.hardware import Cluster
-from planner.layout import Layouts, Training
+from planner.layout import Layouts, Training, among
 from planner.model import ModelSpec
 from planner.options import Offload, Optimizer, Precision, Recompute
 
@@ -98,7 +98,7 @@ def grad_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, at_ste
     moves sharded gradients to the host as fp32."""
     engine = training.engine
     dense, expert = rank_params(model, training, lay, stage)
-    sharded = np.isin(lay.zero, engine.grads_sharded_step if at_step else engine.grads_sharded_backward)
+    sharded = among(lay.zero, engine.grads_sharded_step if at_step else engine.grads_sharded_backward)
     if not at_step:
         sharded = sharded & ~deferred_reduction(training, lay)
     # DeepSpeed ZeRO-3 keeps its gradient partitions in the accumulation dtype (0.19.8 stage3.py
@@ -106,7 +106,7 @@ def grad_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, at_ste
     grad_w = np.where(deepspeed_fp32_accumulation(training) & (lay.zero == 3), 4.0, state_bytes(training).grads)
     held = _sharded(grad_w, sharded, dense, expert, training, lay)
     if not at_step:
-        held = held * (1 + (np.isin(lay.zero, engine.accumulation_copy) & (lay.gas > 1)))
+        held = held * (1 + (among(lay.zero, engine.accumulation_copy) & (lay.gas > 1)))
     held = np.where((lay.offload_optimizer > Offload.NONE) & sharded, 0.0, held)
     # ZeRO-1/2 accumulating in fp32 keep fp32 gradients on the GPU, offloading or not (DeepSpeed 0.19.8
     # stage_1_and_2.py): ZeRO-1 each parameter's whole grad_accum (use_grad_accum_attribute) across the
@@ -130,7 +130,7 @@ def deepspeed_compact_fp32_grads(training: Training, lay: Layouts) -> np.ndarray
     that the reductions add into and step() takes as the fp32 gradient, and no grads_in_partition
     (DeepSpeed 0.19.8 stage_1_and_2.py _use_compact_grad_partition_buffer, _build_compact_grad_partition_buffer
     on the accelerator; copy_grads_in_partition returns early)."""
-    return deepspeed_fp32_accumulation(training) & np.isin(lay.zero, (1, 2)) & ~deepspeed_bf16_optimizer(training, lay)
+    return deepspeed_fp32_accumulation(training) & among(lay.zero, (1, 2)) & ~deepspeed_bf16_optimizer(training, lay)
 
 
 def deepspeed_fp32_accum_offload(training: Training, lay: Layouts) -> np.ndarray:
@@ -142,7 +142,7 @@ def grads_freed(training: Training, lay: Layouts) -> np.ndarray:
     """Whether a step's backward starts with no gradient: one micro-batch a step, under an engine
     whose step frees them (Engine.grads_freed_after_step; DeepSpeed's BF16_Optimizer keeps its fp32
     accumulation buffers). From the second micro-batch on, the accumulated gradients are held."""
-    freed = np.isin(lay.zero, training.engine.grads_freed_after_step) & ~deepspeed_bf16_optimizer(training, lay)
+    freed = among(lay.zero, training.engine.grads_freed_after_step) & ~deepspeed_bf16_optimizer(training, lay)
     return freed & (lay.gas == 1)
 
 
@@ -179,7 +179,7 @@ def deepspeed_offload_staging_bytes(model: ModelSpec, training: Training, lay: L
     0.19.8 stage_1_and_2.py __init__: temp_grad_buffer_for_gpu_offload on the accelerator and
     temp_grad_buffer_for_cpu_offload on self.device, 'cpu' under cpu_offload; measured on 2 gloo ranks,
     tests/test_deepspeed_offload_real.py). Llama 3's embedding makes it 2.1 GB a GPU at 70B."""
-    on = ((training.engine.buffers is Buffers.DEEPSPEED) & np.isin(lay.zero, (1, 2))
+    on = ((training.engine.buffers is Buffers.DEEPSPEED) & among(lay.zero, (1, 2))
           & (lay.offload_optimizer == Offload.CPU))
     largest = largest_tensor_params(model, training, lay, stage)
     return np.where(on, largest * training.precision.element_bytes, 0.0)
@@ -200,7 +200,7 @@ def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.
     w = training.precision.element_bytes
     optimizer = _optimizer_partition_bytes(model, training, lay, stage) + _sharded(4.0, True, dense, expert, training, lay)
     deepspeed = training.engine.buffers is Buffers.DEEPSPEED
-    zero12 = deepspeed & np.isin(lay.zero, (1, 2))
+    zero12 = deepspeed & among(lay.zero, (1, 2))
     accumulated = (lay.zero == 2) & (lay.gas > 1) & zero12 & ~deepspeed_fp32_accum_offload(training, lay)
     excess = deepspeed_grad_partition_excess(model, training, lay, stage, accumulated)
     optimizer = optimizer + np.where(zero12, _sharded(w, True, dense, expert, training, lay), 0.0) \
@@ -265,11 +265,11 @@ def deepspeed_straddle_bytes(model: ModelSpec, training: Training, lay: Layouts,
     engine = training.engine
     hooks = (lay.zero == 2) | ((lay.zero == 1) & training.zero_config.contiguous_gradients)
     phase = engine.grads_sharded_step if at_step else engine.grads_sharded_backward
-    held = hooks & np.isin(lay.zero, phase) & (lay.offload_optimizer == Offload.NONE) \
+    held = hooks & among(lay.zero, phase) & (lay.offload_optimizer == Offload.NONE) \
         & ~deepspeed_compact_fp32_grads(training, lay)
     excess = deepspeed_grad_partition_excess(model, training, lay, stage, held) * training.precision.element_bytes
     if not at_step:  # each partition copy of a later micro-step carries its own (measured)
-        excess = excess * (1 + (np.isin(lay.zero, engine.accumulation_copy) & (lay.gas > 1)))
+        excess = excess * (1 + (among(lay.zero, engine.accumulation_copy) & (lay.gas > 1)))
     return excess
 
 
@@ -505,7 +505,7 @@ def reduction_copy_bytes(model: ModelSpec, training: Training, lay: Layouts, sta
         sharded = grad_bytes(model, training, lay, stage, at_step=True)
         return np.where(buffers > 0, sharded, 0.0), buffers
     bf16_opt = deepspeed_bf16_optimizer(training, lay)
-    on = np.isin(lay.zero, training.engine.reduction_copy) & (lay.offload_optimizer == Offload.NONE) & ~bf16_opt \
+    on = among(lay.zero, training.engine.reduction_copy) & (lay.offload_optimizer == Offload.NONE) & ~bf16_opt \
         & ~deepspeed_compact_fp32_grads(training, lay)  # copy_grads_in_partition returns early
     grads = grad_bytes(model, training, lay, stage) + grad_bytes(model, training, lay, stage, at_step=True)
     buffers = deepspeed_straddle_bytes(model, training, lay, stage, at_step=True) + deepspeed_reduce_buckets(training, lay)

@@ -13,7 +13,7 @@ from planner.activations import offloads_checkpoints
 from planner.engines import ENGINES, Buffers, Engine, ExpertTP, Launcher, MoeCapacity
 from planner.errors import InputError
 from planner.hardware import Cluster
-from planner.layout import Layouts, Training
+from planner.layout import Layouts, Training, among
 from planner.model import ModelSpec
 from planner.sharding import expert_dp, expert_folds, expert_tp
 from planner.options import Offload, Precision, RankOrder, Recompute, RecomputeMethod, Schedule
@@ -56,7 +56,7 @@ def _schedules_broken(engine: Engine, lay: Layouts) -> np.ndarray:
     # batches must be a multiple of the rounds, max(1, m // p)
     rounds = np.maximum(1, lay.gas // np.maximum(lay.pp, 1))
     zb_broken = (lay.schedule == Schedule.ZB_H1) & (lay.gas % rounds != 0)
-    return (lay.pp > 1) & (~np.isin(lay.schedule, allowed) | ((lay.vpp > 1) & (not interleaves)) | zb_broken)
+    return (lay.pp > 1) & (~among(lay.schedule, allowed) | ((lay.vpp > 1) & (not interleaves)) | zb_broken)
 
 
 def stages_by_weight_exist(weights, stages) -> np.ndarray:
@@ -98,7 +98,7 @@ def _etp_broken(training: Training, lay: Layouts) -> np.ndarray:
 
 def _offload_broken(engine: Engine, lay: Layouts) -> np.ndarray:
     allowed = [Offload.NONE, *engine.offload_devices]
-    broken = ~np.isin(lay.offload_optimizer, allowed) | ~np.isin(lay.offload_params, allowed)
+    broken = ~among(lay.offload_optimizer, allowed) | ~among(lay.offload_params, allowed)
     if engine.offload_together:
         broken = broken | (lay.offload_optimizer != lay.offload_params)
     return broken
@@ -207,7 +207,7 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr: f"--pp: --engine {tr.engine.name} has no pipeline engine (engines with one: "
                            f"{_names(e for e in ENGINES.values() if e.pipeline)})"),
     Rule("engine_pipeline_zero", ENGINE_RULE,
-         lambda m, cl, tr, l: (l.pp > 1) & tr.engine.pipeline & ~np.isin(l.zero, tr.engine.pipeline_zero_stages),
+         lambda m, cl, tr, l: (l.pp > 1) & tr.engine.pipeline & ~among(l.zero, tr.engine.pipeline_zero_stages),
          lambda m, cl, tr: f"--zero: the {tr.engine.name} pipeline engine takes --zero "
                            f"{_stages(tr.engine.pipeline_zero_stages)} when --pp > 1"),
     Rule("engine_schedule", ENGINE_RULE, lambda m, cl, tr, l: _schedules_broken(tr.engine, l),
@@ -249,7 +249,7 @@ RULES: tuple[Rule, ...] = (
                               & (expert_dp(tr, l) != l.dp),
          lambda m, cl, tr: "--rank-order: tp-cp-pp-dp with a pipeline needs the experts' data-parallel size equal "
                            "to --dp (megatron-core: --etp x --ep = --tp x --cp)"),
-    Rule("engine_zero", ENGINE_RULE, lambda m, cl, tr, l: ~np.isin(l.zero, tr.engine.zero_stages),
+    Rule("engine_zero", ENGINE_RULE, lambda m, cl, tr, l: ~among(l.zero, tr.engine.zero_stages),
          lambda m, cl, tr: f"--zero: --engine {tr.engine.name} takes --zero {_stages(tr.engine.zero_stages)}"),
 )
 

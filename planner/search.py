@@ -323,8 +323,9 @@ def search(model: ModelSpec, cluster: Cluster, training: Training, headroom: flo
         rejected["out of memory"] += int(np.count_nonzero(~lev["fits"]))
         rejected[MORE_RECOMPUTE] = int(np.count_nonzero(lev["fits"])) - best.size
         tried = lighter.size
-        valid = valid.concat(lighter.take(best))
-        ev = evaluate(model, cluster, training, valid, headroom)
+        if best.size:
+            valid = valid.concat(lighter.take(best))
+            ev = evaluate(model, cluster, training, valid, headroom)
     if "rank_order" not in (pinned or {}):
         valid, ev = faster_rank_order(model, cluster, training, valid, ev, headroom)
     tokens_per_s = np.where(ev["fits"], ev["time"]["throughput"]["tokens_per_s"], -np.inf)

@@ -16,6 +16,12 @@ from planner.pipeline import blocks_on_stage, first_layer_on_stage
 
 
 def rank_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple[np.ndarray, np.ndarray]:
+    """(dense, expert) parameter elements held by one rank of `stage` before any ZeRO sharding
+    (_rank_params), once per stage array."""
+    return lay.memo("rank_params", (model, training, stage), lambda: _rank_params(model, training, lay, stage))
+
+
+def _rank_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple[np.ndarray, np.ndarray]:
     """(dense, expert) parameter elements held by one rank of `stage` before any ZeRO sharding,
     summed from the model's tensor list (planner/model.py ParamSums).
 

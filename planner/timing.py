@@ -24,7 +24,7 @@ from planner.compute import flops_per_step, peak_flops_per_s, tokens_per_microba
 from planner.engines import Buffers, ExpertTP, GradBuckets, Modules, SelectivePolicy
 from planner.grouping import Lazy, grouped
 from planner.hardware import Cluster
-from planner.layout import Layouts, Training
+from planner.layout import Layouts, Training, among
 from planner.memory import (ACTIVATION_FIELDS, STATE_FIELDS, coefficients, deepspeed_bf16_optimizer,
                             deepspeed_fp32_accum_offload, deferred_reduction, zero3_kept_params)
 from planner.model import BLOCK, FIRST, LAST, ModelSpec, local_numel
@@ -323,7 +323,7 @@ def grad_reductions_per_step(training: Training, lay: Layouts) -> np.ndarray:
     reduces in its backward hooks (DeepSpeed engine.py allreduce_gradients: "ZeRO stage >= 2
     communicates during non gradient accumulation boundaries as well"), else once (also when a
     pipeline defers the reduction to after its schedule)."""
-    every = np.isin(lay.zero, training.engine.reduce_every_micro_step) & ~deferred_reduction(training, lay)
+    every = among(lay.zero, training.engine.reduce_every_micro_step) & ~deferred_reduction(training, lay)
     return np.where(every, lay.gas, 1).astype(np.float64)
 
 
@@ -352,7 +352,7 @@ def grad_reduce_s(model: ModelSpec, cluster: Cluster, training: Training, lay: L
                       grad_bucket_elements(model, training, lay))
     if training.engine.zero3_per_tensor_collectives:  # one reduce-scatter per tensor, their mean size
         bucket = np.where(lay.zero == 3, (dense + expert) / rank_tensors(model, training, lay)[1], bucket)
-    all_reduce = np.isin(lay.zero, training.engine.all_reduce_stages) | deepspeed_bf16_optimizer(training, lay)
+    all_reduce = among(lay.zero, training.engine.all_reduce_stages) | deepspeed_bf16_optimizer(training, lay)
 
     def reduce(kind):  # whole buckets; dense and expert gradients in separate buckets
         calls_dense, calls_expert = np.ceil(dense / bucket), np.ceil(expert / bucket)
