@@ -75,7 +75,7 @@ FAST_TESTS = ["tests/test_memory.py", "tests/test_deepspeed_zero3_live.py", "tes
               "tests/test_expert_tp.py", "tests/test_activations_deepseek.py", "tests/test_step_time_h200.py",
               "tests/test_fsdp_torchtitan.py", "tests/test_compiled.py", "tests/test_activations_megatron_moe.py",
               "tests/test_activations_deepspeed_moe.py", "tests/test_deepspeed_offload_real.py", "tests/test_stragglers.py",
-              "tests/test_deepspeed_nvme_real.py"]
+              "tests/test_deepspeed_nvme_real.py", "tests/test_megatron_offload.py"]
 
 
 def run(spec: str, pytest_args: list[str]) -> tuple[bool, str, float]:

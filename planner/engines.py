@@ -260,6 +260,15 @@ class Engine:
     distributed/context_parallel/api.py apply_cp_to_forward for FlexAttention: torch 2.13
     _context_parallel/_cp_custom_ops.py flex_cp_allgather, flex_cp_allgather_backward); else
     Megatron's ring passes K/V chunks under the attention core (planner/timing.py cp_ring_exposed_s)."""
+    offload_hybrid_optimizer: bool = False
+    """Its optimizer offload is megatron-core's HybridDeviceOptimizer (0.16.1
+    optimizer/cpu_offloading/hybrid_optimizer.py, under the distributed optimizer with
+    --use-precision-aware-optimizer): step() copies each fp32 main-gradient shard to a pinned fp32
+    host buffer after backward (_set_sub_optimizer_grads), torch's fused AdamW steps the fp32 master
+    and moments on the host, and the fp32 master goes back up into the 16-bit shard
+    (param_copy_back_gpu_hook), all in turn on the current stream (overlap_cpu_optimizer_d2h_h2d
+    off, OptimizerConfig's default); rather than DeepSpeed's ZeRO-Offload, which copies gradients
+    down during backward and 16-bit parameters up."""
     zero3_per_tensor_collectives: bool = False
     """ZeRO-3 all-gathers each parameter and reduce-scatters each gradient in a call of its own,
     through torch.distributed's tensor-list all_gather/reduce_scatter: the host narrows one slice
@@ -374,8 +383,12 @@ MEGATRON = Engine(
     pipeline_p2p_buffers=False,  # p2p_communication.py allocates each received tensor when it arrives
     # megatron-core 0.16.1 model_parallel_config.py: expert_tensor_parallel_size defaults to the TP size
     expert_tp=ExpertTP.CHOICE,
-    offload_devices=(),
+    # megatron-core 0.16.1 optimizer/__init__.py _get_megatron_optimizer_based_on_param_groups:
+    # --optimizer-cpu-offload wraps the optimizer in HybridDeviceOptimizer (CPU only, no NVMe;
+    # offload_hybrid_optimizer below)
+    offload_devices=(Offload.CPU,),
     offload_together=False,
+    offload_hybrid_optimizer=True,
     buffers=Buffers.NONE,
     # training/arguments.py validate_args: bf16 accumulates and all-reduces grads in fp32 unless
     # --grad-reduce-in-bf16 (main_grad in param_and_grad_buffer.py)

@@ -16,7 +16,7 @@ from planner.hardware import Cluster
 from planner.layout import Layouts, Training, among
 from planner.model import ModelSpec
 from planner.sharding import expert_dp, expert_folds, expert_tp
-from planner.options import Offload, Precision, RankOrder, Recompute, RecomputeMethod, Schedule
+from planner.options import Offload, Optimizer, Precision, RankOrder, Recompute, RecomputeMethod, Schedule
 from planner.pipeline import interleaved_layers
 
 DIVISIBILITY, TOPOLOGY, ENGINE_RULE = "divisibility", "topology", "engine rule"
@@ -165,6 +165,13 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr, l: (l.offload_optimizer == Offload.NVME) & (l.zero < 3) & (tr.engine.buffers is Buffers.DEEPSPEED),
          lambda m, cl, tr: "--offload-optimizer nvme: DeepSpeed swaps to NVMe under --zero 3 only (ZeRO-1/2 keep an "
                            "nvme-offloaded optimizer in host memory, as cpu); use --offload-optimizer cpu or --zero 3"),
+    # megatron-core 0.16.1 optimizer_config.py __post_init__: --use-precision-aware-optimizer, which its
+    # HybridDeviceOptimizer offload runs under (export.py megatron_args), asserts optimizer == 'adam'
+    Rule("hybrid_offload_adamw", ENGINE_RULE,
+         lambda m, cl, tr, l: (l.offload_optimizer > Offload.NONE) & tr.engine.offload_hybrid_optimizer
+         & (tr.optimizer is not Optimizer.ADAMW),
+         lambda m, cl, tr: f"--offload-optimizer: --engine {tr.engine.name} offloads AdamW only (megatron-core's "
+                           f"--use-precision-aware-optimizer asserts adam); use --optimizer adamw"),
     Rule("sp_needs_tp", ENGINE_RULE, lambda m, cl, tr, l: (l.sequence_parallel > 0) & (l.tp < 2),
          lambda m, cl, tr: "--sequence-parallel: needs --tp > 1"),
     Rule("recompute_layers_full", ENGINE_RULE,

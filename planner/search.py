@@ -71,6 +71,9 @@ class Space:
     """Expert TP codes: 0 the engine's default (t), 1 experts whole with EP folded over TP
     (searched where the engine lets the user choose, ExpertTP.CHOICE)."""
     """Offload codes searched for the optimizer states (and the parameters, unless pinned)."""
+    param_offload: tuple = ()
+    """Offload codes searched for the parameters where the optimizer's is pinned and theirs is not
+    (empty: `offload`)."""
     zero: tuple = (0, 1, 2, 3)
     recompute: tuple = tuple(Recompute)
     sequence_parallel: tuple = (0, 1)
@@ -93,7 +96,8 @@ COARSENINGS = (  # applied in order until the space fits SEARCH_BUDGET
     ("pipeline stages: powers of two", lambda sp: replace(sp, pp_powers_of_two=True)),
     ("tensor parallel: powers of two", lambda sp: replace(sp, tp=_pow2(sp.tp))),
     ("expert parallel: powers of two", lambda sp: replace(sp, ep=_pow2(sp.ep))),
-    ("offload: none or cpu", lambda sp: replace(sp, offload=(Offload.NONE, Offload.CPU))),
+    ("offload: none or cpu", lambda sp: replace(sp, offload=(Offload.NONE, Offload.CPU),
+                                                param_offload=tuple(o for o in sp.param_offload if o <= Offload.CPU))),
 )
 
 
@@ -147,7 +151,7 @@ def _rest(space: Space) -> tuple:
 
 def _offload_params(space: Space) -> tuple:
     pin = space.pinned_value("offload_params")
-    return space.offload if pin is None else (pin,)
+    return (space.param_offload or space.offload) if pin is None else (pin,)
 
 
 PINNABLE = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "zero", "offload_optimizer", "offload_params", "mbs", "recompute",
@@ -163,6 +167,8 @@ def pin(space: Space, pinned: dict) -> Space:
                 if k in ("tp", "cp", "vpp", "mbs", "ep", "etp", "zero", "recompute", "sequence_parallel")}
     if "offload_optimizer" in pinned:
         narrowed["offload"] = (int(pinned["offload_optimizer"]),)
+        if "offload_params" not in pinned:  # the parameters' offload stays searched
+            narrowed["param_offload"] = space.param_offload or space.offload
     if "mbs" in pinned:
         narrowed["mbs_considered"] = 1
     if "recompute_layers" in pinned:  # layers recomputed: full recompute, the rules judge the engine

@@ -644,7 +644,9 @@ def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
     section 6): states and the fp32 gradient read and written per step, in turn with the CPU step
     (DeepSpeed's default swapper; its pipelined one is not modelled). ZeRO-3 parameter
     offload: the partition goes up before each gather (forward, backward), prefetched like the
-    gathers; a GPU optimizer's updated partition goes back down once."""
+    gathers; a GPU optimizer's updated partition goes back down once. megatron-core's optimizer
+    offload (Engine.offload_hybrid_optimizer) moves 4 B down and 4 B up a parameter of the
+    partition, none of it under backward."""
     gpu = cluster.gpu
     b = state_bytes(training)
     partition, m = _partition_params(model, training, lay), lay.gas.astype(np.float64)
@@ -654,7 +656,12 @@ def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
     grads_down = np.where(lay.zero == 3, m * partition * 4.0,
                           partition * 4.0 + round_trip * (2 * m - 1) * partition * b.weights)
     hidden = np.where(training.overlaps_grad_reduce(lay.zero), c["dp_overlap_fraction_with_overlap"], 0.0)
-    traffic = np.where(offload_opt, (1 - hidden) * grads_down / pcie + partition * b.weights / pcie, 0.0)
+    up_bytes = b.weights
+    if training.engine.offload_hybrid_optimizer:
+        # megatron-core's HybridDeviceOptimizer: the fp32 gradient shard goes down inside step(), after
+        # backward, and the fp32 master comes back up, cast to 16 bits on the GPU (copy_(non_blocking=True))
+        hidden, up_bytes = 0.0, 4.0
+    traffic = np.where(offload_opt, (1 - hidden) * grads_down / pcie + partition * up_bytes / pcie, 0.0)
     nvme_bw = gpu.nvme_bytes_per_s_per_node / min(cluster.gpus_per_node, cluster.num_gpus)
     # ZeRO-Infinity (DeepSpeed 0.19.8 stage3.py step, _swap_out_offload_fp32_gradients): the fp32
     # gradient partition is written at the accumulation boundary; each sub-group then reads its fp32

@@ -189,9 +189,12 @@ def test_recommend_an_interleaved_moe_under_megatron_answers():
     from planner import api
 
     # Llama 4 Maverick (400.7e9 parameters, ~16 B each with Adam) on 64 H100 of 80 GB: nothing fits under
-    # Megatron, and the answer says what would (a regression: the search crashed on an empty group)
-    rec = api.recommend("llama-4-maverick", {"gpus": 64}, {"engine": "megatron"})  # either pipeline split
+    # Megatron with the optimizer on the GPU, and the answer says what would (a regression: the search
+    # crashed on an empty group); with it on the host, layouts fit
+    rec = api.recommend("llama-4-maverick", {"gpus": 64}, {"engine": "megatron"}, pinned={"offload_optimizer": "none"})
     assert not rec.layouts and rec.suggestions
+    rec = api.recommend("llama-4-maverick", {"gpus": 64}, {"engine": "megatron"})  # either pipeline split
+    assert rec.layouts and all(r["layout"]["offload_optimizer"] == "cpu" for r in rec.layouts)
 
 
 @pytest.mark.parametrize("engine, edges, pp", [("megatron", 1, 32), ("megatron", 0, 32), ("torchtitan", 1, 16)])

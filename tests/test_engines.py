@@ -42,8 +42,9 @@ def test_one_layout_breaking_an_engine_rule_names_its_flag():
     model, c = lookup("llama-2-7b"), hardware.Cluster(H100, 16, 8)
     cases = [("fsdp", dict(pp=2, dp=8), "--pp"), ("deepspeed", dict(tp=2, dp=8), "--tp"),
              ("megatron", dict(dp=16, zero=2), "--zero"), ("deepspeed", dict(pp=2, dp=8, zero=2), "--zero"),
-             ("deepspeed", dict(pp=2, vpp=2, dp=8), "--vpp"), ("megatron", dict(dp=16, zero=1, offload_optimizer="cpu"),
-                                                                "--offload")]
+             ("deepspeed", dict(pp=2, vpp=2, dp=8), "--vpp"), ("megatron", dict(dp=16, zero=1, offload_optimizer="nvme"),
+                                                                "--offload"),
+             ("megatron", dict(dp=16, zero=1, offload_params="cpu"), "--offload-params")]
     for engine, kw, flag in cases:
         with pytest.raises(InputError, match=flag):
             check_single(model, c, layout.Training(gbs=64, engine=engine), layout.single(**kw))

@@ -69,7 +69,9 @@ def test_engine_rules_shape_the_answer():
         if engine == "deepspeed":
             assert (v.tp == 1).all() and not ((v.pp > 1) & (v.zero >= 2)).any()
         if engine == "megatron":
-            assert (v.zero <= 1).all() and (v.offload_optimizer == 0).all()
+            # the optimizer offloads to the CPU under the distributed optimizer only (HybridDeviceOptimizer)
+            assert (v.zero <= 1).all() and (v.offload_params == 0).all() and (v.offload_optimizer <= 1).all()
+            assert ((v.offload_optimizer == 0) | (v.zero == 1)).all() and (v.offload_optimizer == 1).any()
         if engine == "fsdp":
             assert (v.pp == 1).all() and (v.zero != 1).all()
 
@@ -153,6 +155,23 @@ def test_pinned_axes_keep_their_values_and_find_the_full_searchs_best_of_them():
     assert d["candidates_evaluated"] < res["candidates"] / 10
 
 
+def test_pinned_optimizer_offload_leaves_the_parameters_offload_searched():
+    # --offload-optimizer cpu alone: ZeRO-1/2 layouts (parameters on the GPU) stay in the search, and
+    # the pinned search's best is at least the full search's best with the optimizer on the CPU (the
+    # pinned one also tries --recompute-layers variants of offloading layouts: search.REFINED_PARENTS)
+    code, text = recommend("--model", "llama-3-8b", "--gpus", "8", "--engine", "deepspeed", "--offload-optimizer", "cpu",
+                           "--top", "20", "--json")
+    assert code == 0
+    rows = [r["layout"] for r in json.loads(text)["layouts"]]
+    assert all(r["offload_optimizer"] == "cpu" for r in rows)
+    assert any(r["offload_params"] == "none" and r["zero"] < 3 for r in rows)
+    model, cluster = lookup("llama-3-8b"), hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 8, 8)
+    res = search.search(model, cluster, layout.Training(gbs=1024, engine="deepspeed"))
+    first = next(int(i) for i in res["order"] if res["valid"].offload_optimizer[i] == 1)
+    assert json.loads(text)["layouts"][0]["throughput"]["tokens_per_s"] >= \
+        float(res["eval"]["time"]["throughput"]["tokens_per_s"][first]) * (1 - 1e-9)
+
+
 def test_pins_without_an_engine_choose_one_that_has_the_axes():
     # the issue's own command: DeepSpeed alone has no TP, so without --engine the pins pick the engine
     # estimate would (api.default_engine): megatron-deepspeed with TP, megatron with interleaving
@@ -213,8 +232,10 @@ def test_engine_comparison_keeps_the_pins_and_says_when_they_break_an_engine():
 def test_partial_recompute_fills_the_memory_that_full_recompute_leaves():
     """Llama 3.1 405B on 160 H100 under Megatron: recomputing every layer leaves memory free and
     no recompute does not fit; the search tries the block method's first N layers per chunk and
-    keeps the least recompute that fits (Megatron --recompute-method block)."""
-    code, text = recommend("--model", "llama-3.1-405b", "--gpus", "160", "--engine", "megatron", "--top", "1", "--json")
+    keeps the least recompute that fits (Megatron --recompute-method block). With the optimizer on
+    the GPU: offloaded to the CPU, no recompute fits."""
+    code, text = recommend("--model", "llama-3.1-405b", "--gpus", "160", "--engine", "megatron", "--top", "1",
+                           "--offload-optimizer", "none", "--json")
     assert code == 0
     d = json.loads(text)
     lay = d["layouts"][0]["layout"]
