@@ -206,6 +206,10 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     if knobs_free and train.zero_config.stage3_max_live_parameters != ZeroConfig().stage3_max_live_parameters:
         defaults["stage3_max_live_parameters"] = train.zero_config.stage3_max_live_parameters  # searched
         defaults["stage3_max_reuse_distance"] = train.zero_config.stage3_max_reuse_distance
+    share_free = tin.optimizer_offload_fraction is None
+    train, result = _search_offload_share(spec, clus, train, headroom, result, share_free)
+    if train.optimizer_offload_fraction != 1.0:
+        defaults["optimizer_offload_fraction"] = train.optimizer_offload_fraction  # searched
     if pins and result["valid"].size == 0:
         _raise_contradiction(spec, clus, train, max_mbs, pins, pinned)
     assumptions = {
@@ -217,7 +221,7 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
         "calibration": clus.calibration.name if clus.calibration else None,
         "peak_memory_band": clus.calibration.band("peak_memory") if clus.calibration else prior_band("peak_memory"),
     }
-    for knob in ("stage3_max_live_parameters", "stage3_max_reuse_distance"):
+    for knob in ("stage3_max_live_parameters", "stage3_max_reuse_distance", "optimizer_offload_fraction"):
         if knob in defaults:  # chosen by _search_zero3_knobs: estimate needs them to agree
             assumptions[knob] = defaults[knob]
     if pins:
@@ -242,7 +246,7 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     points = search.landscape(result, landscape) if landscape else None
     best = records[0]["throughput"]["tokens_per_s"] if records else None
     others = [_engine_best(spec, clus, train, name, headroom, max_mbs, pins, best, tin.pipeline_edge_layers is None,
-                           knobs_free) for name in ENGINE_NAMES if name != train.engine.name]
+                           knobs_free, share_free) for name in ENGINE_NAMES if name != train.engine.name]
     return Recommendation(spec, clus, train, assumptions, defaults, result["candidates"], result["rejected"],
                           records, hints, result["elapsed_s"], points, others)
 
@@ -287,14 +291,32 @@ def _search_zero3_knobs(spec, clus, train: Training, headroom: float, max_mbs: i
     return chosen, result, other
 
 
+def _search_offload_share(spec, clus, train: Training, headroom: float, result: dict, free: bool) -> tuple:
+    """(training, search result): where the user left --optimizer-offload-fraction alone and the
+    fastest layout offloads an optimizer the engine can split (search.lean_offload_training), the
+    search's layouts again under the smallest share that keeps that one fitting, kept where the
+    fastest is faster. The share changes no rule and nothing of the layouts that keep their optimizer."""
+    lean = search.lean_offload_training(spec, clus, train, result, headroom) if free else None
+    if lean is None:
+        return train, result
+    again = search.reevaluate(spec, clus, lean, result, headroom, np.flatnonzero(result["valid"].offload_optimizer > 0))
+    speed = again["eval"]["time"]["throughput"]["tokens_per_s"]
+    if not again["order"].size or float(speed[again["order"][0]]) <= \
+            float(result["eval"]["time"]["throughput"]["tokens_per_s"][result["order"][0]]):
+        return train, result
+    return lean, again
+
+
 def _engine_best(spec, clus, training: Training, engine: str, headroom: float, max_mbs: int, pins: dict,
-                 best_tokens_per_s: float | None, free_edges: bool, free_knobs: bool) -> dict:
+                 best_tokens_per_s: float | None, free_edges: bool, free_knobs: bool, free_share: bool) -> dict:
     """The fastest fitting layout of the same model, cluster, batch and pins under another engine
-    (the settings it does not take dropped: Training.for_engine; its pipeline split and ZeRO-3 knobs
-    chosen as its own recommend would), with its speed relative to the recommended one (> 1: faster)."""
+    (the settings it does not take dropped: Training.for_engine; its pipeline split, ZeRO-3 knobs and
+    offloaded share chosen as its own recommend would), with its speed relative to the recommended
+    one (> 1: faster)."""
     train, result = _search_edges(spec, clus, training.for_engine(engine), headroom, max_mbs, pins, free_edges)
     # a search under other ZeRO-3 knobs comes back only where its fastest beats the first's
     result = _search_zero3_knobs(spec, clus, train, headroom, max_mbs, pins, result, free_knobs)[2] or result
+    result = _search_offload_share(spec, clus, train, headroom, result, free_share)[1]
     if not result["order"].size:
         why = "nothing fits"
         if result["valid"].size == 0:

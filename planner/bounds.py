@@ -86,6 +86,7 @@ BOUNDS: dict[str, Bound] = {
     "price_per_gpu_hour": Bound(0, 1e6, integer=False, open_low=True),
     # an expert capacity factor past E/k only pads further (every expert already takes every token)
     "moe_capacity_factor": Bound(0, 65536, integer=False, open_low=True, why="the largest expert count"),
+    "optimizer_offload_fraction": Bound(0, 1, integer=False, open_low=True, why="all of the optimizer"),
     # layout
     "tp": Bound(1, _GPUS), "pp": Bound(1, _GPUS), "dp": Bound(1, _GPUS), "cp": Bound(1, _GPUS),
     "ep": Bound(1, _GPUS), "etp": Bound(1, _GPUS), "vpp": Bound(1, 16384),

@@ -170,6 +170,10 @@ def add_training_flags(p):
     g.add_argument("--moe-pad-to-capacity", action="store_true", default=None,
                    help="with --moe-capacity-factor under --engine megatron: pad every expert's input to its "
                         "capacity (Megatron --moe-pad-expert-input-to-capacity)")
+    g.add_argument("--optimizer-offload-fraction", type=number, metavar="F",
+                   help=_h("with --offload-optimizer cpu under --engine megatron: the share of the optimizer partition "
+                           "on the host, the rest stepping on the GPU (megatron-core --optimizer-offload-fraction; "
+                           "default 1.0)", "optimizer_offload_fraction"))
     g.add_argument("--tokens", type=count, help=_h("training tokens: report days, GPU-hours and cost", "tokens"))
     g.add_argument("--price-per-gpu-hour", type=positive_float, help=help_text("price_per_gpu_hour"))
 
@@ -292,6 +296,7 @@ def training_input(args):
                          overlap_p2p=args.overlap_p2p, pipeline_edge_layers=args.pp_edge_layers,
                          partition_activations=args.partition_activations, cpu_checkpointing=args.cpu_checkpointing,
                          moe_capacity_factor=args.moe_capacity_factor, moe_pad_to_capacity=args.moe_pad_to_capacity,
+                         optimizer_offload_fraction=args.optimizer_offload_fraction,
                          tokens=args.tokens, price_per_gpu_hour=args.price_per_gpu_hour,
                          **{k: getattr(args, k) for k in ZERO_FLAGS})
 

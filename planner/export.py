@@ -369,7 +369,7 @@ def accelerate_yaml(model, cluster, training, row, ds_config_path) -> str:
             "#   accelerate launch --config_file accelerate_config.yaml <script>\n")
     if cfg.get("distributed_type") == "MEGATRON_LM" and row["offload_optimizer"] != "none":
         # accelerate utils/dataclasses.py MegatronLMPlugin has no megatron_lm_* key for it
-        head += ("# the optimizer offload (--optimizer-cpu-offload --optimizer-offload-fraction 1.0\n"
+        head += ("# the optimizer offload (--optimizer-cpu-offload --optimizer-offload-fraction\n"
                  "# --use-precision-aware-optimizer, megatron_args.txt) has no key here: pass it in\n"
                  "# MegatronLMPlugin(other_megatron_args=...)\n")
     return head + _to_yaml(cfg)
@@ -487,12 +487,13 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
         if row["zero"] >= 1:
             a.append("--use-distributed-optimizer")  # Megatron's ZeRO-1-like optimizer-state sharding
         if row["offload_optimizer"] != "none":
-            # megatron-core 0.16.1 OptimizerConfig optimizer_cpu_offload, optimizer_offload_fraction (all
-            # of it: the planner offloads whole) and use_precision_aware_optimizer, under which the
+            # megatron-core 0.16.1 OptimizerConfig optimizer_cpu_offload, optimizer_offload_fraction
+            # (Training.optimizer_offload_fraction) and use_precision_aware_optimizer, under which the
             # HybridDeviceOptimizer steps the 16-bit shards and the GPU keeps no fp32 main parameter
             # (distrib_optimizer.py _build_model_and_main_param_groups); the flags spelled as Megatron-LM
             # spells OptimizerConfig's fields (its training/arguments.py is not in the wheel: unread)
-            a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction 1.0", "--use-precision-aware-optimizer"]
+            a += ["--optimizer-cpu-offload", f"--optimizer-offload-fraction {training.optimizer_offload_fraction!r}",
+                  "--use-precision-aware-optimizer"]
         # the overlaps the planner's step time assumes (timing.py overlapped_dp_s); Megatron-LM
         # training/arguments.py: --overlap-param-gather needs --use-distributed-optimizer
         if row["rank_order"] == "tp-cp-pp-dp":  # training/initialize.py: order 'tp-cp-ep-pp-dp'

@@ -121,3 +121,26 @@ def _group(codes: FieldCodes, names: tuple) -> tuple:
         _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
         inverse = inverse.ravel()
     return first, inverse
+
+
+def picked(sources: list, sizes: list, which: np.ndarray, index: np.ndarray):
+    """Evaluations (search.evaluate's nested dicts of arrays and Lazy mappings) combined row by row
+    without evaluating again: row r is row index[r] of sources[which[r]], a source of sizes[which[r]]
+    rows. Every term is elementwise, so a row's values do not depend on the rows beside it."""
+    first = sources[0]
+    if isinstance(first, dict):
+        return {k: picked([s[k] for s in sources], sizes, which, index) for k in first}
+    if isinstance(first, Lazy):
+        def maker(key):
+            return lambda i: _gathered([s[key] for s in sources], sizes, which, index) if i is None \
+                else sources[which[i]].at(key, int(index[i]))
+        return Lazy({key: maker(key) for key in first})
+    return _gathered(sources, sizes, which, index)
+
+
+def _gathered(arrays: list, sizes: list, which: np.ndarray, index: np.ndarray) -> np.ndarray:
+    out = np.empty(which.shape, dtype=np.result_type(*arrays))
+    for k, (a, n) in enumerate(zip(arrays, sizes)):
+        rows = which == k
+        out[rows] = np.broadcast_to(np.asarray(a), (n,))[index[rows]] if np.ndim(a) == 0 else np.ravel(a)[index[rows]]
+    return out

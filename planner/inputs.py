@@ -228,13 +228,16 @@ class TrainingInput:
     megatron-deepspeed, dropless under the others; planner/moe.py)."""
     moe_pad_to_capacity: bool | None = None
     """Megatron --moe-pad-expert-input-to-capacity (default off; needs moe_capacity_factor)."""
+    optimizer_offload_fraction: float | None = None
+    """Share of the optimizer partition --offload-optimizer cpu moves to the host under Megatron
+    (default 1.0; Training.optimizer_offload_fraction)."""
     tokens: float | None = None
     """Training tokens: report days, GPU-hours and cost."""
     price_per_gpu_hour: float | None = None
 
     def __post_init__(self):
         _checked(self, ("seq_len", "gbs", "tokens_per_step", "tokens", "price_per_gpu_hour", "moe_capacity_factor",
-                        *ZERO_FIELDS, *NVME_FIELDS))
+                        "optimizer_offload_fraction", *ZERO_FIELDS, *NVME_FIELDS))
         _boolean(self.flash_attention, "--no-flash-attention")
         _boolean(self.overlap_comm, "--overlap-comm")
         _boolean(self.contiguous_gradients, "--no-contiguous-gradients")
@@ -260,7 +263,9 @@ class TrainingInput:
                         tp_comm_overlap=bool(self.tp_comm_overlap), compile=bool(self.compile),
                         moe_capacity_factor=self.moe_capacity_factor,
                         overlap_p2p=self.overlap_p2p is not False, pipeline_edge_layers=self.pipeline_edge_layers,
-                        moe_pad_to_capacity=bool(self.moe_pad_to_capacity))
+                        moe_pad_to_capacity=bool(self.moe_pad_to_capacity),
+                        optimizer_offload_fraction=1.0 if self.optimizer_offload_fraction is None
+                        else self.optimizer_offload_fraction)
 
 
 @dataclass(frozen=True)

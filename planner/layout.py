@@ -115,6 +115,11 @@ class Training:
     capacity_settings: DeepSpeed-MoE 1.0 under megatron-deepspeed, dropless elsewhere)."""
     moe_pad_to_capacity: bool = False
     """Megatron --moe-pad-expert-input-to-capacity: every expert runs exactly its capacity."""
+    optimizer_offload_fraction: float = 1.0
+    """Share of the optimizer partition a layout with --offload-optimizer cpu keeps on the host, where
+    the engine offloads part of it (Engine.offload_hybrid_optimizer: megatron-core's
+    --optimizer-offload-fraction, HybridDeviceOptimizer offloading parameters in order until that
+    share); the rest steps on the GPU beside it. Others offload all of it (1.0)."""
     compile: bool = False
     """torch.compile on each Hugging Face block (Inductor's default mode): fused elementwise kernels,
     fewer launches and what AOT Autograd's partitioner saves (measured: data/references/
@@ -141,6 +146,11 @@ class Training:
             raise InputError(f"--tp-comm-overlap: --engine {self.engine.name} has no TP communication overlap "
                              "(Megatron-LM with TransformerEngine has: --engine megatron)")
         self._check_moe_capacity()
+        fraction = check("optimizer_offload_fraction", self.optimizer_offload_fraction)
+        object.__setattr__(self, "optimizer_offload_fraction", float(fraction))
+        if fraction != 1 and not self.engine.offload_hybrid_optimizer:
+            raise InputError(f"--optimizer-offload-fraction: --engine {self.engine.name} offloads the whole optimizer "
+                             "(1.0); --engine megatron offloads part of it")
 
     def _check_edge_layers(self) -> None:
         edge = self.pipeline_edge_layers
@@ -172,14 +182,16 @@ class Training:
 
     def for_engine(self, engine) -> "Training":
         """These settings under another engine, less what that engine does not take (--tp-comm-overlap,
-        --compile, --moe-capacity-factor, --moe-pad-to-capacity): the search's comparisons across engines."""
+        --compile, --moe-capacity-factor, --moe-pad-to-capacity, --optimizer-offload-fraction): the search's
+        comparisons across engines."""
         other = engine_lookup(engine)
         return replace(self, engine=other, tp_comm_overlap=self.tp_comm_overlap and other.tp_comm_overlap,
                        compile=self.compile and other.modules is Modules.HUGGING_FACE,
                        pipeline_edge_layers=self.pipeline_edge_layers if other.pipeline_edge_choice
                        and self.pipeline_edge_layers != self.engine.pipeline_edge_layers else None,
                        moe_capacity_factor=None if other.moe_capacity is MoeCapacity.DROPLESS else self.moe_capacity_factor,
-                       moe_pad_to_capacity=self.moe_pad_to_capacity and other.moe_capacity is MoeCapacity.MEGATRON)
+                       moe_pad_to_capacity=self.moe_pad_to_capacity and other.moe_capacity is MoeCapacity.MEGATRON,
+                       optimizer_offload_fraction=self.optimizer_offload_fraction if other.offload_hybrid_optimizer else 1.0)
 
     def overlaps_grad_reduce(self, zero) -> np.ndarray:
         """Whether the gradient reduction overlaps backward, per ZeRO stage: the user's

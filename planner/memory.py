@@ -168,9 +168,14 @@ def _optimizer_partition_bytes(model, training, lay, stage):
 
 def optimizer_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
     """Optimizer states and fp32 master weights on the GPU, sharded by ZeRO-1 and above; with them
-    offloaded, what the offloading optimizer keeps on the GPU (deepspeed_offload_staging_bytes)."""
-    return np.where(lay.offload_optimizer > Offload.NONE, deepspeed_offload_staging_bytes(model, training, lay, stage),
-                    _optimizer_partition_bytes(model, training, lay, stage))
+    offloaded, what the offloading optimizer keeps on the GPU (deepspeed_offload_staging_bytes), and
+    the share megatron-core's HybridDeviceOptimizer leaves there (Training.optimizer_offload_fraction:
+    hybrid_optimizer.py _get_sub_optimizer_param_groups steps the rest on the GPU, from an fp32 clone
+    of each 16-bit shard with the GPU optimizer's states, as the distributed optimizer would)."""
+    partition = _optimizer_partition_bytes(model, training, lay, stage)
+    kept = (1.0 - training.optimizer_offload_fraction) * partition
+    return np.where(lay.offload_optimizer > Offload.NONE,
+                    deepspeed_offload_staging_bytes(model, training, lay, stage) + kept, partition)
 
 
 def deepspeed_offload_staging_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
@@ -236,6 +241,9 @@ def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.
     # parameter of the shard there, calibrate/fsdp_worker.py)
     master_only = training.engine.sharded_param_is_master & training.precision.has_master_copy
     params = np.where(master_only, 0.0, params)
+    # megatron-core's HybridDeviceOptimizer keeps its offloaded share's fp32 master, states and pinned
+    # fp32 gradient there (Training.optimizer_offload_fraction; 1.0 for the others)
+    optimizer = training.optimizer_offload_fraction * optimizer
     return (np.where(lay.offload_optimizer == Offload.CPU, optimizer, 0.0)
             + np.where(lay.offload_params == Offload.CPU, params, 0.0) + nvme)
 

@@ -13,6 +13,7 @@ import numpy as np
 from planner import layout, memory, timing
 from planner.engines import ENGINES, Buffers, ExpertTP, Modules
 from planner.errors import InputError
+from planner.grouping import picked
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
@@ -301,6 +302,44 @@ def roomy_zero3_training(model: ModelSpec, training: Training) -> Training | Non
     return replace(training, zero_config=replace(zc, stage3_max_live_parameters=roomy, stage3_max_reuse_distance=roomy))
 
 
+OFFLOAD_FRACTION_STEP = 0.05
+"""Grid of the optimizer offload share recommend chooses (lean_offload_training)."""
+
+
+def lean_offload_training(model: ModelSpec, cluster: Cluster, training: Training, result: dict,
+                          headroom: float) -> Training | None:
+    """`training` with the smallest share of the optimizer offloaded, on a grid of
+    OFFLOAD_FRACTION_STEP, at which the fastest fitting layout, one that offloads its optimizer,
+    still fits, where the engine can offload part of it (Engine.offload_hybrid_optimizer:
+    megatron-core --optimizer-offload-fraction). The share kept on the GPU adds its memory
+    (memory.optimizer_bytes, affine in the share) and takes it off the host's step and copies
+    (timing.optimizer_s, offload_s), which the GPU runs beside it: the smallest share that fits is
+    that layout's fastest. None where the fastest layout keeps its optimizer, the engine offloads
+    whole, or no smaller share fits."""
+    if not training.engine.offload_hybrid_optimizer or not result["order"].size:
+        return None
+    i = int(result["order"][0])
+    if result["valid"].offload_optimizer[i] == Offload.NONE:
+        return None
+    one = result["valid"].take(np.array([i]))
+    capacity = cluster.gpu.memory_bytes * (1.0 - headroom)
+
+    def total(share: float) -> float:
+        return float(memory.rank_memory(model, cluster, replace(training, optimizer_offload_fraction=share), one)["total"][0])
+
+    whole, least = total(1.0), total(OFFLOAD_FRACTION_STEP)
+    per_share = (least - whole) / (1.0 - OFFLOAD_FRACTION_STEP)  # GPU bytes per unit of share kept there
+    needed = 1.0 - (capacity - whole) / per_share if per_share > 0 else OFFLOAD_FRACTION_STEP
+    steps = max(1, int(np.ceil(round(needed / OFFLOAD_FRACTION_STEP, 9))))
+    for k in range(steps, steps + 3):  # the allocator's rounding may want one step more
+        share = round(k * OFFLOAD_FRACTION_STEP, 6)
+        if share >= 1.0:
+            return None
+        if total(share) <= capacity:
+            return replace(training, optimizer_offload_fraction=share)
+    return None
+
+
 def flat_schedule(training: Training) -> Schedule:
     """The schedule searched without interleaving: ZB-H1 where the engine runs it (same activation
     memory as 1F1B, a smaller bubble: planner/pipeline.py), else 1F1B. GPipe is never searched: the
@@ -330,17 +369,41 @@ def search(model: ModelSpec, cluster: Cluster, training: Training, headroom: flo
         rejected[MORE_RECOMPUTE] = int(np.count_nonzero(lev["fits"])) - best.size
         tried = lighter.size
         if best.size:
+            n = valid.size
             valid = valid.concat(lighter.take(best))
-            ev = evaluate(model, cluster, training, valid, headroom)
+            ev = picked([ev, lev], [n, lighter.size], np.repeat([0, 1], [n, best.size]), np.concatenate([np.arange(n), best]))
     if "rank_order" not in (pinned or {}):
         valid, ev = faster_rank_order(model, cluster, training, valid, ev, headroom)
+    return {"candidates": lay.size + sum(dropped.values()) + tried, "valid": valid, "eval": ev, "order": _ranked(valid, ev),
+            "coarsened": coarsened, "rejected": {k: v for k, v in rejected.items() if v},
+            "elapsed_s": time.perf_counter() - start}
+
+
+def _ranked(valid: Layouts, ev: dict) -> np.ndarray:
+    """Indices of the fitting candidates, fastest first; among equals, the simpler layout (less
+    offload, less recompute), then less memory."""
     tokens_per_s = np.where(ev["fits"], ev["time"]["throughput"]["tokens_per_s"], -np.inf)
-    # fastest first; among equals, the simpler layout (less offload, less recompute), then less memory
     simpler = valid.offload_optimizer + valid.offload_params
     order = np.lexsort((ev["memory"]["total"], valid.recompute, simpler, -np.round(tokens_per_s, 6)))
-    order = order[np.isfinite(tokens_per_s[order])]
-    return {"candidates": lay.size + sum(dropped.values()) + tried, "valid": valid, "eval": ev, "order": order, "coarsened": coarsened,
-            "rejected": {k: v for k, v in rejected.items() if v}, "elapsed_s": time.perf_counter() - start}
+    return order[np.isfinite(tokens_per_s[order])]
+
+
+def reevaluate(model: ModelSpec, cluster: Cluster, training: Training, result: dict, headroom: float,
+               rows: np.ndarray) -> dict:
+    """A search result ranked again under `training`, which changes no rule and only the candidates
+    `rows` (search.lean_offload_training's share: the offloading ones), those evaluated again; the
+    out-of-memory count updated."""
+    start = time.perf_counter()
+    valid, n = result["valid"], result["valid"].size
+    which, index = np.zeros(n, dtype=np.int64), np.arange(n)
+    which[rows], index[rows] = 1, np.arange(rows.size)
+    again = evaluate(model, cluster, training, valid.take(rows), headroom)
+    ev = picked([result["eval"], again], [n, rows.size], which, index)
+    rejected = dict(result["rejected"])
+    rejected["out of memory"] = rejected.get("out of memory", 0) \
+        + int(np.count_nonzero(~ev["fits"])) - int(np.count_nonzero(~result["eval"]["fits"]))
+    return {**result, "eval": ev, "order": _ranked(result["valid"], ev), "rejected": {k: v for k, v in rejected.items() if v},
+            "elapsed_s": result["elapsed_s"] + time.perf_counter() - start}
 
 
 MORE_RECOMPUTE = "more recompute than a variant that fits"
@@ -386,15 +449,16 @@ def faster_rank_order(model: ModelSpec, cluster: Cluster, training: Training, va
     if not differ.size:
         return valid, ev
     other = replace(valid.take(differ), rank_order=np.full(differ.size, int(RankOrder.PP_INNER)))
-    faster = evaluate(model, cluster, training, other, headroom)["time"]["throughput"]["tokens_per_s"] \
-        > ev["time"]["throughput"]["tokens_per_s"][differ]
+    other_ev = evaluate(model, cluster, training, other, headroom)
+    faster = other_ev["time"]["throughput"]["tokens_per_s"] > ev["time"]["throughput"]["tokens_per_s"][differ]
     faster &= first_violation(model, cluster, training, other)[0] < 0  # megatron-core's MoE condition
     if not faster.any():
         return valid, ev
     order = valid.rank_order.copy()
     order[differ[faster]] = RankOrder.PP_INNER
-    valid = replace(valid, rank_order=order)
-    return valid, evaluate(model, cluster, training, valid, headroom)
+    which, index = np.zeros(valid.size, dtype=np.int64), np.arange(valid.size)
+    which[differ[faster]], index[differ[faster]] = 1, np.flatnonzero(faster)
+    return replace(valid, rank_order=order), picked([ev, other_ev], [valid.size, other.size], which, index)
 
 
 def _fastest_per_parent(lighter: Layouts, lev: dict) -> np.ndarray:

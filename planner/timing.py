@@ -622,12 +622,16 @@ def cpu_adam_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layo
 
 def optimizer_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
     """The update: CPU Adam under optimizer offload, else DeepSpeed's ZeRO or BF16_Optimizer step
-    (deepspeed_step_s) where it runs, else the GPU step."""
+    (deepspeed_step_s) where it runs, else the GPU step. megatron-core's HybridDeviceOptimizer with
+    part of the optimizer offloaded (Training.optimizer_offload_fraction) launches the GPU share's
+    step before the host steps its own (hybrid_optimizer.py step), so the two run side by side."""
     gpu = gpu_optimizer_step_s(model, cluster, training, lay, c)
     if training.engine.deepspeed:
         counted = (lay.zero >= 1) | deepspeed_bf16_optimizer(training, lay)
         gpu = np.where(counted, deepspeed_step_s(model, cluster, training, lay, c), gpu)
-    return np.where(lay.offload_optimizer > Offload.NONE, cpu_adam_s(model, cluster, training, lay, c), gpu)
+    share = training.optimizer_offload_fraction
+    offloaded = np.maximum(share * cpu_adam_s(model, cluster, training, lay, c), (1.0 - share) * gpu)
+    return np.where(lay.offload_optimizer > Offload.NONE, offloaded, gpu)
 
 
 def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
@@ -659,9 +663,11 @@ def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
     up_bytes = b.weights
     if training.engine.offload_hybrid_optimizer:
         # megatron-core's HybridDeviceOptimizer: the fp32 gradient shard goes down inside step(), after
-        # backward, and the fp32 master comes back up, cast to 16 bits on the GPU (copy_(non_blocking=True))
+        # backward, and the fp32 master comes back up, cast to 16 bits on the GPU (copy_(non_blocking=True)),
+        # for the offloaded share of the partition
         hidden, up_bytes = 0.0, 4.0
-    traffic = np.where(offload_opt, (1 - hidden) * grads_down / pcie + partition * up_bytes / pcie, 0.0)
+    traffic = np.where(offload_opt, training.optimizer_offload_fraction
+                       * ((1 - hidden) * grads_down / pcie + partition * up_bytes / pcie), 0.0)
     nvme_bw = gpu.nvme_bytes_per_s_per_node / min(cluster.gpus_per_node, cluster.num_gpus)
     # ZeRO-Infinity (DeepSpeed 0.19.8 stage3.py step, _swap_out_offload_fp32_gradients): the fp32
     # gradient partition is written at the accumulation boundary; each sub-group then reads its fp32

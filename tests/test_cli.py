@@ -217,6 +217,9 @@ for command in ("estimate", "recommend", "check"):
 # where the ranks sit (Megatron's --use-tp-pp-dp-mapping; issue 8), a layout axis recommend can pin
 for command in ("estimate", "recommend"):
     FROZEN[command] = FROZEN[command] + ["--rank-order"]
+# megatron-core's partial optimizer offload (HybridDeviceOptimizer), with the other training flags
+for command in ("estimate", "recommend"):
+    FROZEN[command] = FROZEN[command] + ["--optimizer-offload-fraction"]
 FROZEN = {command: sorted(flags) for command, flags in FROZEN.items()}
 
 

@@ -386,3 +386,26 @@ def test_deepspeed_recomputes_every_other_layer_where_memory_is_left():
                           {**pinned, "recompute_layers": lay["recompute_layers"]})
     assert chosen.time["step_s"] < every.time["step_s"]
     assert every.memory["gpu_bytes"] < chosen.memory["gpu_bytes"] <= 0.95 * chosen.memory["capacity_bytes"]
+
+
+def test_combined_evaluations_equal_a_fresh_one():
+    # search() keeps its first evaluation and adds those of the lighter-recompute variants and of the
+    # other rank order row by row (grouping.picked) instead of evaluating everything again: a fresh
+    # evaluation of the final candidates reads the same, whole arrays and single rows alike
+    from planner.api import resolve_model
+
+    model, cluster = resolve_model(70e9), hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 16, 8)  # the benchmark's
+    training = layout.Training(gbs=1024, engine="megatron", pipeline_edge_layers=1)
+    res = search.search(model, cluster, training, headroom=0.05)
+    valid, ev = res["valid"], res["eval"]
+    assert (valid.recompute_layers > 0).any() and (valid.rank_order == 1).any()  # both paths taken
+    fresh = search.evaluate(model, cluster, training, valid, 0.05)
+    assert (ev["fits"] == fresh["fits"]).all()
+    np.testing.assert_array_equal(ev["time"]["step_s"], fresh["time"]["step_s"])
+    for part, keys in ((lambda e: e["memory"], ("total", "activations", "cpu_per_node")),
+                       (lambda e: e["time"]["breakdown"], ("compute", "recompute", "pp_comm", "optimizer")),
+                       (lambda e: e["time"]["throughput"], ("tokens_per_s",))):
+        for key in keys:
+            np.testing.assert_array_equal(part(ev)[key], part(fresh)[key])
+            for i in (0, valid.size - 1, int(np.flatnonzero(valid.rank_order == 1)[0])):
+                assert part(ev).at(key, i) == part(fresh).at(key, i)
