@@ -158,6 +158,10 @@ def training_from_sidebar() -> dict:
                              help="--account-for-embedding/loss-in-pipeline-split (--pp-edge-layers)")
         if split != "searched":
             training["pipeline_edge_layers"] = int(split == "yes")
+        share = sb.selectbox("Optimizer share on the host with optimizer offload", ("searched", 0.25, 0.5, 0.75, 1.0),
+                             key="offload_share", help="megatron-core --optimizer-offload-fraction (HybridDeviceOptimizer)")
+        if share != "searched":
+            training["optimizer_offload_fraction"] = float(share)
     if sb.radio("Batch given as", ("tokens per step", "sequences"), horizontal=True, key="batch_kind") == "sequences":
         training["gbs"] = int(sb.number_input("Global batch (sequences)", 1, 100_000_000, 1024, key="gbs"))
     else:

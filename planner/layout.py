@@ -270,7 +270,8 @@ class Layouts:
     def __post_init__(self):
         arrays = np.broadcast_arrays(*(np.asarray(getattr(self, k), dtype=np.int64) for k in FIELDS))
         for k, a in zip(FIELDS, arrays):
-            setattr(self, k, np.ascontiguousarray(a))
+            # a field given as one value stays a read-only broadcast view (no copy of millions of rows)
+            setattr(self, k, a if a.ndim and not any(a.strides) else np.ascontiguousarray(a))
 
     @property
     def size(self) -> int:

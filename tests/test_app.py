@@ -111,6 +111,21 @@ def test_changed_inputs_and_pinned_axes_follow_the_cli():
 
 
 @pytest.mark.slow
+def test_megatrons_offloaded_share_follows_the_cli():
+    at = started()
+    at.selectbox(key="model_name").set_value("llama-3-70b")
+    at.selectbox(key="engine").set_value("megatron")
+    at.run()
+    at.selectbox(key="offload_share").set_value(0.5)  # shown for megatron
+    at.run()
+    assert not problems(at)
+    answer = cli_json("recommend", "--model", "llama-3-70b", "--gpus", "16", "--engine", "megatron",
+                      "--optimizer-offload-fraction", "0.5", "--top", "10")
+    assert any(r["layout"]["offload_optimizer"] == "cpu" for r in answer["layouts"])
+    assert_table_is(at, answer)
+
+
+@pytest.mark.slow
 def test_compile_and_an_oversubscribed_pod_follow_the_cli():
     at = started()
     at.selectbox(key="model_name").set_value("llama-3-8b")
