@@ -222,7 +222,7 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
         "peak_memory_band": clus.calibration.band("peak_memory") if clus.calibration else prior_band("peak_memory"),
     }
     for knob in ("stage3_max_live_parameters", "stage3_max_reuse_distance", "optimizer_offload_fraction"):
-        if knob in defaults:  # chosen by _search_zero3_knobs: estimate needs them to agree
+        if knob in defaults:  # chosen by _search_zero3_knobs, _search_offload_share: estimate needs them to agree
             assumptions[knob] = defaults[knob]
     if pins:
         assumptions["pinned"] = {k: pinned[k] for k in search.PINNABLE if k in pinned}
