@@ -67,20 +67,73 @@ def checkpoint_restore_s(model: ModelSpec, cluster: Cluster, training: Training,
     return gather + copies
 
 
-def tp_pass_exposed_s(training: Training, lay: Layouts, c: dict, tp_ar, gemm_s, units=(2.0, 0.0)) -> np.ndarray:
+# TransformerEngine 2.20.2 pytorch/module/base.py initialize_ub (get_default_config): the userbuffers
+# megatron-core 0.16.1 creates under --tp-comm-overlap with no --tp-comm-overlap-cfg file
+UB_COMM_SMS = 16  # "pipeline" and "bulk": num_sm 16 with set_sm_margin, the GEMM beside them gets the rest
+UB_PIPELINE_SPLITS = 4  # "pipeline": num_splits 4 ("ring_exchange": num_splits = tp, on copy engines, num_sm 1)
+# the buffers' linear pairs, column- then row-parallel (megatron-core attention.py linear_qkv/linear_proj,
+# mlp.py linear_fc1/linear_fc2; moe/shared_experts.py SharedExpertMLP is an MLP)
+UB_PAIRS = (("qkv", "o"), ("fc1", "fc2"), ("shared_fc1", "shared_fc2"))
+
+
+def tp_pass_exposed_s(block: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict, tp_ar,
+                      units=(2.0, 0.0), backward: bool = False) -> np.ndarray:
     """Exposed TP communication of one pass (forward or backward) through a block, in all-reduce
     equivalents of its T h activations (tp_pass_units): the linear layers' (2 for a dense block)
-    and the MoE token dispatcher's of routed rows. With --tp-comm-overlap and SP, each of the
-    linear layers' all-gathers/reduce-scatters (half an all-reduce each) is split into t chunks
-    pipelined with its GEMM, an equal share of the pass's `gemm_s` (Wang et al. 2023, "Overlap
-    Communication with Dependent Computation via Decomposition", section 3; TransformerEngine
-    userbuffers): one chunk each shows, and whatever exceeds its GEMM's share. The dispatcher's
-    collectives are not among them."""
+    and the MoE token dispatcher's of routed rows. With --tp-comm-overlap and SP, the linear
+    layers' all-gathers and reduce-scatters (half an all-reduce each) run inside TransformerEngine's
+    userbuffers GEMMs instead (ub_pass_exposed_s). The dispatcher's collectives are not among them."""
     linear, routed = units
-    overlap = training.tp_comm_overlap & (lay.sequence_parallel > 0) & (lay.tp > 1)
-    collectives = 2.0 * linear
-    hidden = collectives * overlapped_exposed_s(tp_ar / 2.0, lay.tp, c["dp_overlap_fraction_with_overlap"] * gemm_s / collectives)
-    return np.where(overlap, hidden, linear * tp_ar) + routed * tp_ar
+    overlap = training.tp_comm_overlap & (lay.sequence_parallel > 0) & (lay.tp > 1) & (block.kv_lora_rank == 0)
+    plain = linear * tp_ar
+    if np.any(overlap):
+        plain = np.where(overlap, ub_pass_exposed_s(block, cluster, training, lay, c, tp_ar / 2.0, linear, backward), plain)
+    return plain + routed * tp_ar
+
+
+def ub_pass_exposed_s(block: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict, gather_s,
+                      linear: float, backward: bool) -> np.ndarray:
+    """Seconds one pass through a block loses to its TP collectives (`gather_s` each: one all-gather
+    or reduce-scatter of T h) under TransformerEngine's userbuffers, as megatron-core 0.16.1 sets
+    them (extensions/transformer_engine.py: ub_overlap_ag, ub_overlap_rs, ub_bulk_dgrad and
+    ub_bulk_wgrad on; TE 2.20.2 defaults, UB_* above). Per linear pair:
+    - forward: the column GEMM (qkv, fc1) all-gathers its input by "ring_exchange", t chunks on the
+      copy engines, each chunk's GEMM beside the next chunk's transfer; the row GEMM (proj, fc2)
+      reduce-scatters its output by "pipeline": 4 chunks, each one's reduce-scatter beside the next
+      chunk's GEMM, the last one's after it, on 16 SMs the GEMM gives up;
+    - backward: the row GEMM's dgrad all-gathers the output gradient by "ring_exchange"; the column
+      GEMM's dgrad runs beside the "bulk" all-gather of its input (for the wgrad) and its wgrad
+      beside the "bulk" reduce-scatter of the input gradient, both on 16 SMs.
+    What shows: transfers longer than the GEMM work beside them, the last pipelined chunk, the
+    slower GEMMs on fewer SMs and the small-matrix cost of the chunks (compute.gemm_s). Not
+    modelled: HBM contention between the copies and the GEMMs. MLA's projections (buffers TE lacks)
+    switch Megatron's overlap off: tp_pass_exposed_s."""
+    peak, t = peak_flops_per_s(cluster, training), lay.tp.astype(np.float64)
+    sms = cluster.gpu.sm_count
+    fewer_sms = sms / (sms - UB_COMM_SMS) if sms > UB_COMM_SMS else 1.0  # same work on the SMs left
+    T = tokens_per_microbatch(training, lay)
+    flops = {g.name: T * g.flops_per_token / t for g in block.gemms(fused=True) if g.tp_split and not g.expert}
+
+    def ring(f):  # t chunks, the local one first: t - 1 transfers, each beside a chunk's GEMM
+        chunks = C.gemm_s(f, peak, c, count=t)
+        return chunks - C.gemm_s(f, peak, c) + (t - 1.0) * np.maximum(gather_s / (t - 1.0) - chunks / t, 0.0)
+
+    def pipeline(f):  # chunks on fewer SMs, each one's reduce-scatter beside the next (overlapped_exposed_s)
+        chunks = C.gemm_s(f, peak, c, count=UB_PIPELINE_SPLITS) * fewer_sms
+        return chunks - C.gemm_s(f, peak, c) + overlapped_exposed_s(gather_s, UB_PIPELINE_SPLITS, chunks)
+
+    def bulk(f):  # one GEMM on fewer SMs beside one whole collective
+        whole = C.gemm_s(f, peak, c)
+        return whole * (fewer_sms - 1.0) + np.maximum(gather_s - whole * fewer_sms, 0.0)
+
+    exposed, pairs = 0.0, 0
+    for column, row in UB_PAIRS:
+        if column in flops:
+            pairs += 1
+            exposed = exposed + (ring(flops[row]) + 2.0 * bulk(flops[column]) if backward
+                                 else ring(flops[column]) + pipeline(flops[row]))
+    assert pairs == linear, (pairs, linear)  # tp_pass_units counts the same linear pairs
+    return exposed
 
 
 def tp_pass_units(block: ModelSpec, training: Training, lay: Layouts) -> tuple:
@@ -171,8 +224,8 @@ def block_s(block: ModelSpec, cluster: Cluster, training: Training, lay: Layouts
     gpu_bwd = 2.0 * gemm + core_bwd + C.elementwise_bwd_s(block, cluster, training, lay, c)  # dgrad + wgrad
     out = {"fwd": np.maximum(gpu_fwd, host_fwd), "bwd": np.maximum(gpu_bwd, host_bwd),
            "gpu_fwd": gpu_fwd, "gpu_bwd": gpu_bwd, "host_fwd": host_fwd + 0.0 * gpu_fwd, "host_bwd": host_bwd + 0.0 * gpu_bwd,
-           "gemm": gemm, "tp_fwd": tp_pass_exposed_s(training, lay, c, tp_ar, gemm, units),
-           "tp_bwd": tp_pass_exposed_s(training, lay, c, tp_ar, 2.0 * gemm, units),  # dgrad + wgrad GEMMs
+           "gemm": gemm, "tp_fwd": tp_pass_exposed_s(block, cluster, training, lay, c, tp_ar, units),
+           "tp_bwd": tp_pass_exposed_s(block, cluster, training, lay, c, tp_ar, units, backward=True),
            "a2a": ep_all_to_all_s(block, cluster, training, lay, c),  # 2 in the forward, 2 in the backward
            "restore": checkpoint_restore_s(block, cluster, training, lay, c)}
     out["comm"] = out["tp_fwd"] + out["tp_bwd"] + 4.0 * out["a2a"] + \

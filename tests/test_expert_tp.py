@@ -80,7 +80,7 @@ def test_no_routed_row_gathers_with_experts_whole():
     for etp, expected in ((None, 1 + 2), (1, 1)):
         lay = layout.single(tp=2, dp=4, ep=4, etp=etp, sequence_parallel=True)
         tp_ar = timing.tp_all_reduce_s(MIXTRAL, NODE, MEGATRON, lay, c)
-        got = timing.tp_pass_exposed_s(MEGATRON, lay, c, tp_ar, 1.0, timing.tp_pass_units(MIXTRAL, MEGATRON, lay))
+        got = timing.tp_pass_exposed_s(MIXTRAL, NODE, MEGATRON, lay, c, tp_ar, timing.tp_pass_units(MIXTRAL, MEGATRON, lay))
         assert got[0] == pytest.approx(expected * tp_ar[0], rel=1e-12)
 
 
