@@ -45,7 +45,7 @@ TERMS = [
     ("planner.pipeline", "first_routed_stage"),
     # step time
     ("planner.compute", "flops_per_step"), ("planner.compute", "gemm_fwd_s"), ("planner.compute", "attention_core_s"),
-    ("planner.compute", "elementwise_fwd_s"), ("planner.compute", "eager_host_s"), ("planner.compute", "op_sac_recompute_s"), ("planner.compute", "elementwise_bwd_s"), ("planner.compute", "head_s"),
+    ("planner.compute", "elementwise_fwd_s"), ("planner.compute", "eager_bytes_per_s"), ("planner.compute", "eager_host_s"), ("planner.compute", "op_sac_recompute_s"), ("planner.compute", "elementwise_bwd_s"), ("planner.compute", "head_s"),
     ("planner.collectives", "nccl_time_s"), ("planner.collectives", "ring_latency_us"),
     ("planner.collectives", "tree_latency_us"), ("planner.collectives", "group_bus_bytes_per_s"),
     ("planner.collectives", "p2p_bytes_per_s"), ("planner.collectives", "ring_pod_share"),

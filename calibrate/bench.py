@@ -1,7 +1,8 @@
 """Micro-benchmarks: GEMM throughput, collective bus bandwidth, CPU AdamW rates, the host's DTensor
-cost in an optimizer step, the spread of speed between a machine's GPUs; each measurement carries
-what the fit needs (calibrate/fit.py: FLOPs and seconds; op, bytes, ranks and seconds; parameters
-and seconds; seconds per tensor; the spread itself).
+cost in an optimizer step, the spread of speed between a machine's GPUs, an eager layer's
+memory-bound kernels; each measurement carries what the fit needs (calibrate/fit.py: FLOPs and
+seconds; op, bytes, ranks and seconds; parameters and seconds; seconds per tensor; the spread
+itself; the layer's kernel seconds, its prediction the bytes).
 
 busbw follows nccl-tests (doc/PERFORMANCE.md): algbw = bytes / seconds; all_reduce busbw =
 algbw x 2(n-1)/n, all_gather and reduce_scatter busbw = algbw x (n-1)/n."""
@@ -168,6 +169,63 @@ def dtensor_step_run(implementation: str, counts=(50, 400), repeats: int = 9) ->
             "dtensor_s_per_tensor": slope[True], "extra_s_per_tensor": slope[True] - slope[False]}
 
 
+EAGER_LAYER = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+               "vocab_size": 1024, "attn_implementation": "sdpa"}
+"""A Llama-3-8B decoder layer (huggingface.co/meta-llama/Meta-Llama-3-8B config.json; vocabulary
+shrunk: the layer is timed as a 2-layer model less a 1-layer one)."""
+EAGER_LAYER_TOKENS = (2, 4096)  # micro-batch x sequence: 8192 tokens, a training step's
+
+
+def eager_layer_run(repeats: int = 3) -> dict:
+    """GPU seconds of one eager Hugging Face Llama decoder layer's kernels in a training micro-batch
+    (forward and backward, bf16, SDPA), by kind (calibrate/step_worker.py kernel_kind): torch.profiler's
+    kernel durations of a 2-layer LlamaForCausalLM less a 1-layer one, each after a warm-up step. The
+    'elementwise' kind (pointwise, reductions, casts, cat) is what planner/compute.py elementwise_fwd_s
+    and elementwise_bwd_s predict; 'gemm' and 'attention' are timed without the host time a synchronized
+    single call adds (gemm_run)."""
+    import torch
+    import transformers
+
+    from calibrate.step_worker import kernel_seconds
+
+    def profiled(layers: int) -> dict:
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(num_hidden_layers=layers, **EAGER_LAYER)
+        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).cuda().train()
+        ids = torch.randint(0, EAGER_LAYER["vocab_size"], EAGER_LAYER_TOKENS, device="cuda")
+
+        def step():
+            model(input_ids=ids).logits.float().sum().backward()
+            model.zero_grad(set_to_none=True)
+
+        step()  # warm-up: cuBLAS heuristics, the caching allocator's blocks
+        return kernel_seconds(step, repeats)
+
+    one = profiled(1)
+    torch.cuda.empty_cache()
+    two = profiled(2)
+    layer = {k: two.get(k, 0.0) - one.get(k, 0.0) for k in set(one) | set(two) if k != "wall"}
+    return {"tokens": EAGER_LAYER_TOKENS[0] * EAGER_LAYER_TOKENS[1], "kernel_s": layer,
+            "layer_elementwise_s": layer.get("elementwise", 0.0)}
+
+
+def _eager_layer_prediction(gpu: str) -> dict:
+    """The planner's memory-bound seconds of that layer (planner/compute.py, an eager engine's block)
+    on the catalog GPU, and the bytes it counts for them."""
+    from planner import compute, layout
+    from planner.calibration import coefficient_values
+    from planner.hardware import Cluster, lookup_gpu
+    from planner.hf_config import from_hf_config
+
+    model = from_hf_config({**EAGER_LAYER, "model_type": "llama", "num_hidden_layers": 1})
+    cluster, c = Cluster(lookup_gpu(gpu), 1, 1), coefficient_values("time")
+    training = layout.Training(seq_len=EAGER_LAYER_TOKENS[1], engine="fsdp")
+    lay = layout.single(mbs=EAGER_LAYER_TOKENS[0])
+    seconds = float((compute.elementwise_fwd_s(model, cluster, training, lay, c)
+                     + compute.elementwise_bwd_s(model, cluster, training, lay, c))[0])
+    return {"layer_elementwise_s": seconds, "layer_bytes": seconds * compute.eager_bytes_per_s(cluster, c)}
+
+
 def _eager_run() -> dict:
     from calibrate.eager_ops import layer_host_run
 
@@ -227,6 +285,10 @@ def cases(profile_kind: str, gpu: str | None = None) -> list:
         out.append(Case(name="bench/collectives", kind="collective", config=spec, predict=dict,
                         reduce=_collective_rows, module="calibrate.bench_worker", args=[json.dumps(spec)],
                         nproc=ranks, timeout_s=300))
+    if gpu_run:  # an eager layer's memory-bound kernels: eager_bytes_per_s_per_sm
+        out.append(Case(name="bench/eager_layer/llama-3-8b", kind="eager_layer",
+                        config={"llama": EAGER_LAYER, "tokens": list(EAGER_LAYER_TOKENS), "gpu": gpu},
+                        predict=lambda: _eager_layer_prediction(gpu), reduce=lambda r: r[0], run_inline=eager_layer_run))
     if gpu_run and ranks >= 2:  # the spread between GPUs needs two of them
         out.append(Case(name="bench/rank_speed", kind="rank_speed", config={"n": 8192, "dtype": "bfloat16"},
                         predict=lambda: {"speed_cv": _coefficient("rank_speed_cv")}, reduce=lambda r: r[0],

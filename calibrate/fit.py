@@ -31,6 +31,7 @@ BOUNDS = {
     ("time", "eager_op_host_s"): (1e-7, 1e-3),
     ("time", "dtensor_step_host_s_per_tensor"): (1e-7, 1e-3),
     ("time", "rank_speed_cv"): (1e-4, 0.3),
+    ("time", "eager_bytes_per_s_per_sm"): (1e8, 1e12),
     ("memory", "allocator_fragmentation"): (1e-4, 1.0),
     ("memory", "cuda_context_bytes"): (2**20, 4 * 2**30),
     ("memory", "nccl_bytes_per_group"): (2**16, 2**30),
@@ -102,6 +103,16 @@ def _measured_itself(name: str):
 def _eager_ops(records, c, ref):
     m = [r["measurement"] for r in records]
     return np.array([(x["forward_ops"] + x["backward_ops"]) * c["time"]["eager_op_host_s"] for x in m], dtype=float)
+
+
+def _eager_layer(records, c, ref):
+    # the bytes the planner counts for the layer (recorded with the run) at what eager kernels reach
+    # on the run's GPU with these coefficients (planner/compute.py eager_bytes_per_s)
+    from planner.compute import eager_bytes_per_s
+    from planner.hardware import Cluster, lookup_gpu
+
+    return np.array([r["prediction"]["layer_bytes"] / eager_bytes_per_s(Cluster(lookup_gpu(r["config"]["gpu"]), 1, 1), c["time"])
+                     for r in records], dtype=float)
 
 
 def _reserved(records, c, ref):
@@ -179,6 +190,7 @@ GROUPS = (
              _cpu_adam("cpu_adam_unfused_params_per_s"), where=lambda r: _adam_implementation(r) == "torch",
              label="cpu_adam.unfused_step_s"),
     FitGroup("eager_ops", "layer_host_s", (("time", "eager_op_host_s"),), _eager_ops),
+    FitGroup("eager_layer", "layer_elementwise_s", (("time", "eager_bytes_per_s_per_sm"),), _eager_layer),
     FitGroup("dtensor_step", "extra_s_per_tensor", (("time", "dtensor_step_host_s_per_tensor"),),
              _measured_itself("dtensor_step_host_s_per_tensor")),
     # the spread of speeds between a machine's GPUs (planner/stragglers.py; two or more GPUs)

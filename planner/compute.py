@@ -29,6 +29,16 @@ def hbm_bytes_per_s(cluster: Cluster, c: dict) -> float:
     return cluster.gpu.hbm_bytes_per_s * c["hbm_efficiency"]
 
 
+def eager_bytes_per_s(cluster: Cluster, c: dict) -> float:
+    """Attainable bandwidth of eager PyTorch's memory-bound kernels (unfused elementwise, reductions,
+    casts): each SM keeps a bounded number of loads in flight (Little's law: bandwidth = bytes in
+    flight / latency), so past sm_count x eager_bytes_per_s_per_sm (measured on an H200,
+    data/coefficients.json) more HBM bandwidth goes unused; below it, as streaming kernels."""
+    sms = cluster.gpu.sm_count
+    hbm = hbm_bytes_per_s(cluster, c)
+    return min(hbm, sms * c["eager_bytes_per_s_per_sm"]) if sms else hbm
+
+
 def tokens_per_microbatch(training: Training, lay: Layouts) -> np.ndarray:
     """Tokens of one micro-batch on one rank: context parallelism splits the sequence."""
     return lay.mbs * training.seq_len / lay.cp
@@ -189,10 +199,11 @@ def eager_layer_bytes(model: ModelSpec, routed) -> tuple | None:
 
 def _elementwise_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict,
                    backward: bool) -> np.ndarray:
-    """Memory-bound elementwise kernels of one block at attainable HBM bandwidth; the replicated
-    region splits over t under sequence parallelism (Korthikanti 2022 section 4.2.2). Eager bf16
-    blocks move what their measured layer moves (eager_layer_bytes); the others follow the byte
-    lists above, backward 1.5x the forward (elementwise_bwd_s)."""
+    """Memory-bound elementwise kernels of one block at attainable HBM bandwidth (eager ones at
+    what eager kernels reach: eager_bytes_per_s); the replicated region splits over t under
+    sequence parallelism (Korthikanti 2022 section 4.2.2). Eager bf16 blocks move what their
+    measured layer moves (eager_layer_bytes); the others follow the byte lists above, backward 1.5x
+    the forward (elementwise_bwd_s)."""
     e = training.precision.element_bytes
     T = tokens_per_microbatch(training, lay)
     routed = routed_per_token(model, training, lay, T)
@@ -208,7 +219,8 @@ def _elementwise_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
         replicated, act, rope = (scale * b for b in bytes_of(model, e, routed))
     t = lay.tp.astype(np.float64)
     sp = np.where(lay.sequence_parallel > 0, t, 1.0)
-    return T * (replicated / sp + (act + rope) / t) / hbm_bytes_per_s(cluster, c)
+    bandwidth = eager_bytes_per_s(cluster, c) if eager else hbm_bytes_per_s(cluster, c)
+    return T * (replicated / sp + (act + rope) / t) / bandwidth
 
 
 def elementwise_fwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:

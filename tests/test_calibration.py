@@ -74,8 +74,9 @@ def test_fitted_coefficients_and_band_reach_the_answer(tmp_path):
     assert m0["reserved_bytes"] == math.ceil(m0["allocated_bytes"] * 1.19)  # the 19 % prior
     assert m1["gpu_bytes"] - m0["gpu_bytes"] == m1["reserved_bytes"] - m0["reserved_bytes"]  # context, NCCL unchanged
     assert m1["error_band"] == 0.2 and m1["error_band_bytes"] == math.ceil(0.2 * m1["gpu_bytes"])
-    # GEMMs at 0.4 of peak instead of 0.8: compute time doubles (the GEMM-bound part of the step)
-    assert fitted.time["breakdown"]["compute"] > 1.6 * prior.time["breakdown"]["compute"]
+    # GEMMs at 0.4 of peak instead of 0.8: the GEMM-bound part of the compute doubles (about half of
+    # an eager Llama-2-7B block's on H100, beside its memory-bound kernels and attention)
+    assert fitted.time["breakdown"]["compute"] > 1.4 * prior.time["breakdown"]["compute"]
     c = fitted.to_json()["cluster"]["calibration"]
     assert c["profile"] == "lab" and c["coefficients"]["memory.allocator_fragmentation"] == 0.5
 

@@ -133,3 +133,19 @@ def test_the_spread_between_gpus_is_fitted_where_a_machine_has_several():
     assert result["error"]["rank_speed.speed_cv"]["runs"] == 2
     assert 0.010 < result["coefficients"]["time"]["rank_speed_cv"]["value"] < 0.014
     assert "rank_speed_cv" not in F.fit([spread(None)], REF)["coefficients"].get("time", {})  # the prior stays
+
+
+def test_an_eager_layers_memory_bound_kernels_fit_the_rate_per_sm():
+    # calibrate's eager_layer bench: one Llama-3-8B layer's counted bytes (15.8 GB at 8192 tokens) whose
+    # memory-bound kernels took 8.0 ms on an H100 (132 SMs) stream 1.98 TB/s: 1.5e10 B/s an SM;
+    # the same layer in 5.9 ms streams 2.68 TB/s, under 0.9 x 3.35 TB/s of HBM: 2.03e10 an SM
+    def run(seconds):
+        return {"kind": "eager_layer", "outcome": {"status": "ok"}, "config": {"gpu": "h100-sxm"},
+                "prediction": {"layer_bytes": 15.8e9}, "measurement": {"layer_elementwise_s": seconds}}
+
+    for seconds, per_sm in ((8.0e-3, 15.8e9 / 8.0e-3 / 132), (5.9e-3, 15.8e9 / 5.9e-3 / 132)):
+        result = F.fit([run(seconds), run(seconds)], REF, k=2)
+        assert result["coefficients"]["time"]["eager_bytes_per_s_per_sm"]["value"] == pytest.approx(per_sm, rel=1e-3)
+    # past what HBM streams (0.9 x 3.35 TB/s = 3.0 TB/s) a faster layer cannot be explained: the fit stops short
+    result = F.fit([run(4.0e-3), run(4.0e-3)], REF, k=2)
+    assert result["error"]["eager_layer.layer_elementwise_s"]["after_max"] > 0.2  # 15.8e9 / 3.015e12 = 5.2 ms, not 4
