@@ -31,7 +31,8 @@ def gemm_run(n: int, dtype: str, repeats: int = 5) -> dict:
     """Median seconds of an n x n x n matmul (2 n^3 FLOPs) on the default device, each timed alone
     between two synchronizations (gemm_s: what the fit takes), and the mean of `repeats` issued back
     to back between two (back_to_back_s), as a training step issues them: the difference is the
-    per-call host time a synchronized call adds (30-40 us on the H200 host at every size)."""
+    per-call host time a synchronized call adds (30-40 us on the H200 host at every size); on a GPU
+    also the kernels' own seconds (kernel_s), what the fit takes where a record has them."""
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -53,8 +54,14 @@ def gemm_run(n: int, dtype: str, repeats: int = 5) -> dict:
         torch.matmul(a, b)
     sync()
     back_to_back = (time.perf_counter() - start) / repeats
-    return {"m": n, "n": n, "k": n, "dtype": dtype, "flops": 2.0 * n**3, "gemm_s": seconds,
-            "flops_per_s": 2.0 * n**3 / seconds, "back_to_back_s": back_to_back}
+    out = {"m": n, "n": n, "k": n, "dtype": dtype, "flops": 2.0 * n**3, "gemm_s": seconds,
+           "flops_per_s": 2.0 * n**3 / seconds, "back_to_back_s": back_to_back}
+    if device == "cuda":  # the kernels' own durations (torch.profiler's CUDA activity): no host time at all
+        from calibrate.step_worker import kernel_seconds
+
+        kinds = kernel_seconds(lambda: torch.matmul(a, b), repeats)
+        out["kernel_s"] = sum(v for k, v in kinds.items() if k != "wall")
+    return out
 
 
 def rank_speed_run(n: int = 8192, rounds: int = 6, matmuls: int = 40) -> dict:

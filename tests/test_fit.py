@@ -149,3 +149,21 @@ def test_an_eager_layers_memory_bound_kernels_fit_the_rate_per_sm():
     # past what HBM streams (0.9 x 3.35 TB/s = 3.0 TB/s) a faster layer cannot be explained: the fit stops short
     result = F.fit([run(4.0e-3), run(4.0e-3)], REF, k=2)
     assert result["error"]["eager_layer.layer_elementwise_s"]["after_max"] > 0.2  # 15.8e9 / 3.015e12 = 5.2 ms, not 4
+
+
+def test_the_gemm_curve_comes_from_kernel_time_where_the_bench_profiled_it():
+    # the H200's synchronized single calls each carried ~35 us of host time (256^3: 35 us for 0.03 us of
+    # math): fitted on them, the curve's half-efficiency size came out 2.9e10 against the kernels' 3e9
+    records = gemm_records(emax=0.8, f_half=3e9)
+    for r in records:
+        r["measurement"]["kernel_s"] = r["measurement"]["gemm_s"]
+        r["measurement"]["gemm_s"] += 35e-6
+    result = F.fit(records, REF, k=3)
+    c = result["coefficients"]["time"]
+    assert c["gemm_half_efficiency_flops"]["value"] == pytest.approx(3e9, rel=1e-2)
+    assert c["gemm_efficiency_max"]["value"] == pytest.approx(0.8, rel=1e-3)
+    assert "gemm.gemm_s" not in result["error"]  # records with kernel times are not fitted on their calls
+    # the same calls without kernel times: the host's 35 us pass for small-matrix inefficiency
+    for r in records:
+        del r["measurement"]["kernel_s"]
+    assert F.fit(records, REF, k=3)["coefficients"]["time"]["gemm_half_efficiency_flops"]["value"] > 2e10
