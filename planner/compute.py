@@ -30,10 +30,11 @@ def hbm_bytes_per_s(cluster: Cluster, c: dict) -> float:
 
 
 def eager_bytes_per_s(cluster: Cluster, c: dict) -> float:
-    """Attainable bandwidth of eager PyTorch's memory-bound kernels (unfused elementwise, reductions,
-    casts): each SM keeps a bounded number of loads in flight (Little's law: bandwidth = bytes in
-    flight / latency), so past sm_count x eager_bytes_per_s_per_sm (measured on an H200,
-    data/coefficients.json) more HBM bandwidth goes unused; below it, as streaming kernels."""
+    """Attainable bandwidth of an eager layer's memory-bound kernels (PyTorch's unfused pointwise ops,
+    reductions, broadcasts, casts of strided views, cat): each SM keeps a bounded number of their
+    loads in flight (Little's law: bandwidth = bytes in flight / latency), so past sm_count x
+    eager_bytes_per_s_per_sm (measured on an H200, data/coefficients.json) more HBM bandwidth goes
+    unused; below it, as streaming kernels. Plain copies keep more in flight (hbm_bytes_per_s)."""
     sms = cluster.gpu.sm_count
     hbm = hbm_bytes_per_s(cluster, c)
     return min(hbm, sms * c["eager_bytes_per_s_per_sm"]) if sms else hbm
