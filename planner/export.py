@@ -525,6 +525,22 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
 # ---------------------------------------------------------------------------------------------
 # launch.sh
 
+
+def megatron_environment(cluster: Cluster, training: Training, row: dict) -> list[str]:
+    """The environment Megatron's TP overlaps the plan assumes need: kernels issued in the order
+    called, so each async all-gather or reduce-scatter starts before the GEMM it hides behind
+    (megatron-core 0.16.1 tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication:
+    "requires that the environment variable CUDA_DEVICE_MAX_CONNECTIONS=1"); and, for
+    --tp-comm-overlap below compute capability 9.0, Userbuffers over CUDA IPC (TransformerEngine
+    2.20.2 pytorch/module/base.py initialize_ub raises without CUDA multicast unless UB_SKIPMC=1)."""
+    lines = []
+    if row["tp"] > 1:
+        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # TP collectives ordered before the GEMMs they hide behind")
+        if training.tp_comm_overlap and row["sequence_parallel"] and cluster.gpu.compute_capability < 9.0:
+            lines.append("export UB_SKIPMC=1  # --tp-comm-overlap: no CUDA multicast before compute capability 9.0")
+    return lines
+
+
 def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: dict,
                   opts: dict | None = None) -> str:
     opts = {**EXTRA_DEFAULTS, **(opts or {})}
@@ -572,6 +588,7 @@ def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: d
         f'MASTER_PORT="${{MASTER_PORT:-{int(opts["master_port"])}}}"',
     ]
     if megatron:
+        lines += megatron_environment(cluster, training, row)
         lines.append(f'MEGATRON_SCRIPT="${{MEGATRON_SCRIPT:-{opts["megatron_script"]}}}"')
         margs = megatron_args(model, training, row, ds_config_path="$HERE/" + DS_CONFIG)
         lines.append("MEGATRON_ARGS=(")

@@ -40,6 +40,8 @@ class GPU:
     sm_count: int = 0
     """Streaming multiprocessors (AMD: compute units): communication kernels that run beside a
     GEMM take some of them (0: unknown, none taken)."""
+    compute_capability: float = 0.0
+    """CUDA compute capability major.minor (0: not a CUDA device): 9.0 on brings CUDA multicast."""
     source: str = ""
     """Datasheets and assumptions behind the numbers."""
 
@@ -108,6 +110,7 @@ def load_gpus() -> dict[str, GPU]:
             nvme_bytes_per_s_per_node=e["nvme_gb_per_s_per_node"] * 1e9,
             attention_efficiency=float(e.get("attention_efficiency", 0.0)),
             sm_count=int(e.get("sm_count", 0)),
+            compute_capability=float(e.get("compute_capability", 0.0)),
             source=e["source"],
         )
         for key in [e["name"], *e.get("aliases", [])]:

@@ -389,6 +389,25 @@ def test_launch_sh_tp_pp_layout(tmp_path):
     assert "--account-for-embedding-in-pipeline-split" in split and "--account-for-loss-in-pipeline-split" in split
 
 
+def test_launch_sh_sets_the_environment_megatrons_tp_overlaps_need(tmp_path):
+    # megatron-core 0.16.1 tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication
+    # "requires that the environment variable CUDA_DEVICE_MAX_CONNECTIONS=1" for its async TP
+    # collectives; TransformerEngine 2.20.2 initialize_ub raises without CUDA multicast (compute
+    # capability 9.0 on) unless UB_SKIPMC=1
+    row = single(tp=4, pp=1, dp=4, zero=1, mbs=1, gas=8, sequence_parallel=True).row(0)
+    overlap = Training(engine="megatron", seq_len=4096, tp_comm_overlap=True)
+    for gpu, skip_multicast in (("a100-80gb", True), ("h100-sxm", False)):
+        nodes = Cluster(lookup_gpu(gpu), 16, 8)
+        out = files(emit(tmp_path / gpu, MODEL, nodes, overlap, row))
+        env = [line for line in out["launch.sh"].read_text().splitlines() if line.startswith("export ")]
+        assert env[0].startswith("export CUDA_DEVICE_MAX_CONNECTIONS=1")
+        assert any(line.startswith("export UB_SKIPMC=1") for line in env) == skip_multicast
+        subprocess.run(["bash", "-n", str(out["launch.sh"])], check=True)
+    plain = files(emit(tmp_path / "dp", MODEL, cluster(16), Training(engine="megatron"),
+                       single(tp=1, dp=16, zero=1, mbs=1, gas=2).row(0)))
+    assert "export " not in plain["launch.sh"].read_text()  # no TP: nothing to order
+
+
 def test_launch_sh_megatron_deepspeed(tmp_path):
     row = single(tp=2, pp=1, dp=4, cp=2, ep=2, zero=1, mbs=2, gas=2, recompute="selective").row(0)
     training = Training(engine="megatron-deepspeed", precision="fp16", flash_attention=False)
