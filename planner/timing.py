@@ -114,9 +114,9 @@ def ub_pass_exposed_s(block: ModelSpec, cluster: Cluster, training: Training, la
     T = tokens_per_microbatch(training, lay)
     flops = {g.name: T * g.flops_per_token / t for g in block.gemms(fused=True) if g.tp_split and not g.expert}
 
-    def ring(f):  # t chunks, the local one first: t - 1 transfers, each beside a chunk's GEMM
+    def ring(f):  # t chunks, the local one first: t - 1 transfers, each beside a chunk's GEMM (t - 1 of t)
         chunks = C.gemm_s(f, peak, c, count=t)
-        return chunks - C.gemm_s(f, peak, c) + (t - 1.0) * np.maximum(gather_s / (t - 1.0) - chunks / t, 0.0)
+        return chunks - C.gemm_s(f, peak, c) + np.maximum(gather_s - (t - 1.0) / t * chunks, 0.0)
 
     def pipeline(f):  # chunks on fewer SMs, each one's reduce-scatter beside the next (overlapped_exposed_s)
         chunks = C.gemm_s(f, peak, c, count=UB_PIPELINE_SPLITS) * fewer_sms
