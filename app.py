@@ -289,6 +289,7 @@ def show_recommendation(rec: dict) -> int:
     if rec["engines"]:
         st.markdown("**Other engines**: the fastest layout of each that fits, against #1")
         st.dataframe(pd.DataFrame([{"engine": e["engine"], "layout": short(e["layout"]) if e["layout"] else e["note"],
+                                    "settings": report.settings_flags(e["settings"]),
                                     "tokens/s": e["tokens_per_s"],
                                     "speed vs #1": None if e["relative_speed"] is None else f"{e['relative_speed']:.2f}x"}
                                    for e in rec["engines"]]), hide_index=True,
@@ -409,10 +410,11 @@ def main() -> None:
                 return
             chosen = show_recommendation(rec)
             # estimate takes the recommended global batch and engine, so its numbers are the row's
-            # and the pipeline split and ZeRO-3 knobs it chose
+            # and the pipeline split, ZeRO-3 knobs, offloaded share and TP overlap it chose
             fixed = {**{k: v for k, v in training.items() if k != "tokens_per_step"}, "gbs": rec["gbs"],
                      "engine": rec["engine"], "pipeline_edge_layers": rec["assumptions"]["pp_edge_layers"],
-                     **{k: rec["assumptions"][k] for k in ("stage3_max_live_parameters", "stage3_max_reuse_distance")
+                     **{k: rec["assumptions"][k] for k in ("stage3_max_live_parameters", "stage3_max_reuse_distance",
+                                                           "optimizer_offload_fraction", "tp_comm_overlap")
                         if k in rec["assumptions"]}}
             est = estimate_answer(model, cluster, fixed, layout_input(rec["layouts"][chosen]["layout"]))
             show_layout(est)

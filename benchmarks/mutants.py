@@ -54,7 +54,8 @@ TERMS = [
     ("planner.timing", "pipeline_bubble_s"), ("planner.timing", "pipeline_p2p_s"), ("planner.timing", "grad_reduce_s"),
     ("planner.timing", "grad_reductions_per_step"), ("planner.timing", "param_gather_s"),
     ("planner.timing", "zero3_gather_s"), ("planner.timing", "zero3_exposed_s"), ("planner.timing", "gpu_optimizer_step_s"), ("planner.timing", "cpu_adam_s"),
-    ("planner.timing", "offload_s"), ("planner.timing", "overlapped_exposed_s"),
+    ("planner.timing", "offload_s"), ("planner.timing", "overlapped_exposed_s"), ("planner.timing", "chunked_sync_exposed_s"),
+    ("planner.pipeline", "interleaved_groups"),
     ("planner.timing", "fsdp_copies_s"), ("planner.timing", "zero3_rank_copies_s"), ("planner.timing", "deepspeed_step_s"),
     ("planner.timing", "param_fetch_s"), ("planner.stragglers", "expected_max_of_normals"), ("planner.stragglers", "straggler_s"),
 ]

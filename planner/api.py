@@ -94,7 +94,9 @@ class Recommendation:
     """recommend(landscape=N): fitting layouts as {label, gpu_bytes, tokens_per_s, pareto} lists."""
     engines: list = field(default_factory=list)
     """The fastest fitting layout under each other engine: {engine, layout, tokens_per_s,
-    relative_speed (to layouts[0]; > 1 is faster), note (why there is none)}."""
+    relative_speed (to layouts[0]; > 1 is faster), note (why there is none), settings (the
+    training settings its search chose: tp_comm_overlap, optimizer_offload_fraction, the ZeRO-3
+    live-parameter knobs, where they differ from the engine's defaults)}."""
 
     def to_json(self) -> dict:
         """The `planner recommend --json` object."""
@@ -206,6 +208,10 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     if knobs_free and train.zero_config.stage3_max_live_parameters != ZeroConfig().stage3_max_live_parameters:
         defaults["stage3_max_live_parameters"] = train.zero_config.stage3_max_live_parameters  # searched
         defaults["stage3_max_reuse_distance"] = train.zero_config.stage3_max_reuse_distance
+    overlap_free = tin.tp_comm_overlap is None
+    train, result = _search_tp_overlap(spec, clus, train, headroom, result, overlap_free)
+    if train.tp_comm_overlap and overlap_free:
+        defaults["tp_comm_overlap"] = True  # searched
     share_free = tin.optimizer_offload_fraction is None
     train, result = _search_offload_share(spec, clus, train, headroom, result, share_free)
     if train.optimizer_offload_fraction != 1.0:
@@ -221,8 +227,10 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
         "calibration": clus.calibration.name if clus.calibration else None,
         "peak_memory_band": clus.calibration.band("peak_memory") if clus.calibration else prior_band("peak_memory"),
     }
-    for knob in ("stage3_max_live_parameters", "stage3_max_reuse_distance", "optimizer_offload_fraction"):
-        if knob in defaults:  # chosen by _search_zero3_knobs, _search_offload_share: estimate needs them to agree
+    for knob in ("stage3_max_live_parameters", "stage3_max_reuse_distance", "optimizer_offload_fraction",
+                 "tp_comm_overlap"):
+        if knob in defaults:  # chosen by _search_zero3_knobs, _search_offload_share, _search_tp_overlap: estimate
+            # needs them to agree
             assumptions[knob] = defaults[knob]
     if pins:
         assumptions["pinned"] = {k: pinned[k] for k in search.PINNABLE if k in pinned}
@@ -246,7 +254,7 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     points = search.landscape(result, landscape) if landscape else None
     best = records[0]["throughput"]["tokens_per_s"] if records else None
     others = [_engine_best(spec, clus, train, name, headroom, max_mbs, pins, best, tin.pipeline_edge_layers is None,
-                           knobs_free, share_free) for name in ENGINE_NAMES if name != train.engine.name]
+                           knobs_free, share_free, overlap_free) for name in ENGINE_NAMES if name != train.engine.name]
     return Recommendation(spec, clus, train, assumptions, defaults, result["candidates"], result["rejected"],
                           records, hints, result["elapsed_s"], points, others)
 
@@ -272,7 +280,7 @@ def _search_zero3_knobs(spec, clus, train: Training, headroom: float, max_mbs: i
     ev, valid = result["eval"], result["valid"]
     speed = np.asarray(ev["time"]["throughput"]["tokens_per_s"])
     fits, zero3 = np.asarray(ev["fits"]), valid.zero == 3
-    best = float(speed[result["order"][0]]) if result["order"].size else -1.0
+    best = _fastest_tokens_per_s(result)
     tries = []
     blocked = speed[~fits & zero3]
     if blocked.size and blocked.max() > best:
@@ -282,13 +290,36 @@ def _search_zero3_knobs(spec, clus, train: Training, headroom: float, max_mbs: i
     chosen, other = train, None
     for knobs in (t for t in tries if t is not None):
         found = search.search(spec, clus, knobs, headroom, max_mbs, pinned={**pins, "zero": 3})
-        fastest = float(found["eval"]["time"]["throughput"]["tokens_per_s"][found["order"][0]]) \
-            if found["order"].size else -1.0
+        fastest = _fastest_tokens_per_s(found)
         if fastest > best:
             result["candidates"] += found["candidates"]
             result["elapsed_s"] += found["elapsed_s"]
             best, chosen, other = fastest, knobs, found
     return chosen, result, other
+
+
+def _search_tp_overlap(spec, clus, train: Training, headroom: float, result: dict, free: bool) -> tuple:
+    """(training, search result): where the user left --tp-comm-overlap alone and the engine runs it
+    (search.tp_overlap_training), the TP and sequence-parallel layouts again with it on, kept where
+    the fastest is faster. The flag changes no rule and no memory the planner books."""
+    overlapped, rows = search.tp_overlap_training(spec, train, result) if free else (None, None)
+    if overlapped is None:
+        return train, result
+    again = search.reevaluate(spec, clus, overlapped, result, headroom, rows)
+    if _faster(again, result):
+        return overlapped, again
+    return train, result
+
+
+def _fastest_tokens_per_s(result: dict) -> float:
+    """Tokens/s of a search result's fastest fitting layout (-1 where none fits)."""
+    order = result["order"]
+    return float(result["eval"]["time"]["throughput"]["tokens_per_s"][order[0]]) if order.size else -1.0
+
+
+def _faster(new: dict, old: dict) -> bool:
+    """Whether search result `new`'s fastest fitting layout beats `old`'s."""
+    return _fastest_tokens_per_s(new) > max(_fastest_tokens_per_s(old), 0.0)
 
 
 def _search_offload_share(spec, clus, train: Training, headroom: float, result: dict, free: bool) -> tuple:
@@ -300,32 +331,39 @@ def _search_offload_share(spec, clus, train: Training, headroom: float, result: 
     if lean is None:
         return train, result
     again = search.reevaluate(spec, clus, lean, result, headroom, np.flatnonzero(result["valid"].offload_optimizer > 0))
-    speed = again["eval"]["time"]["throughput"]["tokens_per_s"]
-    if not again["order"].size or float(speed[again["order"][0]]) <= \
-            float(result["eval"]["time"]["throughput"]["tokens_per_s"][result["order"][0]]):
-        return train, result
-    return lean, again
+    return (lean, again) if _faster(again, result) else (train, result)
 
 
 def _engine_best(spec, clus, training: Training, engine: str, headroom: float, max_mbs: int, pins: dict,
-                 best_tokens_per_s: float | None, free_edges: bool, free_knobs: bool, free_share: bool) -> dict:
+                 best_tokens_per_s: float | None, free_edges: bool, free_knobs: bool, free_share: bool,
+                 free_overlap: bool) -> dict:
     """The fastest fitting layout of the same model, cluster, batch and pins under another engine
-    (the settings it does not take dropped: Training.for_engine; its pipeline split, ZeRO-3 knobs and
-    offloaded share chosen as its own recommend would), with its speed relative to the recommended
-    one (> 1: faster)."""
-    train, result = _search_edges(spec, clus, training.for_engine(engine), headroom, max_mbs, pins, free_edges)
+    (the settings it does not take dropped: Training.for_engine; its pipeline split, ZeRO-3 knobs,
+    --tp-comm-overlap and offloaded share chosen as its own recommend would, those that differ from
+    the first search's in `settings`), with its speed relative to the recommended one (> 1: faster)."""
+    first, result = _search_edges(spec, clus, training.for_engine(engine), headroom, max_mbs, pins, free_edges)
     # a search under other ZeRO-3 knobs comes back only where its fastest beats the first's
-    result = _search_zero3_knobs(spec, clus, train, headroom, max_mbs, pins, result, free_knobs)[2] or result
-    result = _search_offload_share(spec, clus, train, headroom, result, free_share)[1]
+    knobs, _, knobbed = _search_zero3_knobs(spec, clus, first, headroom, max_mbs, pins, result, free_knobs)
+    train, result = (knobs, knobbed) if knobbed else (first, result)
+    train, result = _search_tp_overlap(spec, clus, train, headroom, result, free_overlap)
+    train, result = _search_offload_share(spec, clus, train, headroom, result, free_share)
     if not result["order"].size:
         why = "nothing fits"
         if result["valid"].size == 0:
             why = "the pinned axes break its rules" if pins else "it cannot train this model (its rules reject every layout)"
-        return {"engine": engine, "layout": None, "tokens_per_s": None, "relative_speed": None, "note": why}
+        return {"engine": engine, "layout": None, "tokens_per_s": None, "relative_speed": None, "note": why,
+                "settings": {}}
     i = int(result["order"][0])
     speed = float(result["eval"]["time"]["throughput"]["tokens_per_s"][i])
+    searched = {"tp_comm_overlap": train.tp_comm_overlap, "optimizer_offload_fraction": train.optimizer_offload_fraction,
+                "stage3_max_live_parameters": train.zero_config.stage3_max_live_parameters,
+                "stage3_max_reuse_distance": train.zero_config.stage3_max_reuse_distance}
+    start = {"tp_comm_overlap": first.tp_comm_overlap, "optimizer_offload_fraction": first.optimizer_offload_fraction,
+             "stage3_max_live_parameters": first.zero_config.stage3_max_live_parameters,
+             "stage3_max_reuse_distance": first.zero_config.stage3_max_reuse_distance}
     return {"engine": engine, "layout": result["valid"].row(i), "tokens_per_s": speed,
-            "relative_speed": None if best_tokens_per_s is None else speed / best_tokens_per_s, "note": None}
+            "relative_speed": None if best_tokens_per_s is None else speed / best_tokens_per_s, "note": None,
+            "settings": {k: v for k, v in searched.items() if v != start[k]}}
 
 
 def _pin_codes(pinned: dict, gpus: int) -> dict:

@@ -147,7 +147,10 @@ def add_training_flags(p):
     g.add_argument("--fp32-grad-accum", action="store_true", default=None,
                    help="DeepSpeed data_types.grad_accum_dtype fp32 (bf16 + ZeRO-1: BF16_Optimizer)")
     g.add_argument("--tp-comm-overlap", action="store_true", default=None,
-                   help="Megatron --tp-comm-overlap (TransformerEngine): SP collectives pipelined with their GEMMs")
+                   help="Megatron --tp-comm-overlap (TransformerEngine): SP collectives pipelined with their GEMMs "
+                        "(default: estimate off; recommend turns it on where it makes the fastest layout faster)")
+    g.add_argument("--no-tp-comm-overlap", dest="tp_comm_overlap", action="store_false",
+                   help="recommend: never turn on --tp-comm-overlap (e.g. without TransformerEngine)")
     g.add_argument("--compile", action="store_true", default=None,
                    help="torch.compile each Hugging Face block (Inductor): fused elementwise kernels, fewer launches, "
                         "what its partitioner saves (--engine deepspeed or fsdp, Llama-style dense blocks)")

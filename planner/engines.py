@@ -269,6 +269,14 @@ class Engine:
     (param_copy_back_gpu_hook), all in turn on the current stream (overlap_cpu_optimizer_d2h_h2d
     off, OptimizerConfig's default); rather than DeepSpeed's ZeRO-Offload, which copies gradients
     down during backward and 16-bit parameters up."""
+    dp_sync_per_chunk: bool = False
+    """Under the interleaved schedule each model chunk syncs on its own (megatron-core 0.16.1
+    pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving): its gradient
+    reduction starts once the chunk's last micro-batch has gone backward (grad_sync_func per chunk,
+    or enable_grad_sync at that backward), and its parameter all-gather in the next step one chunk
+    ahead (param_sync_func: chunks 0 and 1 before the first forward, chunk j at chunk j - 1's first
+    forward); rather than the whole stage's buckets under one micro-batch's pass
+    (timing.chunked_sync_exposed_s)."""
     zero3_per_tensor_collectives: bool = False
     """ZeRO-3 all-gathers each parameter and reduce-scatters each gradient in a call of its own,
     through torch.distributed's tensor-list all_gather/reduce_scatter: the host narrows one slice
@@ -434,6 +442,7 @@ MEGATRON = Engine(
     partial_recompute=True,
     rank_order_choice=True,  # megatron-core parallel_state.py initialize_model_parallel(order=...)
     moe_capacity=MoeCapacity.MEGATRON,  # --moe-expert-capacity-factor, --moe-pad-expert-input-to-capacity
+    dp_sync_per_chunk=True,  # with --overlap-grad-reduce / --overlap-param-gather, as export.py launches it
 )
 
 FSDP = Engine(

@@ -126,6 +126,16 @@ def chunks_per_stage(vpp, schedule) -> np.ndarray:
     return np.where(schedule == Schedule.INTERLEAVED, vpp, 1)
 
 
+def interleaved_groups(micro_batches, pp) -> tuple:
+    """(first, last): micro-batches of the first and of the last group a model chunk runs in a row
+    under Megatron's interleaved schedule (megatron-core 0.16.1 schedules.py get_schedule_table:
+    groups of microbatch_group_size_per_vp_stage, the pipeline size by default, each run through
+    every chunk in turn; the last group takes the rest, so a chunk's last backward comes j x last
+    chunk passes before the end for chunk j, and its first forward j x first after the start)."""
+    m = np.asarray(micro_batches)
+    return np.minimum(pp, m), m - pp * ((m - 1) // pp)
+
+
 def bubble_slots(pp, vpp, schedule) -> np.ndarray:
     """Idle time of a step in units of one micro-batch's forward + backward on one stage:
     (p - 1) for 1F1B and GPipe, (p - 1)/v interleaved (Narayanan et al. 2021 sections 2.2.1-2.2.2:

@@ -135,6 +135,11 @@ def recommend_text(r) -> str:
     return "\n".join(lines)
 
 
+def settings_flags(settings: dict) -> str:
+    """Training settings a search chose, as the flags that give them to `planner estimate`."""
+    return " ".join("--" + k.replace("_", "-") + ("" if v is True else f" {v}") for k, v in settings.items())
+
+
 def engines_text(engines: list) -> str:
     """The fastest layout under each other engine, against the recommended one."""
     lines = ["other engines (the fastest layout of each that fits; speed against #1):"]
@@ -146,7 +151,9 @@ def engines_text(engines: list) -> str:
         rel = e["relative_speed"]
         how = ("" if rel is None else ", " + (f"{rel:.2f}x faster" if rel > 1.005 else
                                               f"{1 / rel:.2f}x slower" if rel < 0.995 else "as fast"))
-        lines.append(f"  {e['engine']:{width}s}  {short(e['layout'])}: {e['tokens_per_s']:,.0f} tokens/s{how}")
+        flags = settings_flags(e.get("settings", {}))
+        chosen = f" ({flags})" if flags else ""
+        lines.append(f"  {e['engine']:{width}s}  {short(e['layout'])}{chosen}: {e['tokens_per_s']:,.0f} tokens/s{how}")
     return "\n".join(lines)
 
 

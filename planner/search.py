@@ -302,6 +302,22 @@ def roomy_zero3_training(model: ModelSpec, training: Training) -> Training | Non
     return replace(training, zero_config=replace(zc, stage3_max_live_parameters=roomy, stage3_max_reuse_distance=roomy))
 
 
+def tp_overlap_training(model: ModelSpec, training: Training, result: dict) -> tuple:
+    """(`training` with Megatron's --tp-comm-overlap on, the candidates it changes) where the engine
+    runs it (Engine.tp_comm_overlap: TransformerEngine userbuffers) and some fitting candidate has
+    TP > 1 with sequence parallelism; else (None, no rows). The flag is one for the whole launch: it
+    hides a share of each TP collective behind its GEMM and takes SMs from the GEMM
+    (timing.ub_pass_exposed_s), so whether it pays depends on the layout and the GPU. MLA blocks
+    get none (timing.tp_pass_exposed_s), so nothing changes for them."""
+    valid = result["valid"]
+    if training.tp_comm_overlap or not training.engine.tp_comm_overlap or model.kv_lora_rank > 0:
+        return None, np.zeros(0, dtype=np.int64)
+    rows = np.flatnonzero((valid.tp > 1) & (valid.sequence_parallel > 0))
+    if not np.any(np.asarray(result["eval"]["fits"])[rows]):
+        return None, np.zeros(0, dtype=np.int64)
+    return replace(training, tp_comm_overlap=True), rows
+
+
 OFFLOAD_FRACTION_STEP = 0.05
 """Grid of the optimizer offload share recommend chooses (lean_offload_training)."""
 

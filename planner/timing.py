@@ -29,8 +29,8 @@ from planner.memory import (ACTIVATION_FIELDS, STATE_FIELDS, coefficients, deeps
                             deepspeed_fp32_accum_offload, deferred_reduction, zero3_kept_params)
 from planner.model import BLOCK, FIRST, LAST, ModelSpec, local_numel
 from planner.options import Offload, Optimizer, RankOrder, Recompute
-from planner.pipeline import (blocks_on_stage, bubble_s, chunks_per_stage, first_routed_stage, max_layers_on_stage,
-                              p2p_transfers)
+from planner.pipeline import (blocks_on_stage, bubble_s, chunks_per_stage, first_routed_stage, interleaved_groups,
+                              max_layers_on_stage, p2p_transfers)
 from planner.sharding import (block_fetches, block_params, expert_dp, expert_folds, expert_tp, rank_params,
                               recompute_fetches, state_bytes)
 from planner.stragglers import straggler_s
@@ -442,6 +442,23 @@ def overlapped_exposed_s(total_s, buckets, window_s):
     return per + (buckets - 1.0) * np.maximum(per - window_s / buckets, 0.0)
 
 
+def chunked_sync_exposed_s(total_s, first_chunk_s, chunks, group, chunk_window_s, own_window_s=0.0):
+    """Exposed seconds of a collective split over a rank's interleaved model chunks, each chunk's
+    share started on its own (Engine.dp_sync_per_chunk): the first chunk's share shows as
+    `first_chunk_s`, and each of the other chunks has `group` chunk passes of `chunk_window_s` each
+    to hide behind before the chunk after it. Megatron's interleaved schedule runs a chunk's
+    micro-batches in groups (pipeline.interleaved_groups), so chunk j's last backward comes j x the
+    last group's chunk passes before the end (the backward's chunk 0 is last: its reduction shows
+    whole, launched after it by grad_sync_func), and chunk j's first forward a first group after
+    chunk j - 1's, at which its parameter all-gather is launched. On one stream the chunks queue:
+    the last finishes max(first, total - (chunks - 1) x group x window - own) after the window ends
+    (each chunk's share total / chunks, the windows linear in the chunk's index; `own_window_s` the
+    part of the last chunk's own pass that runs beside its collective: the parameter buckets are
+    waited for one by one as its first forward reaches them). Equal to an event-by-event run of
+    megatron-core's schedule table (tests/test_timing.py)."""
+    return np.maximum(first_chunk_s, total_s - (chunks - 1.0) * group * chunk_window_s - own_window_s)
+
+
 def rank_tensors(model: ModelSpec, training: Training, lay: Layouts, per_expert: bool = True) -> tuple:
     """(gathered, all): parameter tensors a rank of the heavier end stage holds (one per local expert
     of an expert tensor, or the one stacked tensor with `per_expert` False), and those ZeRO-3
@@ -756,6 +773,9 @@ def _pipeline_terms(model, cluster, training, lay, c) -> dict:
            "fwd_mb": mb["fwd_mb"], "bwd_mb": bwd_mb, "pp_bubble": pipeline_bubble_s(lay, mb["slot"], mb["weight_grad_s"]),
            **{k: mb[k] for k in FETCH_PIPE_KEYS}, "micro_batches": m,
            "pp_comm": pipeline_p2p_s(model, cluster, training, lay, c, mb["fwd_mb"] / v, bwd_mb / v),
+           # how the rank's data-parallel sync splits over its interleaved chunks (overlapped_dp_s)
+           "sync_chunks": np.where(training.engine.dp_sync_per_chunk, v, 1).astype(np.float64),
+           **dict(zip(("fwd_group", "bwd_group"), interleaved_groups(m, lay.pp))),
            "model_flops_per_gpu": flops["model_flops"] / lay.world,
            "hardware_flops_per_gpu": flops["hardware_flops"] / lay.world}
     out["busy"] = out["compute"] + out["recompute"]  # what overlapped communication can hide behind
@@ -812,8 +832,18 @@ def overlapped_dp_s(step, pipe, c: dict):
     communication slows by contention for SMs and memory: it hides dp_overlap_fraction_with_overlap
     of its length. `step` and `pipe` map term names to arrays or to one candidate's values."""
     f = c["dp_overlap_fraction_with_overlap"]
-    grads = step["reductions"] * overlapped_exposed_s(step["grad_one"], step["grad_buckets"], f * pipe["bwd_mb"])
-    params = overlapped_exposed_s(step["pg"], step["pg_buckets"], f * pipe["fwd_mb"])
+    v = pipe["sync_chunks"]
+    chunked = v > 1  # interleaved chunks that sync each on its own (chunked_sync_exposed_s)
+    fwd_chunk, bwd_chunk = f * pipe["fwd_mb"] / v, f * pipe["bwd_mb"] / v
+    grads = step["reductions"] * np.where(
+        chunked, chunked_sync_exposed_s(step["grad_one"], step["grad_one"] / v, v, pipe["bwd_group"], bwd_chunk),
+        overlapped_exposed_s(step["grad_one"], step["grad_buckets"], f * pipe["bwd_mb"]))
+    # a chunk's parameter buckets are waited for one by one under its first forward (finish_param_sync)
+    per_chunk = np.maximum(step["pg_buckets"] / v, 1.0)
+    first = overlapped_exposed_s(step["pg"] / v, per_chunk, fwd_chunk)
+    params = np.where(chunked, chunked_sync_exposed_s(step["pg"], first, v, pipe["fwd_group"], fwd_chunk,
+                                                      fwd_chunk * (per_chunk - 1.0) / per_chunk),
+                      overlapped_exposed_s(step["pg"], step["pg_buckets"], f * pipe["fwd_mb"]))
     z3 = {k: step["z3_" + k] for k in Z3_KEYS}
     each = grads + params + zero3_exposed_s(z3, f * pipe["fwd_mb"], f * pipe["bwd_mb"], f * pipe["busy"])
     # they share the rank's links: together they cannot hide more than the step's compute
@@ -846,7 +876,9 @@ def step_time(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
             return step["dp_fixed"] + overlapped
         one_step = {k: step.at(k, i) for k in ("reductions", "grad_one", "grad_buckets", "pg", "pg_buckets",
                                                "fetch_s", *("z3_" + k for k in Z3_KEYS))}
-        one_pipe = {k: pipe.at(k, i) for k in ("bwd_mb", "fwd_mb", "busy", "micro_batches", *FETCH_PIPE_KEYS)}
+        one_pipe = {k: pipe.at(k, i) for k in ("bwd_mb", "fwd_mb", "busy", "micro_batches", "sync_chunks", "fwd_group",
+                                               "bwd_group",
+                                               *FETCH_PIPE_KEYS)}
         return step.at("dp_fixed", i) + float(overlapped_dp_s(one_step, one_pipe, c))
 
     breakdown = Lazy({"compute": part(pipe, "compute"), "recompute": part(pipe, "recompute"),

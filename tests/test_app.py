@@ -104,8 +104,10 @@ def test_changed_inputs_and_pinned_axes_follow_the_cli():
     # choosing the third row shows that layout's estimate
     at.selectbox(key="chosen").set_value(3).run()
     row = answer["layouts"][2]["layout"]
+    # with the --tp-comm-overlap recommend turned on for it (tp 2 on H100 gains by it)
+    assert answer["assumptions"]["tp_comm_overlap"] is True
     est = cli_json("estimate", "--model", "llama-3-8b", "--gpus", "32", "--gbs", str(row["gbs"]), "--engine", "megatron",
-                   *estimate_flags(row))
+                   "--tp-comm-overlap", *estimate_flags(row))
     assert_metrics_are(at, est)
     assert at.subheader[1].value == f"Chosen layout: {short(row)}"
 

@@ -80,7 +80,8 @@ ESTIMATE_KEYS = {
 RECOMMEND_KEYS = {"model", "assumptions", "candidates_evaluated", "rejected", "layouts", "suggestions",
                   "layouts[].layout", "layouts[].memory", "layouts[].time", "layouts[].throughput",
                   "layouts[].binding_constraint", "layouts[].memory.gpu_bytes", "layouts[].time.step_s",
-                  "engines", "engines[].engine", "engines[].layout", "engines[].relative_speed"}
+                  "engines", "engines[].engine", "engines[].layout", "engines[].relative_speed",
+                  "engines[].settings"}
 
 
 def test_json_schema_is_frozen():
@@ -156,7 +157,7 @@ FROZEN = {
                  "--ffn-kind", "--fp32-grad-accum", "--gbs", "--gpu", "--gpu-memory-gib", "--gpus", "--gpus-per-node",
                  "--hbm-gb-per-s", "--heads", "--hidden", "--host-ram-gib", "--inter-node-gb-per-s", "--intra-node-gb-per-s", "--json",
                  "--kv-heads", "--layers", "--mbs", "--model", "--no-contiguous-gradients", "--no-flash-attention",
-                 "--no-overlap-comm", "--nvme-gb-per-s", "--offload-optimizer", "--offload-params", "--optimizer",
+                 "--no-overlap-comm", "--no-tp-comm-overlap", "--nvme-gb-per-s", "--offload-optimizer", "--offload-params", "--optimizer",
                  "--overlap-comm", "--params", "--pcie-gb-per-s", "--peak-tflops", "--pp", "--precision",
                  "--price-per-gpu-hour", "--recompute", "--reduce-bucket-size", "--schedule", "--seq-len",
                  "--sequence-parallel", "--stage3-max-live-parameters", "--stage3-max-reuse-distance",
@@ -167,7 +168,7 @@ FROZEN = {
                   "--gpu-memory-gib", "--gpus", "--gpus-per-node", "--hbm-gb-per-s", "--heads", "--hidden",
                   "--host-ram-gib", "--inter-node-gb-per-s", "--intra-node-gb-per-s", "--json", "--kv-heads",
                   "--layers", "--max-mbs", "--memory-headroom", "--model", "--no-contiguous-gradients",
-                  "--no-flash-attention", "--no-overlap-comm", "--nvme-gb-per-s", "--optimizer", "--overlap-comm",
+                  "--no-flash-attention", "--no-overlap-comm", "--no-tp-comm-overlap", "--nvme-gb-per-s", "--optimizer", "--overlap-comm",
                   "--params", "--pcie-gb-per-s", "--peak-tflops", "--precision", "--price-per-gpu-hour",
                   "--reduce-bucket-size", "--seq-len", "--stage3-max-live-parameters", "--stage3-max-reuse-distance",
                   "--stage3-param-persistence-threshold", "--stage3-prefetch-bucket-size", "--sub-group-size",

@@ -199,7 +199,8 @@ def test_recommend_offloads_the_least_share_that_keeps_its_fastest_layout_fittin
     def at(f):
         return api.estimate("llama-3.1-405b", {"gpu": "h100-sxm", "gpus": 160},
                             {"engine": "megatron", "gbs": best["layout"]["gbs"], "optimizer_offload_fraction": f,
-                             "pipeline_edge_layers": rec.training.pipeline_edge_layers}, fields).record
+                             "pipeline_edge_layers": rec.training.pipeline_edge_layers,
+                             "tp_comm_overlap": rec.training.tp_comm_overlap}, fields).record
 
     chosen, whole, less = at(share), at(1.0), at(round(share - 0.05, 6))
     assert chosen["time"]["step_s"] == pytest.approx(best["time"]["step_s"], rel=1e-9)

@@ -140,7 +140,7 @@ def test_recommend_time_to_train():
 
 def test_pinned_axes_keep_their_values_and_find_the_full_searchs_best_of_them():
     code, text = recommend("--model", "llama-3-70b", "--gpus", "64", "--engine", "megatron", "--tp", "8", "--zero", "1",
-                           "--top", "20", "--json")
+                           "--top", "20", "--no-tp-comm-overlap", "--json")
     assert code == 0
     d = json.loads(text)
     assert d["assumptions"]["pinned"] == {"tp": 8, "zero": 1}
@@ -153,6 +153,31 @@ def test_pinned_axes_keep_their_values_and_find_the_full_searchs_best_of_them():
         float(res["eval"]["time"]["throughput"]["tokens_per_s"][first]), rel=1e-9)
     # pinning removes the other values from the space instead of rejecting them
     assert d["candidates_evaluated"] < res["candidates"] / 10
+
+
+@pytest.mark.parametrize("argv, gains", [
+    # tp 8 on H100: each TP collective of a 70B block is long beside its GEMMs; hidden, it pays
+    (("--model", "llama-3-70b", "--gpus", "64", "--gpu", "h100-sxm", "--tp", "8"), True),
+    # tp 4 on A100: the 16 SMs TransformerEngine's collectives take (108 of them) cost the GEMMs more
+    # than the overlap hides
+    (("--model", "gpt3-175b", "--gpus", "96", "--gpu", "a100-80gb", "--tp", "4"), False),
+])
+def test_recommend_turns_on_tp_comm_overlap_only_where_the_fastest_layout_gains(argv, gains, tmp_path):
+    def best(*more):
+        code, text = recommend(*argv, "--engine", "megatron", "--top", "1", *more, "--json")
+        assert code == 0
+        d = json.loads(text)
+        return d, d["layouts"][0]["throughput"]["tokens_per_s"]
+
+    (chosen, speed), (_, on), (off_d, off) = best("--emit", str(tmp_path)), best("--tp-comm-overlap"), \
+        best("--no-tp-comm-overlap")
+    assert (on > off) == gains
+    assert speed == pytest.approx(max(on, off), rel=1e-9)
+    assert chosen["assumptions"].get("tp_comm_overlap", False) == gains
+    assert chosen["defaults"].get("tp_comm_overlap", False) == gains
+    assert "tp_comm_overlap" not in off_d["assumptions"]  # the user's own choice is no default
+    # what recommend chose is what it exports
+    assert ("--tp-comm-overlap" in (tmp_path / "launch.sh").read_text()) == gains
 
 
 def test_pinned_optimizer_offload_leaves_the_parameters_offload_searched():
@@ -250,6 +275,7 @@ def test_partial_recompute_fills_the_memory_that_full_recompute_leaves():
         argv += ["--sequence-parallel"] if lay["sequence_parallel"] else []
         argv += ["--recompute-layers", str(n)] if n else []
         argv += ["--pp-edge-layers", str(d["assumptions"]["pp_edge_layers"])]  # the split recommend searched
+        argv += ["--tp-comm-overlap"] if d["assumptions"].get("tp_comm_overlap") else []  # and the TP overlap
         out = io.StringIO()
         assert cli.main(argv, out=out) == 0
         return json.loads(out.getvalue())

@@ -444,6 +444,92 @@ def test_overlapped_collectives_match_a_two_stream_simulation(total_s, buckets, 
     assert got == pytest.approx(_two_stream_exposed_s(total_s, buckets, window_s, ahead=True), rel=1e-9, abs=1e-12)
 
 
+def _megatron_table(m, v, p):
+    from megatron.core.pipeline_parallel.schedules import get_schedule_table
+
+    return get_schedule_table(m, v, p)  # microbatch_group_size_per_vp_stage defaults to p
+
+
+@pytest.mark.parametrize("m, v, p", [(8, 3, 4), (10, 2, 4), (24, 8, 12), (3, 2, 4), (576, 8, 6), (13, 4, 6)])
+def test_interleaved_groups_follow_megatron_cores_schedule_table(m, v, p):
+    first, last = pipeline.interleaved_groups(m, p)
+    table = _megatron_table(m, v, p)  # (micro-batch, chunk) in forward order
+    # chunk j's first forward comes j x first chunk passes after the start
+    assert [[c for _, c in table].index(j) for j in range(v)] == [j * first for j in range(v)]
+    # backward walks the same table with the chunks reversed (get_model_chunk_id(forward=False)):
+    # chunk j's last micro-batch goes backward j x last passes before the end
+    backward = [(mb, v - 1 - c) for mb, c in table]
+    ends = [len(table) - 1 - max(k for k, (mb, c) in enumerate(backward) if c == j and mb == m - 1) for j in range(v)]
+    assert ends == [j * last for j in range(v)]
+
+
+def _interleaved_grad_sync_s(m, v, p, total_s, pass_s):
+    """Rank 0, event by event over megatron-core's table: each chunk's reduction (total / v) is
+    launched once its last micro-batch's backward is done (grad_sync_func), one stream."""
+    comm_end = t = 0.0
+    for mb, _ in _megatron_table(m, v, p):
+        t += pass_s
+        if mb == m - 1:
+            comm_end = max(comm_end, t) + total_s / v
+    return max(comm_end - t, 0.0)
+
+
+def _interleaved_param_sync_s(m, v, p, total_s, buckets, pass_s):
+    """Rank 0's forward over the table: chunks 0 and 1 gathered from the start, chunk j at chunk
+    j - 1's first forward (param_sync_func), each chunk's buckets in turn on one stream; a chunk's
+    first forward waits for each bucket as it reaches it (finish_param_sync)."""
+    per, free, end = total_s / (v * buckets), 0.0, {}
+
+    def launch(chunk, at):
+        nonlocal free
+        for b in range(buckets):
+            free = max(free, at) + per
+            end[chunk, b] = free
+
+    launch(0, 0.0)
+    launch(1, 0.0)
+    t = 0.0
+    table = _megatron_table(m, v, p)
+    for mb, c in table:
+        if mb == 0 and 1 < c + 1 < v:
+            launch(c + 1, t)
+        for b in range(buckets if mb == 0 else 1):
+            t = (max(t, end[c, b]) if mb == 0 else t) + pass_s / (buckets if mb == 0 else 1)
+    return t - len(table) * pass_s
+
+
+@pytest.mark.parametrize("m, v, p, total_s, buckets, pass_s", [
+    (24, 8, 12, 0.216, 5, 0.004),  # ample windows: one chunk's share shows
+    (8, 4, 4, 3.0, 3, 0.2),        # too little compute: the queue shows
+    (13, 2, 6, 1.0, 8, 0.05), (6, 3, 2, 4.7, 8, 0.6), (49, 2, 6, 12.9, 3, 0.84), (3, 4, 3, 17.7, 8, 0.24)])
+def test_interleaved_chunks_sync_as_an_event_run_of_megatrons_schedule(m, v, p, total_s, buckets, pass_s):
+    first, last = pipeline.interleaved_groups(m, p)
+    grads = timing.chunked_sync_exposed_s(total_s, total_s / v, v, last, pass_s)
+    assert float(grads) == pytest.approx(_interleaved_grad_sync_s(m, v, p, total_s, pass_s), rel=1e-9, abs=1e-12)
+    chunk0 = timing.overlapped_exposed_s(total_s / v, buckets, pass_s)
+    params = timing.chunked_sync_exposed_s(total_s, chunk0, v, first, pass_s, pass_s * (buckets - 1) / buckets)
+    assert float(params) == pytest.approx(_interleaved_param_sync_s(m, v, p, total_s, buckets, pass_s),
+                                          rel=1e-9, abs=1e-12)
+
+
+def test_megatron_interleaved_chunks_hide_all_but_one_chunks_reduction():
+    # Llama-3-70B tp4 pp4 vpp4 dp4 on 64 H100, 32 micro-batches: each chunk's reduce-scatter starts
+    # after its last backward (megatron-core schedules.py), chunk j's 4 j passes before the end, so
+    # only chunk 0's quarter shows; without interleaving the reduction waits for the last micro-batch
+    # and shows beyond its backward
+    model, cluster = lookup("llama-3-70b"), hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 64, 8)
+    on = layout.Training(gbs=128, engine="megatron")
+    lay = layout.single(tp=4, pp=4, vpp=4, dp=4, zero=1, mbs=1, gas=32, sequence_parallel=True)
+    one, buckets, _ = timing.grad_reduce_s(model, cluster, on, lay, C)
+    gather, pg_buckets = timing.param_gather_s(model, cluster, on, lay, C)
+    exposed = timing.step_time(model, cluster, on, lay)["breakdown"].at("dp_comm", 0)
+    # ~4.4 B parameters a rank / 40 M a bucket: ~28 buckets a chunk. Chunk 0's gather (21 ms) outlasts
+    # its first forward pass (14 ms), so more than its first bucket shows, less than all of it
+    assert one[0] / 4 + gather[0] / pg_buckets[0] < exposed < (one[0] + gather[0]) / 4
+    flat = layout.single(tp=4, pp=4, dp=4, zero=1, mbs=1, gas=32, sequence_parallel=True)
+    assert timing.step_time(model, cluster, on, flat)["breakdown"].at("dp_comm", 0) > 2 * exposed
+
+
 def test_megatron_overlaps_hide_all_but_a_bucket():
     # Llama-3-70B tp8 pp4 dp2 with the distributed optimizer on 64 H100: with --overlap-grad-reduce
     # --overlap-param-gather (the planner's Megatron launch) one gradient bucket and one parameter
