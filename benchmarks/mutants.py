@@ -31,7 +31,7 @@ TERMS = [
     ("planner.memory", "deepspeed_straddle_bytes"), ("planner.memory", "deepspeed_step_grad_copies"),
     ("planner.memory", "reduction_copy_bytes"), ("planner.memory", "zero3_live_param_bytes"), ("planner.memory", "zero3_ahead_params"), ("planner.memory", "fsdp_unsharded_unit_bytes"),
     ("planner.memory", "torchtitan_edge_unit_bytes"),
-    ("planner.memory", "overhead_bytes"),
+    ("planner.memory", "overhead_bytes"), ("planner.memory", "userbuffers_bytes"),
     ("planner.activations", "layer_bytes"), ("planner.activations", "recompute_working_bytes"),
     ("planner.activations", "embedding_dropout_bytes"), ("planner.activations", "head_input_bytes"),
     ("planner.activations", "logits_bytes"), ("planner.activations", "recomputed_layers"),

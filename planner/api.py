@@ -209,7 +209,7 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
         defaults["stage3_max_live_parameters"] = train.zero_config.stage3_max_live_parameters  # searched
         defaults["stage3_max_reuse_distance"] = train.zero_config.stage3_max_reuse_distance
     overlap_free = tin.tp_comm_overlap is None
-    train, result = _search_tp_overlap(spec, clus, train, headroom, result, overlap_free)
+    train, result = _search_tp_overlap(spec, clus, train, headroom, max_mbs, pins, result, overlap_free)
     if train.tp_comm_overlap and overlap_free:
         defaults["tp_comm_overlap"] = True  # searched
     share_free = tin.optimizer_offload_fraction is None
@@ -298,17 +298,20 @@ def _search_zero3_knobs(spec, clus, train: Training, headroom: float, max_mbs: i
     return chosen, result, other
 
 
-def _search_tp_overlap(spec, clus, train: Training, headroom: float, result: dict, free: bool) -> tuple:
+def _search_tp_overlap(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, result: dict,
+                       free: bool) -> tuple:
     """(training, search result): where the user left --tp-comm-overlap alone and the engine runs it
-    (search.tp_overlap_training), the TP and sequence-parallel layouts again with it on, kept where
-    the fastest is faster. The flag changes no rule and no memory the planner books."""
-    overlapped, rows = search.tp_overlap_training(spec, train, result) if free else (None, None)
+    (search.tp_overlap_training), the sequence-parallel layouts searched again with it on, and kept
+    with the first search's other layouts where the fastest is faster. A search, not the first one's
+    layouts evaluated again: the flag changes no rule, but TransformerEngine's buffers
+    (memory.userbuffers_bytes) move which --recompute-layers variant of a layout fits."""
+    overlapped = search.tp_overlap_training(spec, train, result) if free else None
     if overlapped is None:
         return train, result
-    again = search.reevaluate(spec, clus, overlapped, result, headroom, rows)
-    if _faster(again, result):
-        return overlapped, again
-    return train, result
+    found = search.search(spec, clus, overlapped, headroom, max_mbs, pinned={**pins, "sequence_parallel": 1})
+    if not _faster(found, result):
+        return train, result
+    return overlapped, search.merged(result, found, result["valid"].sequence_parallel == 0)
 
 
 def _fastest_tokens_per_s(result: dict) -> float:
@@ -345,7 +348,7 @@ def _engine_best(spec, clus, training: Training, engine: str, headroom: float, m
     # a search under other ZeRO-3 knobs comes back only where its fastest beats the first's
     knobs, _, knobbed = _search_zero3_knobs(spec, clus, first, headroom, max_mbs, pins, result, free_knobs)
     train, result = (knobs, knobbed) if knobbed else (first, result)
-    train, result = _search_tp_overlap(spec, clus, train, headroom, result, free_overlap)
+    train, result = _search_tp_overlap(spec, clus, train, headroom, max_mbs, pins, result, free_overlap)
     train, result = _search_offload_share(spec, clus, train, headroom, result, free_share)
     if not result["order"].size:
         why = "nothing fits"

@@ -575,6 +575,27 @@ def process_groups(lay: Layouts) -> np.ndarray:
     return 1 + (lay.tp > 1) + (lay.zero_ranks > 1) + (lay.pp > 1) + (lay.cp > 1) + (lay.ep > 1)
 
 
+UB_COMMUNICATORS = 12
+"""TransformerEngine 2.20.2 pytorch/module/base.py initialize_ub: one Userbuffers communicator for
+each GEMM of a block its default `methods` name: ring_exchange qkv_fprop, fc1_fprop, proj_dgrad,
+fc2_dgrad; pipeline proj_fprop, fc2_fprop; bulk qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad;
+external proj_wgrad, fc2_wgrad."""
+
+
+def userbuffers_bytes(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
+    """Bytes of TransformerEngine's Userbuffers under Megatron --tp-comm-overlap, outside PyTorch's
+    allocator: each of the UB_COMMUNICATORS communicators (tex.CommOverlap, tex.CommOverlapP2P)
+    holds a buffer of initialize_ub's `shape`, "the global shape of the input tensor to a
+    te.TransformerLayer forward pass, with the sequence and batch dimensions collapsed" (its
+    docstring): sequence x micro-batch / cp by hidden, in the 16-bit dtype (TE 2.20.2
+    csrc/extensions/comm_gemm_overlap.cpp get_buffer: the whole buffer is that shape, a rank's
+    chunk 1/tp of it). Allocated once for every block. None without the flag, TP or SP, as
+    timing.tp_pass_exposed_s."""
+    on = training.tp_comm_overlap & (lay.sequence_parallel > 0) & (lay.tp > 1)
+    shape = training.seq_len * lay.mbs / lay.cp * model.hidden
+    return np.where(on, UB_COMMUNICATORS * shape * training.precision.element_bytes, 0.0)
+
+
 def reserved_bytes(allocated_bytes, coef: dict) -> np.ndarray:
     """The caching allocator's reserved peak for an allocated peak (what torch.cuda.max_memory_reserved
     reports against max_memory_allocated): block rounding and the segments that changing activation
@@ -652,7 +673,8 @@ def _activation_part(model, training, lay, where, coef) -> dict:
     logits = np.ceil(A.logits_bytes(model, training, lay, stage, loss_bytes_per_logit(training, coef)))
     acts = np.ceil(A.stage_activation_bytes(model, training, lay, stage))
     return {"activations": acts, "logits": logits, "total": acts + logits,
-            "host": A.stage_host_activation_bytes(model, training, lay, stage)}
+            "host": A.stage_host_activation_bytes(model, training, lay, stage),
+            "userbuffers": userbuffers_bytes(model, training, lay)}  # outside the allocator: overhead
 
 
 class _Stage:
@@ -675,7 +697,8 @@ class _Stage:
         self.phase = np.where(reduce > np.maximum(fwd, step), 2, (step > fwd).astype(np.int64))
         self.allocated = np.maximum(np.maximum(fwd, step), reduce)
         self.reserved = reserved_bytes(self.allocated, coef)
-        self.total = self.allocated + overhead_bytes(self.allocated, self.states["fixed_overhead"], coef)
+        self.total = self.allocated + overhead_bytes(self.allocated, self.states["fixed_overhead"]
+                                                     + self.acts["userbuffers"], coef)
 
     def part(self, key: str, i=None):
         """One breakdown part at the peak moment, for every candidate (i None) or candidate i."""

@@ -302,20 +302,18 @@ def roomy_zero3_training(model: ModelSpec, training: Training) -> Training | Non
     return replace(training, zero_config=replace(zc, stage3_max_live_parameters=roomy, stage3_max_reuse_distance=roomy))
 
 
-def tp_overlap_training(model: ModelSpec, training: Training, result: dict) -> tuple:
-    """(`training` with Megatron's --tp-comm-overlap on, the candidates it changes) where the engine
-    runs it (Engine.tp_comm_overlap: TransformerEngine userbuffers) and some fitting candidate has
-    TP > 1 with sequence parallelism; else (None, no rows). The flag is one for the whole launch: it
-    hides a share of each TP collective behind its GEMM and takes SMs from the GEMM
-    (timing.ub_pass_exposed_s), so whether it pays depends on the layout and the GPU. MLA blocks
-    get none (timing.tp_pass_exposed_s), so nothing changes for them."""
+def tp_overlap_training(model: ModelSpec, training: Training, result: dict) -> Training | None:
+    """`training` with Megatron's --tp-comm-overlap on where the engine runs it (Engine.tp_comm_overlap:
+    TransformerEngine Userbuffers) and some candidate of `result` has TP > 1 with sequence
+    parallelism; else None. The flag is one for the whole launch: it hides a share of each TP
+    collective behind its GEMM and takes SMs from the GEMM (timing.ub_pass_exposed_s), so whether
+    it pays depends on the layout and the GPU. MLA blocks get none (timing.tp_pass_exposed_s)."""
     valid = result["valid"]
     if training.tp_comm_overlap or not training.engine.tp_comm_overlap or model.kv_lora_rank > 0:
-        return None, np.zeros(0, dtype=np.int64)
-    rows = np.flatnonzero((valid.tp > 1) & (valid.sequence_parallel > 0))
-    if not np.any(np.asarray(result["eval"]["fits"])[rows]):
-        return None, np.zeros(0, dtype=np.int64)
-    return replace(training, tp_comm_overlap=True), rows
+        return None
+    if not np.any((valid.tp > 1) & (valid.sequence_parallel > 0)):
+        return None
+    return replace(training, tp_comm_overlap=True)
 
 
 OFFLOAD_FRACTION_STEP = 0.05
@@ -402,6 +400,20 @@ def _ranked(valid: Layouts, ev: dict) -> np.ndarray:
     simpler = valid.offload_optimizer + valid.offload_params
     order = np.lexsort((ev["memory"]["total"], valid.recompute, simpler, -np.round(tokens_per_s, 6)))
     return order[np.isfinite(tokens_per_s[order])]
+
+
+def merged(result: dict, found: dict, keep: np.ndarray) -> dict:
+    """`result`'s candidates where `keep`, and every one of `found` (a search of the same space under
+    other settings, pinned to what `keep` leaves out), ranked together without evaluating again;
+    candidates and rejections are both searches' together."""
+    rows, n = np.flatnonzero(keep), found["valid"].size
+    valid = result["valid"].take(rows).concat(found["valid"])
+    ev = picked([result["eval"], found["eval"]], [result["valid"].size, n], np.repeat([0, 1], [rows.size, n]),
+                np.concatenate([rows, np.arange(n)]))
+    rejected = {k: result["rejected"].get(k, 0) + found["rejected"].get(k, 0)
+                for k in {**result["rejected"], **found["rejected"]}}
+    return {**result, "valid": valid, "eval": ev, "order": _ranked(valid, ev), "rejected": rejected,
+            "candidates": result["candidates"] + found["candidates"], "elapsed_s": result["elapsed_s"] + found["elapsed_s"]}
 
 
 def reevaluate(model: ModelSpec, cluster: Cluster, training: Training, result: dict, headroom: float,

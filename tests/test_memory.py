@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner import activations, hardware, layout, memory, pipeline, sharding
+from planner import activations, api, hardware, layout, memory, pipeline, sharding
 from planner.model import ModelSpec, lookup
 from planner.options import Recompute
 
@@ -329,6 +329,21 @@ def test_overhead_counts_context_and_communicators():
     tiny = ModelSpec(layers=2, hidden=8, heads=1, kv_heads=1, ffn=8, vocab=8)
     mem = memory.rank_memory(tiny, cluster(8), layout.Training(seq_len=1), lay)
     assert mem["overhead"][0] == np.ceil(1024 * 2**20 + 0.19 * (mem["total"][0] - mem["overhead"][0]))
+
+
+def test_tp_comm_overlap_books_transformer_engines_userbuffers():
+    # TE 2.20.2 initialize_ub: 12 communicators (ring_exchange 4, pipeline 2, bulk 4, external 2),
+    # each a bf16 buffer of (sequence x micro-batch / cp, hidden), allocated by Userbuffers outside
+    # PyTorch's allocator: in the device total, not in the allocated or reserved peaks
+    def mem(overlap, **kw):
+        return api.estimate("llama-3-70b", {"gpus": 64}, {"engine": "megatron", "seq_len": 8192, "tp_comm_overlap": overlap},
+                            {"tp": 8, "pp": 2, "vpp": 4, "zero": 1, "mbs": 2, "sequence_parallel": True, **kw}).memory
+
+    off, on = mem(False), mem(True)
+    assert on["gpu_bytes"] - off["gpu_bytes"] == 12 * 8192 * 2 * 8192 * 2  # 3 GiB: h 8192, 2 x 8192 tokens
+    assert on["allocated_bytes"] == off["allocated_bytes"] and on["reserved_bytes"] == off["reserved_bytes"]
+    assert mem(True, cp=2)["gpu_bytes"] - mem(False, cp=2)["gpu_bytes"] == 12 * 8192 * 2 * 8192 * 2 / 2
+    assert mem(True, sequence_parallel=False)["gpu_bytes"] == mem(False, sequence_parallel=False)["gpu_bytes"]
 
 
 # ---------------------------------------------------------------------------------------------
