@@ -305,13 +305,14 @@ def roomy_zero3_training(model: ModelSpec, training: Training) -> Training | Non
 def tp_overlap_training(model: ModelSpec, training: Training, result: dict) -> Training | None:
     """`training` with Megatron's --tp-comm-overlap on where the engine runs it (Engine.tp_comm_overlap:
     TransformerEngine Userbuffers) and some candidate of `result` has TP > 1 with sequence
-    parallelism; else None. The flag is one for the whole launch: it hides a share of each TP
-    collective behind its GEMM and takes SMs from the GEMM (timing.ub_pass_exposed_s), so whether
-    it pays depends on the layout and the GPU. MLA blocks get none (timing.tp_pass_exposed_s)."""
+    parallelism that fits (its buffers only add memory: memory.userbuffers_bytes); else None. The
+    flag is one for the whole launch: it hides a share of each TP collective behind its GEMM and
+    takes SMs from the GEMM (timing.ub_pass_exposed_s), so whether it pays depends on the layout
+    and the GPU. MLA blocks get none (timing.tp_pass_exposed_s)."""
     valid = result["valid"]
     if training.tp_comm_overlap or not training.engine.tp_comm_overlap or model.kv_lora_rank > 0:
         return None
-    if not np.any((valid.tp > 1) & (valid.sequence_parallel > 0)):
+    if not np.any((valid.tp > 1) & (valid.sequence_parallel > 0) & np.asarray(result["eval"]["fits"])):
         return None
     return replace(training, tp_comm_overlap=True)
 
