@@ -36,7 +36,8 @@ def describe(model, cluster, training) -> str:
             f"cluster {cluster.num_gpus} x {cluster.gpu.name} ({cluster.gpus_per_node} per node, "
             f"{cluster.gpu.memory_bytes / 2**30:.1f} GiB each{pod_text(cluster)}); seq {training.seq_len}, {training.precision}, "
             f"{training.optimizer}, engine {training.engine.name}, "
-            f"flash attention {'on' if training.flash_attention else 'off'}{', torch.compile' if training.compile else ''}")
+            f"flash attention {'on' if training.flash_attention else 'off'}{', torch.compile' if training.compile else ''}"
+            f"{', TP comm overlap (TransformerEngine)' if training.tp_comm_overlap else ''}")
 
 
 def pod_text(cluster) -> str:
