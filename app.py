@@ -144,8 +144,12 @@ def training_from_sidebar() -> dict:
                 "precision": sb.selectbox("Precision", [p.value for p in Precision], key="precision"),
                 "optimizer": sb.selectbox("Optimizer", [o.value for o in Optimizer], key="optimizer"),
                 "flash_attention": sb.checkbox("FlashAttention", True, key="flash_attention")}
-    if training["engine"] == "megatron" and sb.checkbox("TP comm overlap (--tp-comm-overlap)", key="tp_comm_overlap"):
-        training["tp_comm_overlap"] = True
+    if training["engine"] == "megatron":
+        overlap = sb.selectbox("TP comm overlap (TransformerEngine)", ("searched", "on", "off"), key="tp_comm_overlap",
+                               help="--tp-comm-overlap / --no-tp-comm-overlap; searched: on where it makes the "
+                                    "fastest layout faster (auto mode), off for a single estimate")
+        if overlap != "searched":
+            training["tp_comm_overlap"] = overlap == "on"
     if training["engine"] in ("deepspeed", "fsdp") and sb.checkbox("torch.compile the blocks (--compile)", key="compile"):
         training["compile"] = True
     if offloads_checkpoints(ENGINE_SPECS[training["engine"]]) and sb.checkbox(

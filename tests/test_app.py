@@ -110,6 +110,10 @@ def test_changed_inputs_and_pinned_axes_follow_the_cli():
                    "--tp-comm-overlap", *estimate_flags(row))
     assert_metrics_are(at, est)
     assert at.subheader[1].value == f"Chosen layout: {short(row)}"
+    # the overlap turned off by hand follows --no-tp-comm-overlap
+    at.selectbox(key="tp_comm_overlap").set_value("off").run()
+    assert_table_is(at, cli_json("recommend", "--model", "llama-3-8b", "--gpus", "32", "--engine", "megatron", "--tp", "2",
+                                 "--zero", "1", "--top", "10", "--no-tp-comm-overlap"))
 
 
 @pytest.mark.slow
