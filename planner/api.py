@@ -358,15 +358,18 @@ def _engine_best(spec, clus, training: Training, engine: str, headroom: float, m
                 "settings": {}}
     i = int(result["order"][0])
     speed = float(result["eval"]["time"]["throughput"]["tokens_per_s"][i])
-    searched = {"tp_comm_overlap": train.tp_comm_overlap, "optimizer_offload_fraction": train.optimizer_offload_fraction,
-                "stage3_max_live_parameters": train.zero_config.stage3_max_live_parameters,
-                "stage3_max_reuse_distance": train.zero_config.stage3_max_reuse_distance}
-    start = {"tp_comm_overlap": first.tp_comm_overlap, "optimizer_offload_fraction": first.optimizer_offload_fraction,
-             "stage3_max_live_parameters": first.zero_config.stage3_max_live_parameters,
-             "stage3_max_reuse_distance": first.zero_config.stage3_max_reuse_distance}
+    searched, start = _searched_settings(train), _searched_settings(first)
     return {"engine": engine, "layout": result["valid"].row(i), "tokens_per_s": speed,
             "relative_speed": None if best_tokens_per_s is None else speed / best_tokens_per_s, "note": None,
             "settings": {k: v for k, v in searched.items() if v != start[k]}}
+
+
+def _searched_settings(training: Training) -> dict:
+    """The training settings recommend's searches may change, by their flag names."""
+    zc = training.zero_config
+    return {"tp_comm_overlap": training.tp_comm_overlap, "optimizer_offload_fraction": training.optimizer_offload_fraction,
+            "stage3_max_live_parameters": zc.stage3_max_live_parameters,
+            "stage3_max_reuse_distance": zc.stage3_max_reuse_distance}
 
 
 def _pin_codes(pinned: dict, gpus: int) -> dict:

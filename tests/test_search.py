@@ -239,8 +239,13 @@ def test_engine_comparison_is_each_engines_own_recommendation():
     assert [e["engine"] for e in d["engines"]] == [n for n in ENGINE_NAMES if n != "deepspeed"]
     for entry in d["engines"]:
         code, own = recommend("--model", "llama-3-70b", "--gpus", "64", "--engine", entry["engine"], "--json")
+        searched = json.loads(own)["defaults"]
         own = json.loads(own)["layouts"][0]
         assert entry["layout"] == own["layout"]
+        # the settings its own recommend chose, as the defaults it reports
+        assert entry["settings"] == {k: searched[k] for k in ("tp_comm_overlap", "optimizer_offload_fraction",
+                                                               "stage3_max_live_parameters", "stage3_max_reuse_distance")
+                                     if k in searched}
         assert entry["relative_speed"] == pytest.approx(own["throughput"]["tokens_per_s"] / best, rel=1e-9)
     # 3D parallelism beats ZeRO-3 data parallelism at this scale (Narayanan et al. 2021, section 5.2: PTD-P vs ZeRO-3)
     assert max(e["relative_speed"] for e in d["engines"] if e["engine"] == "megatron-deepspeed") > 1
