@@ -221,11 +221,17 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, training: Training, ma
               if not (prune and ((q > Offload.NONE and z != 3) or (o > Offload.NONE and z == 0)))]
     others = rest[3:]
     ruled_out = (len(rest[0]) * len(rest[1]) * len(rest[2]) - len(combos)) * len(b) * int(np.prod([len(c) for c in others]))
-    grids = np.meshgrid(np.arange(len(b)), np.arange(len(combos)), *(np.arange(len(c)) for c in others), indexing="ij")
-    k, combo, rc, sp, e, etp = (x.ravel() for x in grids)
-    zero, oo, op = (column[combo] for column in np.array(combos, dtype=np.int64).reshape(-1, 3).T)
-    rc, sp, e, etp = (c[i] for c, i in zip(others, (rc, sp, e, etp)))
-    tp, pp, cp, dp, mbs, vpp = (a[k] for a in (tp, pp, cp, dp, mbs, vpp))
+    # the Cartesian product base rows x combos x others, the last axis fastest (meshgrid's "ij" order),
+    # built by repeating and tiling each axis' values rather than gathering through index grids
+    sizes = [len(b), len(combos)] + [len(c) for c in others]
+
+    def axis(values, i):  # axis i's values spread over the product
+        inner, outer = int(np.prod(sizes[i + 1:])), int(np.prod(sizes[:i]))
+        return np.tile(np.repeat(np.asarray(values, dtype=np.int64), inner), outer)
+
+    zero, oo, op = (axis(column, 1) for column in np.array(combos, dtype=np.int64).reshape(-1, 3).T)
+    rc, sp, e, etp = (axis(c, 2 + j) for j, c in enumerate(others))
+    tp, pp, cp, dp, mbs, vpp = (axis(a, 0) for a in (tp, pp, cp, dp, mbs, vpp))
     if len(space.etp) > 1:  # etp 1 with tp 1 is the default layout again
         keep = (etp == 0) | (tp > 1)
         dropped += int((~keep).sum())
