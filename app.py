@@ -290,6 +290,8 @@ def show_recommendation(rec: dict) -> int:
     rej = ", ".join(f"{k} {v:,}" for k, v in sorted(rec["rejected"].items(), key=lambda kv: -kv[1]))
     st.caption(f"{rec['candidates_evaluated']:,} candidates evaluated; rejected: {rej or 'none'}. "
                "Click a row (or pick its number) to make it the chosen layout.")
+    if rec["layouts"][0]["memory"]["verdict"] != "fits":
+        st.warning(report.clear_fit_text(rec["layouts"][0]["memory"], rec["clear_fit"]))
     if rec["engines"]:
         st.markdown("**Other engines**: the fastest layout of each that fits, against #1")
         st.dataframe(pd.DataFrame([{"engine": e["engine"], "layout": short(e["layout"]) if e["layout"] else e["note"],

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner import memory, rules, search
-from planner.calibration import prior_band, verdict
+from planner.calibration import clears_band, prior_band, verdict
 from planner.engines import NAMES as ENGINE_NAMES
 from planner.errors import InputError
 from planner.hardware import Cluster
@@ -92,6 +92,10 @@ class Recommendation:
     elapsed_s: float = 0.0
     landscape: dict | None = None
     """recommend(landscape=N): fitting layouts as {label, gpu_bytes, tokens_per_s, pareto} lists."""
+    clear_fit: dict | None = None
+    """Where layouts[0] is borderline (its peak's error band straddles capacity): the fastest layout
+    whose peak clears the band, as a layout record with rank (its place in layouts, None when past
+    `top`) and relative_speed (to layouts[0]); None where layouts[0] clears it or none does."""
     engines: list = field(default_factory=list)
     """The fastest fitting layout under each other engine: {engine, layout, tokens_per_s,
     relative_speed (to layouts[0]; > 1 is faster), note (why there is none), settings (the
@@ -102,7 +106,8 @@ class Recommendation:
         """The `planner recommend --json` object."""
         return {"model": self.model.shape_dict(), "assumptions": self.assumptions, "defaults": self.defaults,
                 "candidates_evaluated": self.candidates_evaluated, "rejected": self.rejected,
-                "layouts": self.layouts, "suggestions": self.suggestions, "engines": self.engines}
+                "layouts": self.layouts, "suggestions": self.suggestions, "clear_fit": self.clear_fit,
+                "engines": self.engines}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,13 +255,37 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
         if tin.tokens:
             rec["time_to_train"] = _time_to_train(rec["time"]["step_s"], gbs * train.seq_len, tin, clus)
         records.append(rec)
+    clear = _fastest_clear_fit(clus, sources, records) if records and records[0]["memory"]["verdict"] != "fits" else None
     hints = [] if records else search.what_would_fit(spec, clus, train, headroom, max_mbs, result)
     points = search.landscape(result, landscape) if landscape else None
     best = records[0]["throughput"]["tokens_per_s"] if records else None
     others = [_engine_best(spec, clus, train, name, headroom, max_mbs, pins, best, tin.pipeline_edge_layers is None,
                            knobs_free, share_free, overlap_free) for name in ENGINE_NAMES if name != train.engine.name]
     return Recommendation(spec, clus, train, assumptions, defaults, result["candidates"], result["rejected"],
-                          records, hints, result["elapsed_s"], points, others)
+                          records, hints, result["elapsed_s"], points, clear, others)
+
+
+def _fastest_clear_fit(clus: Cluster, sources: list, records: list) -> dict | None:
+    """The fastest fitting candidate of the searches whose peak clears its error band (verdict
+    fits), as a layout record with its rank in `records` and its speed against records[0]."""
+    capacity, best = clus.gpu.memory_bytes, None
+    band = clus.calibration.band("peak_memory") if clus.calibration else prior_band("peak_memory")
+    for res, keep in sources:
+        total = np.asarray(res["eval"]["memory"]["total"], dtype=np.float64)
+        clear = clears_band(capacity - total, np.ceil(total * band)) & (True if keep is None else keep)
+        order = res["order"][clear[res["order"]]]
+        if order.size:
+            i = int(order[0])
+            speed = float(res["eval"]["time"]["throughput"]["tokens_per_s"][i])
+            if best is None or speed > best[0]:
+                best = (speed, res, i)
+    if best is None:
+        return None
+    speed, res, i = best
+    rec = layout_record(clus, res["valid"], res["eval"], i)
+    rec["rank"] = next((k for k, r in enumerate(records, 1) if r["layout"] == rec["layout"]), None)
+    rec["relative_speed"] = speed / records[0]["throughput"]["tokens_per_s"]
+    return rec
 
 
 def _search_edges(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, free: bool) -> tuple:

@@ -70,10 +70,15 @@ def coefficient_values(section: str, calibration: Calibration | None = None) -> 
     return values
 
 
+def clears_band(margin_bytes, band_bytes):
+    """Whether a peak may err high by its whole band and still fit (numbers or arrays)."""
+    return margin_bytes >= band_bytes
+
+
 def verdict(margin_bytes: float, band_bytes: float) -> str:
     """fits when the answer may err high by its whole band and still fit, oom when it may err low by
     its whole band and still not fit, borderline in between (the band straddles capacity)."""
-    return "fits" if margin_bytes >= band_bytes else "oom" if margin_bytes < -band_bytes else "borderline"
+    return "fits" if clears_band(margin_bytes, band_bytes) else "oom" if margin_bytes < -band_bytes else "borderline"
 
 
 def resolve_path(spec: str) -> Path:

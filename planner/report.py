@@ -129,11 +129,23 @@ def recommend_text(r) -> str:
     if len(r.layouts) > 1:
         gap = 1 - r.layouts[1]["throughput"]["tokens_per_s"] / r.layouts[0]["throughput"]["tokens_per_s"]
         lines.append(f"runner-up is {gap:.1%} slower")
+    if r.layouts[0]["memory"]["verdict"] != "fits":
+        lines.append(clear_fit_text(r.layouts[0]["memory"], r.clear_fit))
     lines.append(engines_text(r.engines))
     if r.layouts[0].get("time_to_train"):
         lines.append("#1 " + train_time_text(r.layouts[0]["time_to_train"]))
     lines.append(rejections_text(r))
     return "\n".join(lines)
+
+
+def clear_fit_text(first: dict, clear: dict | None) -> str:
+    """Under a borderline #1: the fastest layout whose peak clears the error band, or that none does."""
+    band = f"the +-{first['error_band']:.0%} band of its peak ({gib(first['gpu_bytes'])} GiB) straddles {gib(first['capacity_bytes'])} GiB"
+    if clear is None:
+        return f"#1 is borderline: {band}, and so it does for every layout found; --calibration narrows the band"
+    where = f"#{clear['rank']}" if clear["rank"] else "not in the table:"
+    return (f"#1 is borderline: {band}; the fastest layout that clears it is {where} {short(clear['layout'])} "
+            f"({gib(clear['memory']['gpu_bytes'])} GiB), {1 - clear['relative_speed']:.1%} slower")
 
 
 def settings_flags(settings: dict) -> str:

@@ -120,8 +120,11 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr: f"--tp: must divide --heads {m.heads} and --kv-heads {m.kv_heads}"),
     Rule("tp_node", TOPOLOGY, lambda m, cl, tr, l: l.tp > cl.gpus_per_node,
          lambda m, cl, tr: f"--tp: must not exceed --gpus-per-node {cl.gpus_per_node} (TP stays inside a node)"),
-    Rule("pp_layers", DIVISIBILITY, lambda m, cl, tr, l: l.pp * l.vpp > m.layers,
-         lambda m, cl, tr: f"--pp*--vpp: must not exceed the layer count {m.layers}"),
+    # Megatron's edge slots hold the embedding and the loss: a chunk may build no block (megatron-core
+    # 0.16.1 transformer_block.py get_num_layers_to_build: num_layers_to_build -= 1, asserted >= 0)
+    Rule("pp_layers", DIVISIBILITY, lambda m, cl, tr, l: l.pp * l.vpp > interleaved_layers(m, tr),
+         lambda m, cl, tr: f"--pp*--vpp: must not exceed the layer count {interleaved_layers(m, tr)}"
+                           + (" (blocks + 2 edge layers)" if interleaved_layers(m, tr) != m.layers else "")),
     Rule("vpp_divides", DIVISIBILITY,
          lambda m, cl, tr, l: (l.vpp > 1) & ((interleaved_layers(m, tr) % np.maximum(l.pp * l.vpp, 1) != 0) | (l.pp < 2)),
          lambda m, cl, tr: "--vpp: interleaving needs --pp > 1 and --pp*--vpp dividing the layer count "

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from planner import cli  # noqa: E402
+from planner import cli, report  # noqa: E402
 from planner.errors import InputError  # noqa: E402
 from planner.search import short  # noqa: E402
 
@@ -71,6 +71,7 @@ def test_default_page_is_the_cli_answer_for_70b_on_16_gpus():
     assert not problems(at)
     answer = cli_json("recommend", "--model", "llama-3-70b", "--gpus", "16", "--top", "10")
     assert_table_is(at, answer)
+    assert answer["layouts"][0]["memory"]["verdict"] == "fits" and not at.warning  # #1 clears its band
     engines = at.dataframe[1].value  # the fastest layout under each other engine
     assert list(engines["engine"]) == [e["engine"] for e in answer["engines"]]
     assert list(engines["layout"]) == [short(e["layout"]) if e["layout"] else e["note"] for e in answer["engines"]]
@@ -129,6 +130,9 @@ def test_megatrons_offloaded_share_follows_the_cli():
                       "--optimizer-offload-fraction", "0.5", "--top", "10")
     assert any(r["layout"]["offload_optimizer"] == "cpu" for r in answer["layouts"])
     assert_table_is(at, answer)
+    # every listed layout is borderline at the prior's +-10 %: the page names the fastest that clears it, as the CLI
+    assert answer["layouts"][0]["memory"]["verdict"] == "borderline" and answer["clear_fit"]["rank"] is None
+    assert [w.value for w in at.warning] == [report.clear_fit_text(answer["layouts"][0]["memory"], answer["clear_fit"])]
 
 
 @pytest.mark.slow

@@ -103,6 +103,25 @@ def test_recommend_names_the_profile_and_band(tmp_path):
     assert r["layouts"][0]["memory"]["verdict"] in ("fits", "borderline")
 
 
+def test_a_borderline_first_names_the_fastest_layout_that_clears_the_band(tmp_path):
+    """70B on 16 H100s: the fastest layout's peak is within the +-10 % prior band of capacity; the
+    answer names the fastest one whose peak plus its band still fits, in the table or past it."""
+    r = api.recommend(70e9, {"gpus": 16}, {}, top=5)
+    first, clear = r.layouts[0]["memory"], r.clear_fit
+    assert first["verdict"] == "borderline"
+    assert clear["memory"]["gpu_bytes"] * 1.10 <= clear["memory"]["capacity_bytes"]  # peak + 10 % fits
+    assert [x["memory"]["verdict"] for x in r.layouts[:clear["rank"]]] == ["borderline"] * (clear["rank"] - 1) + ["fits"]
+    assert clear["relative_speed"] == pytest.approx(r.layouts[clear["rank"] - 1]["throughput"]["tokens_per_s"]
+                                                    / r.layouts[0]["throughput"]["tokens_per_s"])
+    # with the table cut to #1 the same layout is named from past it
+    one = api.recommend(70e9, {"gpus": 16}, {}, top=1)
+    assert one.clear_fit["rank"] is None and one.clear_fit["layout"] == clear["layout"]
+    # a calibrated band of 3 % clears #1 itself: nothing to name
+    path = profile(tmp_path, fit={"bands": {"peak_memory": 0.03}})
+    calibrated = api.recommend(70e9, {"gpus": 16, "calibration": str(path)}, {}, top=1)
+    assert calibrated.layouts[0]["memory"]["verdict"] == "fits" and calibrated.clear_fit is None
+
+
 def test_append_keeps_runs_refuses_other_hardware_and_writes_atomically(tmp_path, monkeypatch):
     path = tmp_path / "p.json"
     calibration.append_runs(path, [{"name": "a"}], "p", "cpu", {"torch": "x"})

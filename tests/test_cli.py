@@ -81,7 +81,7 @@ RECOMMEND_KEYS = {"model", "assumptions", "candidates_evaluated", "rejected", "l
                   "layouts[].layout", "layouts[].memory", "layouts[].time", "layouts[].throughput",
                   "layouts[].binding_constraint", "layouts[].memory.gpu_bytes", "layouts[].time.step_s",
                   "engines", "engines[].engine", "engines[].layout", "engines[].relative_speed",
-                  "engines[].settings"}
+                  "engines[].settings", "clear_fit"}
 
 
 def test_json_schema_is_frozen():

@@ -83,6 +83,14 @@ def test_megatron_accounts_for_embedding_and_loss_in_the_pipeline_split():
     with pytest.raises(InputError, match="--vpp"):
         check_single(m, hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 8192, 8),
                      layout.Training(seq_len=8192, engine="megatron"), lay)
+    # 16 x 8 chunks of one slot each: stage 0's first chunk holds the embedding and builds no block,
+    # which megatron-core allows (0.16.1 transformer_block.py get_num_layers_to_build asserts >= 0);
+    # without the edge slots 128 chunks exceed the 126 blocks
+    eight = layout.single(tp=8, pp=16, dp=64, vpp=8, zero=1, sequence_parallel=True, gas=32)
+    check_single(m, hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 8192, 8), edges, eight)
+    with pytest.raises(InputError, match="--pp\\*--vpp: must not exceed the layer count 126"):
+        check_single(m, hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 8192, 8),
+                     layout.Training(seq_len=8192, engine="megatron"), eight)
     # stage 0 holds 7 blocks, a middle stage 8: its parameters are 8/7 of stage 0's blocks'
     p0 = sharding.rank_params(m, edges, lay, 0)[0]
     p1 = sharding.rank_params(m, edges, lay, 1)[0]
