@@ -230,7 +230,7 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
         "optimizer": str(train.optimizer), "flash_attention": train.flash_attention, "compile": train.compile,
         "memory_headroom": headroom, "pp_edge_layers": train.pipeline_edge_layers,
         "calibration": clus.calibration.name if clus.calibration else None,
-        "peak_memory_band": clus.calibration.band("peak_memory") if clus.calibration else prior_band("peak_memory"),
+        "peak_memory_band": band_of(clus, "peak_memory"),
     }
     for knob in ("stage3_max_live_parameters", "stage3_max_reuse_distance", "optimizer_offload_fraction",
                  "tp_comm_overlap"):
@@ -268,8 +268,7 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
 def _fastest_clear_fit(clus: Cluster, sources: list, records: list) -> dict | None:
     """The fastest fitting candidate of the searches whose peak clears its error band (verdict
     fits), as a layout record with its rank in `records` and its speed against records[0]."""
-    capacity, best = clus.gpu.memory_bytes, None
-    band = clus.calibration.band("peak_memory") if clus.calibration else prior_band("peak_memory")
+    capacity, best, band = clus.gpu.memory_bytes, None, band_of(clus, "peak_memory")
     for res, keep in sources:
         total = np.asarray(res["eval"]["memory"]["total"], dtype=np.float64)
         clear = clears_band(capacity - total, np.ceil(total * band)) & (True if keep is None else keep)
@@ -488,16 +487,18 @@ def _at(parts, i: int) -> dict:
     return {k: float(parts.at(k, i)) for k in parts}
 
 
+def band_of(cluster: Cluster, quantity: str) -> float:
+    """The relative error band of a quantity: the cluster's profile's, else the prior."""
+    return cluster.calibration.band(quantity) if cluster.calibration else prior_band(quantity)
+
+
 def layout_record(cluster: Cluster, lay: Layouts, ev: dict, i: int) -> dict:
     """Candidate i as {layout, memory, time, throughput} (the `planner estimate --json` keys)."""
     mem = ev["memory"]
     parts = {k: int(mem.at(k, i)) for k in memory.BREAKDOWN_KEYS}
     total = sum(parts.values())  # = the float total below 2**53 bytes; past it the parts still add up exactly
     capacity = int(cluster.gpu.memory_bytes)
-    def band_of(quantity):
-        return cluster.calibration.band(quantity) if cluster.calibration else prior_band(quantity)
-
-    band = band_of("peak_memory")
+    band = band_of(cluster, "peak_memory")
     band_bytes = int(math.ceil(total * band))
     return {
         "layout": lay.row(i),
@@ -516,7 +517,7 @@ def layout_record(cluster: Cluster, lay: Layouts, ev: dict, i: int) -> dict:
             "peak_phase": memory.PHASES[int(mem.at("phase", i))],
             "breakdown": parts,
         },
-        "time": {"step_s": float(ev["time"]["step_s"].flat[i]), "error_band": band_of("step_time"),
+        "time": {"step_s": float(ev["time"]["step_s"].flat[i]), "error_band": band_of(cluster, "step_time"),
                  "breakdown": _at(ev["time"]["breakdown"], i)},
         "throughput": _at(ev["time"]["throughput"], i),
     }
