@@ -341,9 +341,10 @@ layers of Llama-3.1-405B are ~1,100)."""
 
 
 def _per_stage_flat(model: ModelSpec, training: Training, lay: Layouts, stage, where, value, count: int = 1) -> np.ndarray:
-    """value(sizes, ends, zero ranks) -> `count` floats for each candidate `where` is true (0
-    elsewhere), from the flat parameter list of its stage, evaluated once per distinct (tp, blocks,
-    first or last stage, zero ranks, ep, expert tp, first block): shape (count, *lay.shape)."""
+    """value(flat key, zero ranks) -> `count` floats for each candidate `where` is true (0
+    elsewhere), from the flat parameter list of its stage (_flat(*flat key)), evaluated once per
+    distinct (tp, blocks, first or last stage, zero ranks, ep, expert tp, first block): shape
+    (count, *lay.shape)."""
     stage = np.broadcast_to(stage, lay.shape)
     where = np.ones(lay.shape, dtype=bool) if where is None else np.broadcast_to(where, lay.shape)
     out = np.zeros((count, *lay.shape))
@@ -357,8 +358,7 @@ def _per_stage_flat(model: ModelSpec, training: Training, lay: Layouts, stage, w
     uniq, inverse = np.unique(key, axis=0, return_inverse=True)
     values = np.zeros((count, len(uniq)))
     for j, (t, n, first, last, d, e, etp, begin) in enumerate(uniq):
-        sizes, ends = _flat(model, int(t), int(n), bool(first), bool(last), int(e), int(etp), int(begin))
-        values[:, j] = value(sizes, ends, int(d))
+        values[:, j] = value((model, int(t), int(n), bool(first), bool(last), int(e), int(etp), int(begin)), int(d))
     out.reshape(count, -1)[:, rows] = values[:, inverse.ravel()]
     return out
 
@@ -372,13 +372,19 @@ def deepspeed_grad_partition_excess(model: ModelSpec, training: Training, lay: L
     edges count whole (a whole embedding when an edge falls inside it). The flat order is the
     model's tensor list. Past EXACT_TENSORS tensors on a stage (thousands of layers) it takes the
     bound of two whole largest tensors."""
-    def excess(sizes, ends, d):
-        if d <= 1:
-            return 0.0
-        if sizes.size > EXACT_TENSORS:
-            return 2 * sizes.max()  # the worst partition overhangs by less than a tensor at each edge
-        return _worst_partition_overlap(sizes, ends, d) - ends[-1] / d
-    return _per_stage_flat(model, training, lay, stage, where, excess)[0]
+    return _per_stage_flat(model, training, lay, stage, where, _grad_partition_excess)[0]
+
+
+@lru_cache(maxsize=4096)
+def _grad_partition_excess(flat_key: tuple, d: int) -> float:
+    """deepspeed_grad_partition_excess of one flat buffer (_flat(*flat_key)) over d ranks, cached:
+    a recommend's searches under several engines share most buffers."""
+    if d <= 1:
+        return 0.0
+    sizes, ends = _flat(*flat_key)
+    if sizes.size > EXACT_TENSORS:
+        return 2 * sizes.max()  # the worst partition overhangs by less than a tensor at each edge
+    return _worst_partition_overlap(sizes, ends, d) - ends[-1] / d
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,7 +433,8 @@ def zero3_swap_elements(model: ModelSpec, training: Training, lay: Layouts, stag
     not partitions, as measured)."""
     zc, w = training.zero_config, training.precision.element_bytes
 
-    def walk(sizes, ends, d):
+    def walk(flat_key, d):
+        sizes, _ = _flat(*flat_key)
         partition = float(np.ceil(sizes / d).sum())
         spills = partition > zc.nvme_params_in_cpu  # the sub-groups fill the CPU buffer in order
         if partition / zc.sub_group_size > EXACT_TENSORS:  # beyond real models: no sub-group under 1 MiB,
