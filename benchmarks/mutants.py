@@ -50,7 +50,7 @@ TERMS = [
     ("planner.collectives", "tree_latency_us"), ("planner.collectives", "group_bus_bytes_per_s"),
     ("planner.collectives", "p2p_bytes_per_s"), ("planner.collectives", "ring_pod_share"),
     ("planner.collectives", "p2p_pod_share"), ("planner.collectives", "members_per_pod"),
-    ("planner.timing", "tp_all_reduce_s"), ("planner.timing", "checkpoint_restore_s"), ("planner.timing", "dp_collective_s"), ("planner.timing", "tp_pass_exposed_s"), ("planner.timing", "ub_pass_exposed_s"), ("planner.timing", "ep_all_to_all_s"), ("planner.timing", "cp_ring_exposed_s"),
+    ("planner.timing", "tp_all_reduce_s"), ("planner.timing", "checkpoint_restore_s"), ("planner.timing", "dp_collective_s"), ("planner.timing", "tp_pass_exposed_s"), ("planner.timing", "ub_pass_exposed_s"), ("planner.timing", "ep_all_to_all_s"), ("planner.timing", "moe_count_sync_s"), ("planner.timing", "cp_ring_exposed_s"),
     ("planner.timing", "pipeline_bubble_s"), ("planner.timing", "pipeline_p2p_s"), ("planner.timing", "grad_reduce_s"),
     ("planner.timing", "grad_reductions_per_step"), ("planner.timing", "param_gather_s"),
     ("planner.timing", "zero3_gather_s"), ("planner.timing", "zero3_exposed_s"), ("planner.timing", "gpu_optimizer_step_s"), ("planner.timing", "cpu_adam_s"),

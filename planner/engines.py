@@ -94,6 +94,25 @@ class MoeCapacity(Word):
     tokens past capacity dropped, padded to it with moe_pad_expert_input_to_capacity."""
 
 
+class MoeCounts(Word):
+    """How the engine's MoE dispatcher learns how many routed rows each expert gets before it moves
+    them (planner/timing.py moe_count_sync_s)."""
+
+    NONE = "none"
+    """No count exchange or host wait is timed (DeepSpeed-MoE's capacity-padded layer, Hugging Face's
+    blocks: not read for one)."""
+    TP_EP_ALL_GATHER = "tp_ep_all_gather"
+    """megatron-core 0.16.1 moe/token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess: each
+    forward all-gathers every rank's per-expert counts over the expert-TP x EP group
+    (gather_from_sequence_parallel_region, tp_ep_group; none with both 1) and the host waits for
+    their copy to the CPU (_maybe_dtoh_and_synchronize at cuda_sync_point, before_finish without
+    EP or TP), unless moe_pad_expert_input_to_capacity (drop_and_pad: static shapes, neither)."""
+    EP_ALL_TO_ALL = "ep_all_to_all"
+    """torchtitan 0.3.0 models/common/token_dispatcher.py: with EP, _token_count_exchange
+    all-to-alls the counts over the EP mesh and _sync_token_count_exchange copies them to the CPU
+    with non_blocking=False (a device-to-host sync) before the dispatch all-to-all."""
+
+
 class Launcher(Word):
     """Which configs planner/export.py writes and how its launch script starts the job."""
 
@@ -254,6 +273,8 @@ class Engine:
     partition_activations and cpu_checkpointing decide where the layer inputs wait."""
     moe_capacity: MoeCapacity = MoeCapacity.DROPLESS
     """Whether its MoE layer has an expert capacity, and whether it pads to it."""
+    moe_counts: MoeCounts = MoeCounts.NONE
+    """How its MoE dispatcher exchanges the routed rows' counts and waits for them on the host."""
     cp_gathers_kv: bool = False
     """Context parallelism all-gathers K and V over the CP ranks before attention, blocking, and the
     attention keeps them whole for backward, which reduce-scatters their gradients (torchtitan 0.3.0
@@ -441,7 +462,8 @@ MEGATRON = Engine(
     # transformer_block.py _checkpointed_forward, --recompute-method block --recompute-num-layers N
     partial_recompute=True,
     rank_order_choice=True,  # megatron-core parallel_state.py initialize_model_parallel(order=...)
-    moe_capacity=MoeCapacity.MEGATRON,  # --moe-expert-capacity-factor, --moe-pad-expert-input-to-capacity
+    moe_capacity=MoeCapacity.MEGATRON,
+    moe_counts=MoeCounts.TP_EP_ALL_GATHER,  # --moe-expert-capacity-factor, --moe-pad-expert-input-to-capacity
     dp_sync_per_chunk=True,  # with --overlap-grad-reduce / --overlap-param-gather, as export.py launches it
 )
 
@@ -532,6 +554,7 @@ TORCHTITAN = replace(
     loss_chunks=8,  # components/loss.py ChunkedLossWrapper.Config.num_chunks, set by every llama3 config
     launcher=Launcher.TORCHTITAN,
     cp_gathers_kv=True,  # its models' FlexAttention under CP (models/*/parallelize.py apply_cp_to_forward)
+    moe_counts=MoeCounts.EP_ALL_TO_ALL,
 )
 
 # DeepSpeed of spring 2021 (0.3.13 of 2021-03-16, or 0.3.14 of 2021-04-08, is what Narayanan et al. 2021,

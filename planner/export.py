@@ -434,6 +434,10 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
         a.append(f"--topk {model.experts_per_token}" if mds else f"--moe-router-topk {model.experts_per_token}")
         if model.shared_expert_ffn and not mds:  # Megatron-LM training/arguments.py (Qwen-MoE style)
             a.append(f"--moe-shared-expert-intermediate-size {model.shared_expert_ffn}")
+        if not mds:
+            # megatron-core 0.16.1 TransformerConfig moe_token_dispatcher_type defaults to "allgather"; the
+            # planner times MoEAlltoAllTokenDispatcher (timing.ep_all_to_all_s, timing.moe_count_sync_s)
+            a.append("--moe-token-dispatcher-type alltoall")
         if model.moe_layers != model.layers and not mds:
             # megatron-core 0.16.1 TransformerConfig moe_layer_freq (a per-layer 0/1 pattern, which
             # Megatron-LM's --moe-layer-freq evaluates); --ffn-hidden-size is then the dense blocks'

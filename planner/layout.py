@@ -218,6 +218,14 @@ FIELDS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "offload_optimizer", "off
           "rank_order")
 
 
+def _take_flat(values: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """values[index] for a flat field; a field broadcast from one value (stride 0: a setting every
+    candidate shares) stays a broadcast view instead of a copy per candidate."""
+    if values.strides == (0,) and values.size:
+        return np.broadcast_to(values[:1], index.shape)
+    return values.take(index)
+
+
 @dataclass
 class Layouts:
     """Candidate layouts as parallel int64 arrays of one shape. Categoricals hold the codes of
@@ -334,7 +342,7 @@ class Layouts:
         if index.dtype == bool and index.ndim == 1 and self.tp.ndim == 1:
             # integer take is several times faster than boolean indexing, once per field
             index = np.flatnonzero(index)
-            return Layouts(**{k: getattr(self, k).take(index) for k in FIELDS})
+            return Layouts(**{k: _take_flat(getattr(self, k), index) for k in FIELDS})
         return Layouts(**{k: getattr(self, k)[index] for k in FIELDS})
 
     def concat(self, other: "Layouts") -> "Layouts":

@@ -21,7 +21,7 @@ from planner.activations import checkpoint_copies_block, checkpoint_partitions, 
 from planner.collectives import (group_collective_s, members_per_pod, p2p_bytes_per_s, p2p_pod_share, ranks_per_node,
                                   ring_pod_share)
 from planner.compute import flops_per_step, peak_flops_per_s, tokens_per_microbatch
-from planner.engines import Buffers, ExpertTP, GradBuckets, Modules, SelectivePolicy
+from planner.engines import Buffers, ExpertTP, GradBuckets, Modules, MoeCounts, SelectivePolicy
 from planner.grouping import Lazy, grouped
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training, among
@@ -190,6 +190,24 @@ def ep_all_to_all_s(model: ModelSpec, cluster: Cluster, training: Training, lay:
     return np.where(ep > 1, (ep - 1) * c["p2p_latency_s"] + np.maximum(intra, inter), 0.0)
 
 
+def moe_count_sync_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+    """Seconds one forward of a routed block stalls while its dispatcher learns the rows' counts
+    (Engine.moe_counts): the exchange of each rank's E int64 counts, a message small enough that
+    only the collective's latency shows, then the host's wait for them, which drains the GPU's queue
+    until the host launches the next kernel (one eager operator's host time, eager_op_host_s).
+    The backward reuses the counts; a recomputed forward waits again."""
+    kind = training.engine.moe_counts
+    if model.experts == 1 or kind is MoeCounts.NONE or training.moe_pad_to_capacity:
+        return 0.0 * lay.tp
+    if kind is MoeCounts.TP_EP_ALL_GATHER:
+        # the expert-TP x EP group: consecutive ranks (megatron-core's expert order etp, ep, edp, pp);
+        # the gathered buffer is [etp x ep, E] int64
+        n = expert_tp(training, lay) * lay.ep
+        return group_collective_s(cluster, c, "all_gather", n * model.experts * 8.0, n) + c["eager_op_host_s"]
+    # EP_ALL_TO_ALL: a send to every EP peer, priced like the routed rows' (ep_all_to_all_s), its bytes nil
+    return np.where(lay.ep > 1, (lay.ep - 1) * c["p2p_latency_s"] + c["eager_op_host_s"], 0.0)
+
+
 def cp_ring_exposed_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict,
                       core_fwd, core_bwd) -> np.ndarray:
     """Ring attention (Liu et al. 2023; Megatron-core context parallel, cp_comm_type p2p): cp-1
@@ -227,8 +245,9 @@ def block_s(block: ModelSpec, cluster: Cluster, training: Training, lay: Layouts
            "gemm": gemm, "tp_fwd": tp_pass_exposed_s(block, cluster, training, lay, c, tp_ar, units),
            "tp_bwd": tp_pass_exposed_s(block, cluster, training, lay, c, tp_ar, units, backward=True),
            "a2a": ep_all_to_all_s(block, cluster, training, lay, c),  # 2 in the forward, 2 in the backward
+           "counts": moe_count_sync_s(block, cluster, training, lay, c),  # once a forward
            "restore": checkpoint_restore_s(block, cluster, training, lay, c)}
-    out["comm"] = out["tp_fwd"] + out["tp_bwd"] + 4.0 * out["a2a"] + \
+    out["comm"] = out["tp_fwd"] + out["tp_bwd"] + 4.0 * out["a2a"] + out["counts"] + \
         cp_ring_exposed_s(block, cluster, training, lay, c, core_fwd, core_bwd)
     if training.engine.selective_policy is SelectivePolicy.OP_SAC:  # every op but attention and kept matmuls
         out["sel"], out["sel_comm"] = C.op_sac_recompute_s(block, cluster, training, lay, c), out["tp_fwd"] / 2.0
@@ -281,7 +300,7 @@ def microbatch_s(model: ModelSpec, cluster: Cluster, training: Training, lay: La
             out["blocks"], out["reruns"] = out["blocks"] + n, out["reruns"] + rerun
             out["recompute"] = out["recompute"] + rerun * (b["fwd"] + b["restore"]) + np.where(selective, n * b["sel"], 0.0)
             out["restore"] = out["restore"] + rerun * b["restore"]
-            out["tp_comm"] = out["tp_comm"] + n * b["comm"] + rerun * (b["tp_fwd"] + 2.0 * b["a2a"]) \
+            out["tp_comm"] = out["tp_comm"] + n * b["comm"] + rerun * (b["tp_fwd"] + 2.0 * b["a2a"] + b["counts"]) \
                 + np.where(selective, n * b["sel_comm"], 0.0)
         out["slot"] = out["compute"] + out["recompute"] + out["tp_comm"]
         candidates.append(out)

@@ -424,6 +424,7 @@ def test_launch_sh_megatron_deepspeed(tmp_path):
               "--deepspeed-activation-checkpointing", "--fp16", "--global-batch-size 16"]:
         assert a in margs, a
     assert "--use-distributed-optimizer" not in margs and "--use-flash-attn" not in margs
+    assert "--moe-token-dispatcher-type" not in " ".join(margs)  # DeepSpeed-MoE has no such dispatcher
 
 
 def test_megatron_args_carry_qwen3_moe_shape(tmp_path):
@@ -435,6 +436,7 @@ def test_megatron_args_carry_qwen3_moe_shape(tmp_path):
     margs = args_of(out["megatron_args.txt"].read_text())
     for a in ["--qk-layernorm", "--kv-channels 128", "--num-experts 128", "--moe-router-topk 8",
               "--moe-ffn-hidden-size 768", "--expert-model-parallel-size 2", "--recompute-method block",
+              "--moe-token-dispatcher-type alltoall",  # megatron-core's default is allgather; the planner times alltoall
               "--recompute-num-layers 3", "--untie-embeddings-and-output-weights"]:
         assert a in margs, a
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner import collectives, compute, export, hardware, layout, memory, pipeline, timing
+from planner import collectives, compute, engines, export, hardware, layout, memory, pipeline, timing
 from planner.errors import InputError
 from planner.model import ModelSpec, lookup
 from planner.options import Schedule
@@ -208,6 +208,44 @@ def test_expert_all_to_all_sends_the_routed_tokens():
     got = timing.ep_all_to_all_s(m, node(H100), DS, layout.single(ep=4, dp=4), C)[0]
     assert got == pytest.approx(3 * 1e-5 + 4096 * 2 * 4096 * 2 * 0.75 / (450e9 * 0.78), rel=1e-12)
     assert timing.ep_all_to_all_s(LLAMA7, node(H100), DS, layout.single(), C)[0] == 0  # dense: none
+
+
+def test_moe_dispatchers_wait_for_the_token_counts():
+    """megatron-core 0.16.1 MoEAlltoAllTokenDispatcher.preprocess all-gathers each rank's [E] int64
+    counts over the expert-TP x EP group, then the host waits for their copy (cuda_sync_point);
+    torchtitan 0.3.0's dispatcher all-to-alls them over EP and copies them with non_blocking=False.
+    Either way, once per forward of a routed block (engine code read; the device-to-host wait
+    itself is not measured: no multi-GPU machine)."""
+    m, h100 = lookup("mixtral-8x7b"), node(H100)
+    host_s = C["eager_op_host_s"]  # 15.1 us: the H200 host's dispatch of one operator and its kernel
+    ep4 = layout.single(dp=8, ep=4)
+    megatron = timing.moe_count_sync_s(m, h100, layout.Training(engine="megatron"), ep4, C)[0]
+    # 4 x 8 x 8 B = 256 B gathered inside the node: NCCL's LL ring latency, tuning.cc baseLat 6.6 us
+    # + 3 NVLink hops x 0.6 us; its bytes take 2 ns
+    assert megatron == pytest.approx((6.6 + 3 * 0.6) * 1e-6 + host_s, rel=1e-3)  # 23.5 us
+    titan = timing.moe_count_sync_s(m, h100, layout.Training(engine="torchtitan"), ep4, C)[0]
+    assert titan == pytest.approx(3 * 1e-5 + host_s, rel=1e-12)  # 3 peers at 10 us, as the rows' all-to-all
+    # neither without experts; torchtitan's local dispatch without EP has no exchange; megatron-core
+    # still copies the counts for its grouped GEMM (before_finish) but exchanges nothing
+    assert timing.moe_count_sync_s(LLAMA7, h100, layout.Training(engine="megatron"), ep4, C)[0] == 0
+    assert timing.moe_count_sync_s(m, h100, layout.Training(engine="torchtitan"), layout.single(dp=8), C)[0] == 0
+    alone = timing.moe_count_sync_s(m, h100, layout.Training(engine="megatron"), layout.single(dp=8), C)[0]
+    assert alone == pytest.approx(host_s, rel=1e-12)
+    # padded to a capacity (moe_pad_expert_input_to_capacity: drop_and_pad) the shapes are static: no wait
+    padded = layout.Training(engine="megatron", moe_capacity_factor=1.0, moe_pad_to_capacity=True)
+    assert timing.moe_count_sync_s(m, h100, padded, ep4, C)[0] == 0
+    # DeepSpeed-MoE's layer is not timed for it
+    assert timing.moe_count_sync_s(m, h100, layout.Training(engine="megatron-deepspeed"), ep4, C)[0] == 0
+    # in a step: every routed block of a stage waits once per micro-batch forward, again when
+    # recomputed: 32 blocks x 64 micro-batches x 23.5 us = 48 ms more than without the wait
+    train = layout.Training(engine="megatron", gbs=64)
+    quiet = dataclasses.replace(train, engine=dataclasses.replace(train.engine, moe_counts=engines.MoeCounts.NONE))
+    lay = layout.single(dp=8, ep=4, gas=64)
+    gap = timing.step_time(m, h100, train, lay)["step_s"][0] - timing.step_time(m, h100, quiet, lay)["step_s"][0]
+    assert gap == pytest.approx(32 * 64 * megatron, rel=0.02)
+    full = layout.single(dp=8, ep=4, gas=64, recompute="full")
+    gap = timing.step_time(m, h100, train, full)["step_s"][0] - timing.step_time(m, h100, quiet, full)["step_s"][0]
+    assert gap == pytest.approx(2 * 32 * 64 * megatron, rel=0.02)  # the recompute's forward waits again
 
 
 @pytest.mark.parametrize("engine, model, expected", [
