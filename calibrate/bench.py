@@ -18,11 +18,14 @@ from calibrate.record import Case
 CPU_GEMMS = (64, 128, 256, 512, 1024)
 GPU_GEMMS = (256, 512, 1024, 2048, 4096, 8192)
 CPU_COLLECTIVE_BYTES = tuple(2**k for k in range(10, 25, 2))  # 1 KiB .. 16 MiB
+P2P_BYTES = (8, 512, 4096)  # small messages: the send/recv latency (p2p_latency_s)
 GPU_COLLECTIVE_BYTES = tuple(2**k for k in range(10, 31, 2))  # 1 KiB .. 1 GiB
 
 
 def bus_bytes_per_s(op: str, nbytes: float, ranks: int, seconds: float) -> float:
-    """nccl-tests' bus bandwidth of one collective (doc/PERFORMANCE.md)."""
+    """nccl-tests' bus bandwidth of one collective (doc/PERFORMANCE.md); a send/recv's is its own."""
+    if op == "send_recv":
+        return nbytes / seconds
     factor = 2 * (ranks - 1) / ranks if op == "all_reduce" else (ranks - 1) / ranks
     return nbytes / seconds * factor
 
@@ -288,7 +291,7 @@ def cases(profile_kind: str, gpu: str | None = None) -> list:
     ranks = _gpus() if gpu_run else 2
     if ranks >= 2:  # one launch measures every size; the profile keeps one record per size and op
         # medians of 20: on a shared 2-core host single gloo calls vary by 10x
-        spec = {"sizes": list(sizes), "repeats": 20}
+        spec = {"sizes": list(sizes), "repeats": 20, "p2p_sizes": list(P2P_BYTES)}
         out.append(Case(name="bench/collectives", kind="collective", config=spec, predict=dict,
                         reduce=_collective_rows, module="calibrate.bench_worker", args=[json.dumps(spec)],
                         nproc=ranks, timeout_s=300))

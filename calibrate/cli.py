@@ -172,7 +172,8 @@ def references(doc: dict) -> dict:
         return {"peak_flops_per_s": g.peak_flops_per_s["bf16"], "link_bytes_per_s": g.intra_node_bytes_per_s}
     ok = [r for r in doc["runs"] if r.get("outcome", {}).get("status") == "ok"]
     flops = [r["measurement"]["flops"] / r["measurement"]["gemm_s"] for r in ok if r["kind"] == "gemm"]
-    bus = [r["measurement"]["bus_bytes_per_s"] for r in ok if r["kind"] == "collective"]
+    bus = [r["measurement"]["bus_bytes_per_s"] for r in ok
+           if r["kind"] == "collective" and r["measurement"].get("op") != "send_recv"]
     return {"peak_flops_per_s": max(flops, default=1.0), "link_bytes_per_s": max(bus, default=1.0)}
 
 

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from planner.calibration import coefficient_values
-from planner.collectives import nccl_time_s
+from planner.collectives import nccl_time_s, p2p_message_s
 from planner.compute import gemm_s
 from planner.memory import reserved_bytes
 
@@ -32,6 +32,7 @@ BOUNDS = {
     ("time", "dtensor_step_host_s_per_tensor"): (1e-7, 1e-3),
     ("time", "rank_speed_cv"): (1e-4, 0.3),
     ("time", "eager_bytes_per_s_per_sm"): (1e8, 1e12),
+    ("time", "p2p_latency_s"): (1e-7, 1e-2),
     ("memory", "allocator_fragmentation"): (1e-4, 1.0),
     ("memory", "cuda_context_bytes"): (2**20, 4 * 2**30),
     ("memory", "nccl_bytes_per_group"): (2**16, 2**30),
@@ -76,6 +77,17 @@ def _collective(records, c, ref):
     # one node: every rank on it (the harness's sweeps run on one machine)
     return np.array([nccl_time_s(x["bytes"], x["ranks"], x["ranks"], bus, "all_reduce" if x["op"] == "all_reduce"
                                  else "all_gather", c["time"]) for x in m], dtype=float)
+
+
+def _p2p(records, c, ref):
+    # one message between two ranks of the machine, at its link's bus efficiency (collectives.p2p_bytes_per_s)
+    m = [r["measurement"] for r in records]
+    bus = ref["link_bytes_per_s"] * c["time"]["bus_efficiency_intra_node"]
+    return np.array([p2p_message_s(x["bytes"], bus, c["time"]) for x in m], dtype=float)
+
+
+def _point_to_point(record) -> bool:
+    return record["measurement"].get("op") == "send_recv"
 
 
 def _adam_implementation(record) -> str | None:
@@ -186,7 +198,11 @@ GROUPS = (
     FitGroup("gemm", "gemm_s", (("time", "gemm_efficiency_max"), ("time", "gemm_half_efficiency_flops")), _gemm,
              where=lambda r: "kernel_s" not in r["measurement"]),
     FitGroup("collective", "collective_s", (("time", "bus_efficiency_intra_node"),
-                                            ("time", "collective_latency_scale")), _collective),
+                                            ("time", "collective_latency_scale")), _collective,
+             where=lambda r: not _point_to_point(r)),
+    # the send/recv ping-pong's one-way time (pipeline sends, EP all-to-all peers, CP ring passes)
+    FitGroup("collective", "collective_s", (("time", "p2p_latency_s"),), _p2p, where=_point_to_point,
+             label="p2p.one_way_s"),
     # the fused host optimizers (one pass over the states), then torch's single-tensor loop
     FitGroup("cpu_adam", "adam_step_s", (("time", "cpu_adam_params_per_s"),), _cpu_adam("cpu_adam_params_per_s"),
              where=lambda r: _adam_implementation(r) in ("deepspeed", "torch-fused"), label="cpu_adam.fused_step_s"),

@@ -152,6 +152,12 @@ def p2p_pod_share(cluster: Cluster, stride, n) -> np.ndarray:
     return np.where(leaves, np.minimum(1.0, G / (cluster.oversubscription * np.minimum(G, stride))), 1.0)
 
 
+def p2p_message_s(nbytes, bytes_per_s, coef: dict):
+    """Seconds of one send/recv of `nbytes` at `bytes_per_s` (p2p_bytes_per_s): NCCL's per-message
+    latency (p2p_latency_s, which calibrate's send/recv ping-pong fits) plus the bytes."""
+    return coef["p2p_latency_s"] + nbytes / bytes_per_s
+
+
 def p2p_bytes_per_s(cluster: Cluster, crosses_nodes, coef: dict, pod_share=1.0) -> np.ndarray:
     """One GPU's send bandwidth: its NVLink, or its own NIC (times its `pod_share` where the peer
     sits beyond an oversubscribed pod) when the peer is on another node."""

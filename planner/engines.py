@@ -99,8 +99,9 @@ class MoeCounts(Word):
     them (planner/timing.py moe_count_sync_s)."""
 
     NONE = "none"
-    """No count exchange or host wait is timed (DeepSpeed-MoE's capacity-padded layer, Hugging Face's
-    blocks: not read for one)."""
+    """No count exchange or host wait: DeepSpeed-MoE's capacity comes from the shapes (DeepSpeed
+    0.19.8 moe/sharded_moe.py _capacity on host tensors, one_hot(num_classes=capacity)) with its
+    default drop_tokens; Hugging Face's blocks are not read for one."""
     TP_EP_ALL_GATHER = "tp_ep_all_gather"
     """megatron-core 0.16.1 moe/token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess: each
     forward all-gathers every rank's per-expert counts over the expert-TP x EP group

@@ -436,7 +436,8 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
             a.append(f"--moe-shared-expert-intermediate-size {model.shared_expert_ffn}")
         if not mds:
             # megatron-core 0.16.1 TransformerConfig moe_token_dispatcher_type defaults to "allgather"; the
-            # planner times MoEAlltoAllTokenDispatcher (timing.ep_all_to_all_s, timing.moe_count_sync_s)
+            # planner times MoEAlltoAllTokenDispatcher (timing.ep_all_to_all_s, timing.moe_count_sync_s),
+            # which NVIDIA's own MoE recipes set (megatron-bridge 0.3.1 recipes/qwen/qwen3_moe.py, deepseek_v3.py)
             a.append("--moe-token-dispatcher-type alltoall")
         if model.moe_layers != model.layers and not mds:
             # megatron-core 0.16.1 TransformerConfig moe_layer_freq (a per-layer 0/1 pattern, which

@@ -18,8 +18,8 @@ import numpy as np
 
 from planner import compute as C
 from planner.activations import checkpoint_copies_block, checkpoint_partitions, recomputed_layers
-from planner.collectives import (group_collective_s, members_per_pod, p2p_bytes_per_s, p2p_pod_share, ranks_per_node,
-                                  ring_pod_share)
+from planner.collectives import (group_collective_s, members_per_pod, p2p_bytes_per_s, p2p_message_s, p2p_pod_share,
+                                  ranks_per_node, ring_pod_share)
 from planner.compute import flops_per_step, peak_flops_per_s, tokens_per_microbatch
 from planner.engines import Buffers, ExpertTP, GradBuckets, Modules, MoeCounts, SelectivePolicy
 from planner.grouping import Lazy, grouped
@@ -344,7 +344,7 @@ def pipeline_p2p_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     nbytes = nbytes / np.where(split, lay.tp, 1)
     # the slowest stage boundary (one at a node's or a pod's edge) paces the chain
     share = p2p_pod_share(cluster, lay.pp_stride, lay.pp)
-    one = c["p2p_latency_s"] + nbytes / p2p_bytes_per_s(cluster, lay.pp_stride * lay.pp > cluster.gpus_per_node, c, share)
+    one = p2p_message_s(nbytes, p2p_bytes_per_s(cluster, lay.pp_stride * lay.pp > cluster.gpus_per_node, c, share), c)
     transfers = p2p_transfers(lay.pp, lay.vpp, lay.gas, lay.schedule)
     v = chunks_per_stage(lay.vpp, lay.schedule)
     overlaps = training.engine.p2p_overlaps_interleaved & training.overlap_p2p & (v > 1) & (lay.pp > 1)

@@ -58,6 +58,35 @@ def test_noisy_collectives_fit_latency_and_bandwidth():
     assert e["after_mean"] < 0.05 < e["before_mean"]
 
 
+def test_send_recv_ping_pong_fits_the_p2p_latency_apart_from_the_collectives():
+    # the collectives above, and 2-rank send/recv messages of 8 B - 4 KiB taking 40 us plus their bytes
+    # at the prior's bus efficiency (0.78 of the link): the ping-pong's rows fit p2p_latency_s alone
+    # (a pipeline send, an EP all-to-all peer) and leave the collectives' fit as it was
+    from planner.collectives import nccl_time_s
+
+    rng = np.random.default_rng(2)
+    truth = {"collective_latency_scale": 3.0}
+    records = []
+    for nbytes in 2.0 ** np.arange(10, 31, 2):
+        t = float(nccl_time_s(nbytes, 2, 2, REF["link_bytes_per_s"] * 0.5, "all_reduce", truth))
+        records.append({"kind": "collective", "outcome": {"status": "ok"},
+                        "measurement": {"op": "all_reduce", "bytes": nbytes, "ranks": 2,
+                                        "collective_s": t * (1 + 0.02 * rng.standard_normal())}})
+    for nbytes in (8, 512, 4096):
+        t = 40e-6 + nbytes / (REF["link_bytes_per_s"] * 0.78)
+        records.append({"kind": "collective", "outcome": {"status": "ok"},
+                        "measurement": {"op": "send_recv", "bytes": nbytes, "ranks": 2,
+                                        "collective_s": t * (1 + 0.02 * rng.standard_normal())}})
+    result = F.fit(records, REF, k=3)
+    c = result["coefficients"]["time"]
+    assert c["p2p_latency_s"]["value"] == pytest.approx(40e-6, rel=0.05)  # the prior says 10 us
+    assert c["p2p_latency_s"]["runs"] == 3
+    assert result["error"]["p2p.one_way_s"]["before_mean"] > 0.5  # 10 us against 40
+    assert c["bus_efficiency_intra_node"]["value"] == pytest.approx(0.5, rel=0.05)
+    assert c["collective_latency_scale"]["value"] == pytest.approx(3.0, rel=0.1)
+    assert result["error"]["collective.collective_s"]["runs"] == 11  # the all-reduces alone
+
+
 def test_a_case_measured_again_shares_its_fold():
     # the H200 profile holds the same step cases from two sessions: held out together, or the fit that
     # predicts one has seen the other
