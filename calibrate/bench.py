@@ -179,6 +179,68 @@ def dtensor_step_run(implementation: str, counts=(50, 400), repeats: int = 9) ->
             "dtensor_s_per_tensor": slope[True], "extra_s_per_tensor": slope[True] - slope[False]}
 
 
+ATTENTION_SHAPES = ((1, 32, 4096, 128), (1, 16, 8192, 128), (4, 32, 2048, 128))
+"""(batch, heads, sequence, head width) of the attention bench: Llama-style heads at training lengths."""
+
+
+def attention_run(batch: int, heads: int, seq: int, head_dim: int, repeats: int = 5) -> dict:
+    """Seconds of one causal scaled_dot_product_attention forward and backward in bf16 (FlashAttention
+    where the GPU has it): the median of `repeats` wall times between synchronizations and, on a GPU,
+    the kernels' own seconds (kernel_s, what the fit takes); the forward's matmul FLOPs counted as
+    planner/compute.py attention_core_s does (QK^T and AV, the causal half)."""
+    import torch
+    import torch.nn.functional as F
+
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    q, k, v = (torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
+               for _ in range(3))
+    grad = torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    def step():
+        for t in (q, k, v):
+            t.grad = None
+        if cuda:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.backward(grad)
+
+    step()
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - start)
+    out = {"batch": batch, "heads": heads, "seq": seq, "head_dim": head_dim,
+           "flops_fwd": 4.0 * batch * heads * seq * seq * head_dim * 0.5, "attention_s": statistics.median(times)}
+    if cuda:
+        from calibrate.step_worker import kernel_seconds
+
+        kinds = kernel_seconds(step, repeats)
+        out["kernel_s"] = sum(v for kind, v in kinds.items() if kind != "wall")
+    return out
+
+
+def _attention_prediction(batch: int, heads: int, seq: int, head_dim: int, gpu: str) -> dict:
+    """The planner's forward + backward seconds of that attention on the catalog GPU."""
+    from planner.calibration import coefficient_values
+    from planner.compute import attention_efficiency, attention_matmuls_s
+    from planner.hardware import Cluster, lookup_gpu
+
+    cluster = Cluster(lookup_gpu(gpu), 1, 1)
+    c = coefficient_values("time")
+    fwd, bwd = attention_matmuls_s(4.0 * batch * heads * seq * seq * head_dim * 0.5, cluster.gpu.peak_flops_per_s["bf16"],
+                                   attention_efficiency(cluster, c))
+    return {"kernel_s": float(fwd + bwd)}
+
+
 EAGER_LAYER = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
                "vocab_size": 1024, "attn_implementation": "sdpa"}
 """A Llama-3-8B decoder layer (huggingface.co/meta-llama/Meta-Llama-3-8B config.json; vocabulary
@@ -295,6 +357,12 @@ def cases(profile_kind: str, gpu: str | None = None) -> list:
         out.append(Case(name="bench/collectives", kind="collective", config=spec, predict=dict,
                         reduce=_collective_rows, module="calibrate.bench_worker", args=[json.dumps(spec)],
                         nproc=ranks, timeout_s=300))
+    if gpu_run:  # FlashAttention's forward and backward: attention_efficiency
+        for b, h, n, d in ATTENTION_SHAPES:
+            out.append(Case(name=f"bench/attention/{b}x{h}x{n}x{d}", kind="attention",
+                            config={"batch": b, "heads": h, "seq": n, "head_dim": d, "dtype": "bfloat16", "gpu": gpu},
+                            predict=lambda b=b, h=h, n=n, d=d: _attention_prediction(b, h, n, d, gpu),
+                            reduce=lambda r: r[0], run_inline=lambda b=b, h=h, n=n, d=d: attention_run(b, h, n, d)))
     if gpu_run:  # an eager layer's memory-bound kernels: eager_bytes_per_s_per_sm
         out.append(Case(name="bench/eager_layer/llama-3-8b", kind="eager_layer",
                         config={"llama": EAGER_LAYER, "tokens": list(EAGER_LAYER_TOKENS), "gpu": gpu},

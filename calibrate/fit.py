@@ -18,7 +18,7 @@ import numpy as np
 
 from planner.calibration import coefficient_values
 from planner.collectives import nccl_time_s, p2p_message_s
-from planner.compute import gemm_s
+from planner.compute import attention_matmuls_s, gemm_s
 from planner.memory import reserved_bytes
 
 BOUNDS = {
@@ -33,6 +33,7 @@ BOUNDS = {
     ("time", "rank_speed_cv"): (1e-4, 0.3),
     ("time", "eager_bytes_per_s_per_sm"): (1e8, 1e12),
     ("time", "p2p_latency_s"): (1e-7, 1e-2),
+    ("time", "attention_efficiency"): (0.01, 1.0),
     ("memory", "allocator_fragmentation"): (1e-4, 1.0),
     ("memory", "cuda_context_bytes"): (2**20, 4 * 2**30),
     ("memory", "nccl_bytes_per_group"): (2**16, 2**30),
@@ -84,6 +85,12 @@ def _p2p(records, c, ref):
     m = [r["measurement"] for r in records]
     bus = ref["link_bytes_per_s"] * c["time"]["bus_efficiency_intra_node"]
     return np.array([p2p_message_s(x["bytes"], bus, c["time"]) for x in m], dtype=float)
+
+
+def _attention(records, c, ref):
+    # the kernels of one causal FlashAttention forward and backward at the fitted share of the peak
+    return np.array([sum(attention_matmuls_s(r["measurement"]["flops_fwd"], ref["peak_flops_per_s"],
+                                             c["time"]["attention_efficiency"])) for r in records], dtype=float)
 
 
 def _point_to_point(record) -> bool:
@@ -200,6 +207,8 @@ GROUPS = (
     FitGroup("collective", "collective_s", (("time", "bus_efficiency_intra_node"),
                                             ("time", "collective_latency_scale")), _collective,
              where=lambda r: not _point_to_point(r)),
+    # the attention core's kernels (GPU profiles: FlashAttention through SDPA)
+    FitGroup("attention", "kernel_s", (("time", "attention_efficiency"),), _attention),
     # the send/recv ping-pong's one-way time (pipeline sends, EP all-to-all peers, CP ring passes)
     FitGroup("collective", "collective_s", (("time", "p2p_latency_s"),), _p2p, where=_point_to_point,
              label="p2p.one_way_s"),

@@ -18,7 +18,7 @@ from typing import Callable
 from calibrate.launch import Outcome, launch
 
 KINDS = ("memory", "activations", "step_time", "gemm", "collective", "copy", "cpu_adam", "eager_ops", "dtensor_step",
-         "rank_speed", "eager_layer")
+         "rank_speed", "eager_layer", "attention")
 
 
 @dataclass

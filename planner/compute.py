@@ -123,6 +123,24 @@ def op_sac_recompute_s(model: ModelSpec, cluster: Cluster, training: Training, l
     return seconds
 
 
+def attention_efficiency(cluster: Cluster, c: dict) -> float:
+    """Fraction of the 16-bit peak the attention core's matmuls reach: a profile's fitted value
+    (calibrate's attention bench on this GPU) where it has one, else the GPU catalog's published
+    figure, else the generic prior (data/coefficients.json)."""
+    cal = cluster.calibration
+    if cal is not None and any(name == "attention_efficiency" for _, name, _ in cal.overrides):
+        return c["attention_efficiency"]
+    return cluster.gpu.attention_efficiency or c["attention_efficiency"]
+
+
+def attention_matmuls_s(flops_fwd, peak_flops_per_s, efficiency, flash: bool = True) -> tuple:
+    """(forward, backward) seconds of the attention core's matmuls, `flops_fwd` forward at
+    `efficiency` of peak: FlashAttention's backward runs 5 matmuls to its forward's 2 (Dao 2023,
+    FlashAttention-2 section 3.1.2), an unfused one 4 to 2."""
+    fwd = flops_fwd / (peak_flops_per_s * efficiency)
+    return fwd, fwd * (2.5 if flash else 2.0)
+
+
 def attention_core_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> tuple:
     """(forward, backward) of QK^T, softmax and AV of one block: 4 T s q/t FLOPs forward (MLA:
     2 T s (a d_qk + a d_v)/t). Causal
@@ -132,12 +150,11 @@ def attention_core_s(model: ModelSpec, cluster: Cluster, training: Training, lay
     S, softmax reads and writes it, AV reads P (4e) [+ dropout r/w and 1-byte mask]; backward
     writes dP, softmax-grad reads dP and P and writes dS, two GEMMs read dS, dV reads P (7e)
     (Megatron FusedScaleMaskSoftmax + dropout)."""
-    gpu, e = cluster.gpu, training.precision.element_bytes
+    e = training.precision.element_bytes
     s, flash = training.seq_len, training.flash_attention
     T, t = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64)
     flops = 2.0 * T * s * (model.q_width + model.attention_out_width) / t * (0.5 if flash else 1.0)  # QK^T + AV
-    fwd = flops / (peak_flops_per_s(cluster, training) * (gpu.attention_efficiency or c["attention_efficiency"]))
-    bwd = fwd * (2.5 if flash else 2.0)
+    fwd, bwd = attention_matmuls_s(flops, peak_flops_per_s(cluster, training), attention_efficiency(cluster, c), flash)
     if not flash:
         drop = 1.0 if model.dropout else 0.0
         scores = lay.mbs * (model.heads / t) * (s / lay.cp) * s

@@ -19,6 +19,19 @@ def test_bus_bandwidth_follows_nccl_tests():
     assert bench.bus_bytes_per_s("send_recv", 1e9, 2, 0.01) == pytest.approx(100e9)  # one message, one way
 
 
+def test_attention_bench_counts_the_causal_matmuls():
+    # FlashAttention-2 (Dao 2023, s.4.1's FLOP count): 4 seqlen^2 head_dim heads forward, halved
+    # causal: 4 x 64^2 x 16 x 2 / 2 = 262,144 (on this CPU SDPA's math kernel runs it; no kernel_s)
+    a = bench.attention_run(1, 2, 64, 16, repeats=2)
+    assert a["flops_fwd"] == 262_144 and a["attention_s"] > 0 and "kernel_s" not in a
+    # the GPU cases: one per shape, predicted at the catalog's 35 % for H100 (FlashAttention-3's
+    # abstract on FlashAttention-2): 3.5 x 4 x 32 x 4096^2 x 128 / 2 / (989.4e12 x 0.35) = 1.389 ms
+    cases = {c.name: c for c in bench.cases("gpu", "h100-sxm") if c.kind == "attention"}
+    assert sorted(cases) == sorted(f"bench/attention/{b}x{h}x{n}x{d}" for b, h, n, d in bench.ATTENTION_SHAPES)
+    got = cases["bench/attention/1x32x4096x128"].predict()["kernel_s"]
+    assert got == pytest.approx(3.5 * 4 * 32 * 4096**2 * 128 / 2 / (989.4e12 * 0.35), rel=1e-12)
+
+
 def test_gemm_and_adam_measure_what_they_say():
     g = bench.gemm_run(128, "float32", repeats=3)
     assert g["flops"] == 2 * 128**3  # 2 m n k

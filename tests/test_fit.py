@@ -87,6 +87,22 @@ def test_send_recv_ping_pong_fits_the_p2p_latency_apart_from_the_collectives():
     assert result["error"]["collective.collective_s"]["runs"] == 11  # the all-reduces alone
 
 
+def test_attention_kernels_fit_the_attention_efficiency():
+    # causal FlashAttention at 42 % of a 1 PFLOP/s peak, forward and backward (3.5x the forward's
+    # matmuls: FlashAttention-2 s.3.1.2's 5 backward matmuls to 2), 2 % noise: the fit recovers 42 %
+    # where the prior says 55 %
+    rng = np.random.default_rng(3)
+    records = []
+    for b, h, n, d in ((1, 32, 4096, 128), (1, 16, 8192, 128), (4, 32, 2048, 128)):
+        flops = 4.0 * b * h * n * n * d / 2  # QK^T and AV, the causal half
+        seconds = 3.5 * flops / (REF["peak_flops_per_s"] * 0.42)
+        records.append({"kind": "attention", "outcome": {"status": "ok"},
+                        "measurement": {"flops_fwd": flops, "kernel_s": seconds * (1 + 0.02 * rng.standard_normal())}})
+    result = F.fit(records, REF, k=3)
+    assert result["coefficients"]["time"]["attention_efficiency"]["value"] == pytest.approx(0.42, rel=0.03)
+    assert result["error"]["attention.kernel_s"]["before_mean"] > 0.2  # 42 % against the prior's 55 %
+
+
 def test_a_case_measured_again_shares_its_fold():
     # the H200 profile holds the same step cases from two sessions: held out together, or the fit that
     # predicts one has seen the other

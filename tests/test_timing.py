@@ -116,6 +116,23 @@ def test_flash_attention_core_time():
     assert bwd[0] == pytest.approx(2.5 * expected, rel=1e-12)
 
 
+def test_a_profile_measured_attention_comes_before_the_catalog():
+    # the catalog's 35 % for H100 is FlashAttention-2's published figure; a profile whose attention
+    # bench fitted 60 % on the machine replaces it, and the generic prior (55 %) comes last
+    from planner.calibration import Calibration, coefficient_values
+
+    measured = Calibration(name="h100-lab", path="", hardware="h100-sxm",
+                           overrides=(("time", "attention_efficiency", 0.6),))
+    fitted = hardware.Cluster(H100, 8, 8, calibration=measured)
+    fwd, bwd = compute.attention_core_s(LLAMA7, fitted, DS, layout.single(), coefficient_values("time", measured))
+    expected = 4 * 4096**3 / 2 / (989.4e12 * 0.6)  # 0.463 ms, where the catalog gives 0.794
+    assert fwd[0] == pytest.approx(expected, rel=1e-12) and bwd[0] == pytest.approx(2.5 * expected, rel=1e-12)
+    other = Calibration(name="h100-gemms", path="", hardware="h100-sxm", overrides=(("time", "gemm_efficiency_max", 0.7),))
+    assert compute.attention_efficiency(hardware.Cluster(H100, 8, 8, calibration=other), C) == 0.35
+    no_figure = dataclasses.replace(H100, attention_efficiency=0.0)
+    assert compute.attention_efficiency(hardware.Cluster(no_figure, 8, 8), C) == 0.55
+
+
 def test_unfused_attention_moves_the_score_tensors():
     # without FlashAttention the a s^2 b scores go through HBM: forward 4e bytes per score (+ dropout
     # 2e + 1), backward 7e (+ dropout); Llama-2-7B has no dropout: 32 heads x 4096^2 scores, e = 2
