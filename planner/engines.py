@@ -101,7 +101,8 @@ class MoeCounts(Word):
     NONE = "none"
     """No count exchange or host wait: DeepSpeed-MoE's capacity comes from the shapes (DeepSpeed
     0.19.8 moe/sharded_moe.py _capacity on host tensors, one_hot(num_classes=capacity)) with its
-    default drop_tokens; Hugging Face's blocks are not read for one."""
+    default drop_tokens; transformers 5.25's grouped_mm experts (integrations/moe.py
+    grouped_mm_experts_forward) keep their offsets on the device (histc, cumsum)."""
     TP_EP_ALL_GATHER = "tp_ep_all_gather"
     """megatron-core 0.16.1 moe/token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess: each
     forward all-gathers every rank's per-expert counts over the expert-TP x EP group
