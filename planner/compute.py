@@ -97,15 +97,16 @@ def gemm_fwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layo
     is (F + F_half)/(peak emax) (small-matrix fall-off, data/coefficients.json). TP splits all but
     the router; each local expert runs its own GEMMs on T k ep/E routed tokens (Lepikhin et al.
     2020, GShard), i.e. T k FLOPs-worth in total; T k C padded to an expert capacity
-    (planner/moe.py routed_per_token)."""
+    (planner/moe.py routed_per_token). A grouped GEMM (Engine.grouped_experts) is one kernel over
+    the local experts' rows: one fall-off for their summed FLOPs."""
     peak = peak_flops_per_s(cluster, training)
     T, t = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64)
-    local_experts = np.maximum(model.experts // lay.ep, 1)
+    expert_kernels = 1 if training.engine.grouped_experts else np.maximum(model.experts // lay.ep, 1)
     routed = routed_per_token(model, training, lay, T)  # k dropless, E capacity / T padded
     seconds = 0.0
     for g in model.gemms(fused=training.engine.fused_gemms):
         flops = T * g.flops_per_token * (routed if g.expert else 1) / (t if g.tp_split else 1.0)
-        seconds = seconds + gemm_s(flops, peak, c, local_experts if g.expert else 1)
+        seconds = seconds + gemm_s(flops, peak, c, expert_kernels if g.expert else 1)
     return seconds
 
 

@@ -275,6 +275,14 @@ class Engine:
     partition_activations and cpu_checkpointing decide where the layer inputs wait."""
     moe_capacity: MoeCapacity = MoeCapacity.DROPLESS
     """Whether its MoE layer has an expert capacity, and whether it pads to it."""
+    grouped_experts: bool = False
+    """Its MoE layer runs each expert matrix of all local experts as one grouped GEMM (a kernel over
+    every expert's rows: torch._grouped_mm): transformers 5.25 integrations/moe.py
+    grouped_mm_experts_forward, the default experts_implementation (modeling_utils.py
+    get_correct_experts_implementation; SM80 and later with torch >= 2.9), and torchtitan 0.3.0
+    models/common/moe.py GroupedExperts._grouped_mm. Else a GEMM per local expert: megatron-core's
+    SequentialMLP without --moe-grouped-gemm, as exported, and DeepSpeed-MoE's Experts ModuleList
+    (planner/compute.py gemm_fwd_s)."""
     moe_counts: MoeCounts = MoeCounts.NONE
     """How its MoE dispatcher exchanges the routed rows' counts and waits for them on the host."""
     cp_gathers_kv: bool = False
@@ -381,7 +389,8 @@ _DS_COMMON = dict(
 DEEPSPEED = Engine(
     name="deepspeed", summary="DeepSpeed ZeRO 0-3 + offload on Hugging Face modules; 1F1B PipelineModule (ZeRO 0/1)",
     tensor_parallel=False, fused_gemms=False, eager_elementwise=True, p2p_split_over_tp=False, p2p_overlaps_interleaved=False,
-    modules=Modules.HUGGING_FACE, launcher=Launcher.DEEPSPEED, expert_tp=ExpertTP.SPLIT, selective_recompute=False,
+    modules=Modules.HUGGING_FACE, launcher=Launcher.DEEPSPEED, expert_tp=ExpertTP.SPLIT, grouped_experts=True,
+    selective_recompute=False,
     partial_recompute=True, recompute_every_n=True,
     # Hugging Face MoE blocks get experts split over ranks only through AutoEP (DeepSpeed 0.19.8
     # ds_config "expert_parallel", module_inject/auto_ep.py), whose deepspeed.initialize fails with
@@ -513,6 +522,7 @@ FSDP = Engine(
     zero3_fetch_per_block=True,
     reshards_after_backward=True,  # measured: tests/test_fsdp_real.py test_fsdp2_gathers_every_micro_batch
     expert_tp=ExpertTP.SPLIT,  # FSDP2 on Hugging Face modules has no TP
+    grouped_experts=True,  # transformers' grouped_mm experts; torchtitan's GroupedExperts too
     # nor expert parallelism: accelerate's FSDP plugin shards every unit over the data-parallel ranks
     # (fully_shard has no expert-placement of its own)
     expert_parallel=False,

@@ -227,6 +227,24 @@ def test_expert_all_to_all_sends_the_routed_tokens():
     assert timing.ep_all_to_all_s(LLAMA7, node(H100), DS, layout.single(), C)[0] == 0  # dense: none
 
 
+def test_grouped_experts_pay_one_fall_off():
+    # Qwen3-30B-A3B (128 experts of width 768, top-8) under FSDP, no EP: all 128 experts on every
+    # rank. transformers' grouped_mm experts run each stacked expert matrix (gate_up_proj,
+    # down_proj) as one torch._grouped_mm over the 128; megatron-core's SequentialMLP (as exported)
+    # runs a GEMM per expert. The routed FLOPs are the same; the small-matrix fall-off (F_half = 2e9
+    # FLOP-equivalents a kernel) is paid 2 x 1 times instead of 2 x 128:
+    # 2 x 127 x 2e9 / (989.4e12 x 0.8) = 0.642 ms less a block's forward (torchtitan's
+    # GroupedExperts makes three, w1, w3 and w2; the planner counts transformers' tensors for all)
+    m, lay = lookup("qwen3-30b-a3b"), layout.single(dp=8)
+    grouped = layout.Training(seq_len=4096, engine="fsdp")
+    each = dataclasses.replace(grouped, engine=dataclasses.replace(grouped.engine, grouped_experts=False))
+    gap = compute.gemm_fwd_s(m, node(H100), each, lay, C)[0] - compute.gemm_fwd_s(m, node(H100), grouped, lay, C)[0]
+    assert gap == pytest.approx(2 * 127 * 2e9 / (989.4e12 * 0.8), rel=1e-9)
+    assert layout.Training(engine="torchtitan").engine.grouped_experts and layout.Training(engine="deepspeed").engine.grouped_experts
+    assert not layout.Training(engine="megatron").engine.grouped_experts
+    assert not layout.Training(engine="megatron-deepspeed").engine.grouped_experts
+
+
 def test_moe_dispatchers_wait_for_the_token_counts():
     """megatron-core 0.16.1 MoEAlltoAllTokenDispatcher.preprocess all-gathers each rank's [E] int64
     counts over the expert-TP x EP group, then the host waits for their copy (cuda_sync_point);
