@@ -32,6 +32,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     n = int(argv[0]) if argv else 10_000
     F = load_generator()
+    F.CHECK_WALL_CLOCK = True  # speed is this benchmark's to judge, not the tests'
     codes = collections.Counter()
     kinds = collections.Counter()
     first = {}

@@ -46,6 +46,7 @@ TERMS = [
     # step time
     ("planner.compute", "flops_per_step"), ("planner.compute", "gemm_fwd_s"), ("planner.compute", "attention_core_s"),
     ("planner.compute", "elementwise_fwd_s"), ("planner.compute", "eager_bytes_per_s"), ("planner.compute", "eager_host_s"), ("planner.compute", "op_sac_recompute_s"), ("planner.compute", "elementwise_bwd_s"), ("planner.compute", "head_s"),
+    ("planner.compute", "attention_kernel_slowdown"), ("planner.compute", "compute_flops_per_s"), ("planner.compute", "llm_foundry_elementwise_bytes"), ("planner.compute", "autocast_weight_traffic_s"),
     ("planner.collectives", "nccl_time_s"), ("planner.collectives", "ring_latency_us"),
     ("planner.collectives", "tree_latency_us"), ("planner.collectives", "group_bus_bytes_per_s"),
     ("planner.collectives", "p2p_bytes_per_s"), ("planner.collectives", "ring_pod_share"),
@@ -53,7 +54,7 @@ TERMS = [
     ("planner.timing", "tp_all_reduce_s"), ("planner.timing", "checkpoint_restore_s"), ("planner.timing", "dp_collective_s"), ("planner.timing", "tp_pass_exposed_s"), ("planner.timing", "ub_pass_exposed_s"), ("planner.timing", "ep_all_to_all_s"), ("planner.timing", "moe_count_sync_s"), ("planner.timing", "cp_ring_exposed_s"),
     ("planner.timing", "pipeline_bubble_s"), ("planner.timing", "pipeline_p2p_s"), ("planner.timing", "grad_reduce_s"),
     ("planner.timing", "grad_reductions_per_step"), ("planner.timing", "param_gather_s"),
-    ("planner.timing", "zero3_gather_s"), ("planner.timing", "zero3_exposed_s"), ("planner.timing", "gpu_optimizer_step_s"), ("planner.timing", "cpu_adam_s"),
+    ("planner.timing", "zero3_gather_s"), ("planner.memory", "gathered_param_bytes"), ("planner.timing", "zero3_exposed_s"), ("planner.timing", "gpu_optimizer_step_s"), ("planner.timing", "cpu_adam_s"),
     ("planner.timing", "offload_s"), ("planner.timing", "overlapped_exposed_s"), ("planner.timing", "chunked_sync_exposed_s"),
     ("planner.pipeline", "interleaved_groups"),
     ("planner.timing", "fsdp_copies_s"), ("planner.timing", "zero3_rank_copies_s"), ("planner.timing", "deepspeed_step_s"),

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.engines import MoeCapacity, Modules, SelectivePolicy
+from planner.engines import Buffers, MoeCapacity, Modules, SelectivePolicy
+from planner.errors import InputError
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
+from planner.modules import block_modules
 from planner.moe import routed_per_token
 from planner.options import Recompute, RecomputeMethod
 from planner.pipeline import blocks_on_stage, microbatches_in_flight, p2p_buffers
@@ -45,25 +47,18 @@ class Saved:
 
 
 def saved_tensors(model: ModelSpec, training: Training, seq: float, routed, mbs) -> list[Saved]:
-    """What one block of the engine's modules saves for backward, per token, with `seq` keys per
-    query (the attention scores per token), `routed` expert rows per token (planner/moe.py
-    routed_per_token: k dropless; Hugging Face and torchtitan blocks are dropless) and `mbs`
-    sequences a micro-batch (only GPT-NeoX's eager attention keeps a different list at 1)."""
-    if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "llama" and training.compile:
+    """What one block of the job's modules (planner/modules.py block_modules) saves for backward, per
+    token, with `seq` keys per query (the attention scores per token), `routed` expert rows per token
+    (planner/moe.py routed_per_token: k dropless; Hugging Face and torchtitan blocks are dropless) and
+    `mbs` sequences a micro-batch (only GPT-NeoX's eager attention keeps a different list at 1): the
+    SAVED registry's list for (modules, architecture), else the modules' list for any architecture."""
+    modules = block_modules(model, training)
+    if modules is Modules.HUGGING_FACE and model.architecture == "llama" and training.compile:
         return hf_llama_compiled_saved(model, training)
-    if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "llama":
-        return hf_llama_saved(model, training, seq)
-    if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "llama4":
-        return hf_llama4_saved(model, training, seq, mbs)
-    if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "deepseek_v3":
-        return hf_deepseek_v3_saved(model, training, seq)
-    if training.engine.modules is Modules.TORCHTITAN and training.flash_attention:
-        return torchtitan_moe_saved(model, training) if model.experts > 1 else torchtitan_llama_saved(model, training)
-    if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "gpt2":
-        return hf_gpt2_saved(model, training, seq)
-    if training.engine.modules is Modules.HUGGING_FACE and model.architecture == "gpt_neox":
-        return hf_gpt_neox_saved(model, training, seq, mbs)
-    return megatron_saved(model, training, seq, routed)
+    if modules is Modules.TORCHTITAN and not training.flash_attention:
+        return megatron_saved(model, training, seq, routed)  # torchtitan's blocks run SDPA's flash backend only
+    found = SAVED.get((modules, model.architecture)) or SAVED[(modules, None)]
+    return found(model, training, seq, routed, mbs)
 
 
 def hf_rms_norm_saved(e: float, h: int, where: str, split: str = SP, rows: int = 1,
@@ -195,6 +190,34 @@ def hf_llama_saved(model: ModelSpec, training: Training, seq: float) -> list[Sav
     keeps gate, up, act(gate) and down's input (8f); a sparse MoE block (experts > 1) keeps what
     hf_moe_mlp_saved lists."""
     return hf_llama_attention_saved(model, training, seq) + hf_llama_mlp_saved(model, training)
+
+
+def liger_rms_norm_saved(e: float, h: int, where: str) -> list[Saved]:
+    """LigerRMSNorm, casting_mode 'llama' (liger_kernel 0.8.5 ops/rms_norm.py LigerRMSNormFunction.forward:
+    save_for_backward(X, W, RSTD), RSTD fp32 in the llama casting mode): the 16-bit input and an fp32
+    rstd per row, where transformers' eager norm keeps fp32 copies (hf_rms_norm_saved)."""
+    return [Saved(f"{where} norm input", e * h, SP), Saved(f"{where} norm rstd, fp32", 4.0, SP)]
+
+
+def hf_liger_llama_saved(model: ModelSpec, training: Training, seq: float) -> list[Saved]:
+    """LlamaDecoderLayer under apply_liger_kernel_to_llama (liger_kernel 0.8.5 transformers/monkey_patch.py):
+    LigerRMSNorm for both norms (liger_rms_norm_saved); Liger RoPE rotates q and k in place in their
+    projections' storage (ops/rope.py rope_forward, saves only cos and sin), so SDPA keeps what it keeps
+    after transformers' elementwise rotary; LigerSwiGLUMLP's LigerSiLUMulFunction keeps the gate and up
+    outputs (ops/swiglu.py save_for_backward(a, b)) and down_proj its output, recomputing silu in
+    backward. Per token 8h + 4q + 4kv + 4a + 6f + 8 bytes in bf16, against transformers' 16h + ... + 8f."""
+    e, h, kv, f = training.precision.element_bytes, model.hidden, model.kv_width, model.ffn
+    attention = liger_rms_norm_saved(e, h, "attention") + [Saved("q/k/v input (norm output)", e * h, SP)]
+    if model.qk_norm:
+        attention += hf_qk_norms_saved(model, e, weight=True)
+    attention += hf_attention_core_saved(model, training, seq, Saved("v", e * kv, TP), q_from_cat=False)
+    mlp = liger_rms_norm_saved(e, h, "mlp") + [Saved("gate/up input (norm output)", e * h, SP)]
+    return attention + mlp + [Saved(name, e * f, TP) for name in ("gate output", "up output", "down input")]
+
+
+def _liger_needs_llama(model, *_):
+    raise InputError(f"--modules hf-liger: Liger Kernel patches dense Llama-layout blocks here; "
+                     f"{model.architecture} with {model.experts} experts has no list (--modules hf)")
 
 
 def hf_mla_attention_saved(model: ModelSpec, training: Training, seq: float) -> list[Saved]:
@@ -504,6 +527,48 @@ def hf_gpt_neox_saved(model: ModelSpec, training: Training, seq: float, mbs) -> 
     return out
 
 
+def llm_foundry_mpt_saved(model: ModelSpec, training: Training) -> list[Saved]:
+    """llm-foundry's MPTBlock as its benchmark tables ran it: attn_impl 'triton' (scripts/train/
+    benchmarking/submit_benchmarks.py's default until 4952183) and low_precision_layernorm; per token
+    (llm-foundry 5e85bd62d: models/layers/blocks.py MPTBlock.forward, norm.py LPLayerNorm, attention.py
+    GroupedQueryAttention.forward and triton_flash_attn_fn, flash_attn_triton.py FlashAttnFunc, ffn.py
+    MPTMLP). LPLayerNorm casts the residual to the autocast dtype (a copy where the residual is fp32) and
+    layer_norm keeps that copy and its fp32 mean and rstd; Wqkv keeps its input; q, k and v are
+    rearranged views of Wqkv's output, which FlashAttnFunc keeps (save_for_backward(q, k, v, o, lse):
+    their last dimension is contiguous, so no copy) with its output, out_proj's input as a view, and
+    an fp32 log-sum-exp per head (repeat_kv_for_gqa copies k and v to every head under GQA); dropout
+    p 0 keeps nothing; the MLP keeps up_proj's input, nn.GELU's input and down_proj's. MHA: 32h + 4a
+    + 16 bytes in bf16."""
+    e = training.precision.element_bytes
+    h, q, kv, a = model.hidden, model.q_width, model.kv_width, model.heads
+    w = model.mlp_width_per_token
+    out = [Saved("norm_1 input (autocast copy)", e * h, SP),
+           Saved("norm_1 mean and rstd, fp32", LAYER_NORM_STATS_BYTES_PER_TOKEN, SP),
+           Saved("Wqkv input (norm_1 output)", e * h, SP),
+           Saved("Wqkv output (q, k, v views)", e * (q + 2 * kv), TP)]
+    if model.kv_heads < model.heads:  # repeat_kv_for_gqa: k and v copied to every head
+        out.append(Saved("k and v repeated to every head", e * 2 * q, TP))
+    return out + [Saved("attention output (out_proj input)", e * q, TP),
+                  Saved("flash log-sum-exp (fp32)", 4.0 * a, TP, core=True),
+                  Saved("norm_2 input (autocast copy)", e * h, SP),
+                  Saved("norm_2 mean and rstd, fp32", LAYER_NORM_STATS_BYTES_PER_TOKEN, SP),
+                  Saved("up_proj input (norm_2 output)", e * h, SP),
+                  Saved("GELU input (up_proj output)", e * w, TP),
+                  Saved("down_proj input (GELU output)", e * w, TP)]
+
+
+def llm_foundry_block_input_scale(model: ModelSpec, training: Training) -> float:
+    """Bytes of the residual stream's elements over the training dtype's: Composer's FSDP
+    mixed_precision 'DEFAULT' (composer/distributed/mosaic_parallelism.py get_mixed_precision:
+    param_dtype fp32, the benchmarks' setting) leaves wte's output fp32, and each block adds its
+    autocast output to that fp32 residual; 1 for every other modules. The elementwise traffic reads
+    it (compute.py); a checkpoint's kept input is booked at the training dtype, as llm-foundry's
+    13B rows at micro-batch 16 on 40 GB A100s can only have fit so."""
+    if block_modules(model, training) is not Modules.LLM_FOUNDRY:
+        return 1.0
+    return 4.0 / training.precision.element_bytes
+
+
 def megatron_saved(model: ModelSpec, training: Training, seq: float, routed) -> list[Saved]:
     """What one Megatron block saves for backward, per token, with `seq` keys per query (the attention
     scores per token) and `routed` routed-expert rows per token (k dropless, about k C padded to an
@@ -733,6 +798,27 @@ def torchtitan_moe_saved(model: ModelSpec, training: Training) -> list[Saved]:
     if fs:  # MoE.forward: shared_experts(x), a FeedForward; out + shared_out keeps nothing
         out += torchtitan_swiglu_saved(e, h, fs, "shared ")
     return out
+
+
+SAVED = {
+    (Modules.HUGGING_FACE, "llama"): lambda m, t, seq, routed, mbs: hf_llama_saved(m, t, seq),
+    (Modules.HUGGING_FACE, "llama4"): lambda m, t, seq, routed, mbs: hf_llama4_saved(m, t, seq, mbs),
+    (Modules.HUGGING_FACE, "deepseek_v3"): lambda m, t, seq, routed, mbs: hf_deepseek_v3_saved(m, t, seq),
+    (Modules.HUGGING_FACE, "gpt2"): lambda m, t, seq, routed, mbs: hf_gpt2_saved(m, t, seq),
+    (Modules.HUGGING_FACE, "gpt_neox"): lambda m, t, seq, routed, mbs: hf_gpt_neox_saved(m, t, seq, mbs),
+    (Modules.HUGGING_FACE, None): lambda m, t, seq, routed, mbs: megatron_saved(m, t, seq, routed),
+    (Modules.TORCHTITAN, None): lambda m, t, seq, routed, mbs:
+        torchtitan_moe_saved(m, t) if m.experts > 1 else torchtitan_llama_saved(m, t),
+    (Modules.MEGATRON, None): lambda m, t, seq, routed, mbs: megatron_saved(m, t, seq, routed),
+    (Modules.LLM_FOUNDRY, None): lambda m, t, seq, routed, mbs: llm_foundry_mpt_saved(m, t),
+    (Modules.HF_LIGER, "llama"): lambda m, t, seq, routed, mbs:
+        hf_liger_llama_saved(m, t, seq) if m.experts == 1 else _liger_needs_llama(m),
+    (Modules.HF_LIGER, None): _liger_needs_llama,
+}
+"""Saved-tensor lists keyed by (modules, architecture); None: any architecture those modules build.
+The Hugging Face lists are each family's own; a family transformers has no list here for (a layout
+no ARCHITECTURES entry names) takes the fused list of Korthikanti et al., which its FlashAttention
+blocks save tensor for tensor."""
 
 
 def layer_bytes(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
@@ -995,5 +1081,58 @@ def stage_activation_bytes(model: ModelSpec, training: Training, lay: Layouts, s
     kept = sum(kept_bytes(block, training, lay, n) for block, n in blocks) * in_flight
     if training.engine.pipeline_p2p_buffers:
         kept = kept + p2p_buffers(lay.pp, lay.vpp, lay.gas, lay.schedule, stage) * boundary_bytes(model, training, lay)
+    pipe = deepspeed_pipe_buffer_bytes(model, training, lay, stage)
     working = np.max([np.where(n > 0, recompute_working_bytes(block, training, lay), 0.0) for block, n in blocks], axis=0)
-    return (kept + working + embedding_dropout_bytes(model, training, lay, stage) + head_input_bytes(model, training, lay, stage))
+    return (kept + pipe["held"] + working + pipe["backward"] + embedding_dropout_bytes(model, training, lay, stage)
+            + head_input_bytes(model, training, lay, stage))
+
+
+def deepspeed_pipe_buffer_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> dict:
+    """What DeepSpeed's PipelineEngine (0.19.8 runtime/pipe/engine.py; the pp > 1 engine of deepspeed and
+    megatron-deepspeed) keeps of the stage boundary beyond the blocks' saved tensors, one rank of
+    `stage`, bytes of boundary_bytes b, m micro-batches in flight (microbatches_in_flight: TrainSchedule,
+    num_pipe_buffers = min(stages - stage_id, micro_batches)). Its p2p is partitioned over the TP ranks
+    where t > 1 (__init__: is_pipe_partitioned / is_grad_partitioned = is_model_parallel and the ds_config
+    pipeline's pipe_partitioned / grad_partitioned, both True by default: runtime/config.py).
+    'outputs': _exec_forward_pass stores each stage output with its graph in pipe_buffers['outputs']
+    until _exec_backward_pass frees it, every stage but the last (whose output, the logits, logits_bytes
+    counts): m b, or with t > 1 the PartitionedTensor's part, m b / t (first_output.data = torch.zeros(1)).
+    'inputs': a later stage without partitioning keeps each received tensor (_exec_recv_activations:
+    pipe_recv_buf.clone()) in pipe_buffers['inputs'] while the stage runs on a .clone() of it (the
+    first block's input, counted with it): m b more; partitioned, part_input.full() replaces it (none).
+    'persistent': pipe_recv_buf (later stages) and grad_layer (stages before the last), one b each,
+    or each a b / t part. 'backward': with t > 1, a micro-batch's backward restores its output whole
+    (output_tensors[buffer_id].data = part_output.full()) and its gradient (part_grad.full()): 2 b.
+    'model_outputs': the last stage's _exec_backward_pass returns after backward(loss) without freeing
+    pipe_buffers['outputs'][buffer_id], so the model outputs of the last 2 micro-batches (its
+    num_pipe_buffers, max(2, min(1, m)); kept across steps: _reserve_pipe_buffers only extends) stay
+    beside the next one's loss: min(m, 2) x the logits, vocab-parallel, fp32 under Megatron's modules
+    (Megatron-DeepSpeed gpt_model.py GPTModelPipe: the float16_to_fp32 layer ends the pipe; its
+    vocab_parallel_cross_entropy works in place, so the tensor held is that fp32 buffer), else 16-bit.
+    'held' = outputs + inputs + persistent + model_outputs, beside the blocks; 'backward' beside the
+    recompute."""
+    zero = 0.0 * lay.tp
+    if training.engine.buffers is not Buffers.DEEPSPEED:
+        return {"outputs": zero, "inputs": zero, "persistent": zero, "model_outputs": zero, "held": zero,
+                "backward": zero}
+    b = boundary_bytes(model, training, lay)
+    on = lay.pp > 1
+    split = lay.tp > 1  # engine.py __init__: is_pipe_partitioned = is_model_parallel and pipe_partitioned (default True)
+    part = np.where(split, lay.tp, 1.0)  # utils.py PartitionedTensor: numel / slice-parallel (TP) group size
+    in_flight = microbatches_in_flight(lay.pp, lay.vpp, lay.gas, lay.schedule, stage)
+    later, before_last = on & (stage > 0), on & (stage < lay.pp - 1)
+    # engine.py _exec_forward_pass: pipe_buffers['outputs'][buffer_id] = outputs (the part where partitioned)
+    outputs = np.where(before_last, in_flight * b / part, 0.0)
+    # engine.py _exec_recv_activations: recvd = pipe_recv_buf.clone() kept; _exec_forward_pass runs on its .clone()
+    inputs = np.where(later & ~split, in_flight * b, 0.0)
+    # engine.py: pipe_recv_buf (_exec_recv_activations) and grad_layer (_exec_recv_grads), kept for the run
+    persistent = (later * 1.0 + before_last * 1.0) * b / part
+    # engine.py _exec_backward_pass: part_output.full() and part_grad.full() of the micro-batch in its backward
+    backward = np.where(before_last & split, 2.0 * b, 0.0)
+    # Megatron-DeepSpeed gpt_model.py GPTModelPipe: float16_to_fp32 last; else the 16-bit lm_head output
+    logit_bytes = 4.0 if training.engine.modules is Modules.MEGATRON else training.precision.element_bytes
+    logits = training.seq_len / lay.cp * lay.mbs * model.vocab / lay.tp * logit_bytes
+    # engine.py _exec_backward_pass returns early on the last stage: its 2 pipe buffers keep their outputs
+    model_outputs = np.where(on & (stage == lay.pp - 1), np.minimum(lay.gas, 2) * logits, 0.0)
+    return {"outputs": outputs, "inputs": inputs, "persistent": persistent, "model_outputs": model_outputs,
+            "held": outputs + inputs + persistent + model_outputs, "backward": backward}

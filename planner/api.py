@@ -14,7 +14,7 @@ answer's `defaults`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -159,8 +159,19 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
     lay = single(tp=tp, pp=pp, dp=dp, cp=cp, ep=lin.ep, etp=lin.etp, vpp=lin.vpp, zero=lin.zero,
                  offload_optimizer=lin.offload_optimizer, offload_params=lin.offload_params, mbs=mbs,
                  gas=gbs // (mbs * dp), recompute=lin.recompute, recompute_layers=lin.recompute_layers,
-                 recompute_method=lin.recompute_method or "block", sequence_parallel=lin.sequence_parallel,
+                 recompute_method=lin.recompute_method or "block",
+                 sequence_parallel=lin.sequence_parallel if lin.sequence_parallel is not None
+                 else train.engine.sequence_parallel_with_tp and tp > 1,
                  schedule=lin.schedule, rank_order=lin.rank_order)
+    if lin.sequence_parallel is None and train.engine.sequence_parallel_with_tp and tp > 1:
+        defaults["sequence_parallel"] = True
+    if tin.tp_comm_overlap is None and train.engine.sequence_parallel_with_tp and bool(lay.sequence_parallel[0]) \
+            and tp > 1:
+        # TP communication overlap where the engine's users run it with sequence parallelism (NeMo 2
+        # recipes, e.g. llama3_70b.py pretrain_performance_optimizations: MegatronCommOverlapCallback
+        # tp_comm_overlap=True; the Megatron-LM README's runs): --no-tp-comm-overlap turns it off
+        train = replace(train, tp_comm_overlap=True)
+        defaults["tp_comm_overlap"] = True
     rules.check_single(spec, clus, train, lay)
     ev = search.evaluate(spec, clus, train, lay)
     record = layout_record(clus, lay, ev, 0)
@@ -270,8 +281,8 @@ def _fastest_clear_fit(clus: Cluster, sources: list, records: list) -> dict | No
     fits), as a layout record with its rank in `records` and its speed against records[0]."""
     capacity, best, band = clus.gpu.memory_bytes, None, band_of(clus, "peak_memory")
     for res, keep in sources:
-        total = np.asarray(res["eval"]["memory"]["total"], dtype=np.float64)
-        clear = clears_band(capacity - total, np.ceil(total * band)) & (True if keep is None else keep)
+        required = np.asarray(res["eval"]["memory"]["required"], dtype=np.float64)
+        clear = clears_band(capacity - required, np.ceil(required * band)) & (True if keep is None else keep)
         order = res["order"][clear[res["order"]]]
         if order.size:
             i = int(order[0])
@@ -461,12 +472,15 @@ def _raise_contradiction(spec, clus, train, max_mbs, pins: dict, pinned: dict) -
 
 def _training_defaults(tin: TrainingInput, cin: ClusterInput, train: Training, spec: ModelSpec) -> dict:
     from planner.moe import capacity_settings
+    from planner.modules import block_modules, word_of
 
     out = {}
     for key, value in (("gpu", cin.gpu), ("seq_len", tin.seq_len), ("precision", tin.precision),
                        ("optimizer", tin.optimizer)):
         if value is None:
             out[key] = DEFAULTS[key]
+    if tin.modules is None:  # the engine's users' modules for this model (planner/modules.py)
+        out["modules"] = word_of(block_modules(spec, train))
     factor = capacity_settings(train)[0]
     if spec.experts > 1 and tin.moe_capacity_factor is None and factor is not None:  # the engine's own capacity
         out["moe_capacity_factor"] = factor
@@ -498,21 +512,23 @@ def layout_record(cluster: Cluster, lay: Layouts, ev: dict, i: int) -> dict:
     parts = {k: int(mem.at(k, i)) for k in memory.BREAKDOWN_KEYS}
     total = sum(parts.values())  # = the float total below 2**53 bytes; past it the parts still add up exactly
     capacity = int(cluster.gpu.memory_bytes)
+    required = int(mem.at("required", i))  # what must fit: the allocator gives back its cache first
     band = band_of(cluster, "peak_memory")
-    band_bytes = int(math.ceil(total * band))
+    band_bytes = int(math.ceil(required * band))
     return {
         "layout": lay.row(i),
         "memory": {
             "gpu_bytes": total,
             "allocated_bytes": int(mem.at("allocated", i)),
             "reserved_bytes": int(mem.at("reserved", i)),
+            "required_bytes": required,
             "cpu_bytes_per_node": int(mem.at("cpu_per_node", i)),
             "capacity_bytes": capacity,
-            "headroom_bytes": capacity - total,
-            "fit_margin_bytes": capacity - total,
+            "headroom_bytes": capacity - required,
+            "fit_margin_bytes": capacity - required,
             "error_band": band,
             "error_band_bytes": band_bytes,
-            "verdict": verdict(capacity - total, band_bytes),
+            "verdict": verdict(capacity - required, band_bytes),
             "fits": bool(ev["fits"].flat[i]),
             "peak_phase": memory.PHASES[int(mem.at("phase", i))],
             "breakdown": parts,
@@ -528,7 +544,8 @@ def stage_records(model: ModelSpec, cluster: Cluster, training: Training, lay: L
     out = []
     for s, row in enumerate(memory.per_stage(model, cluster, training, lay)):
         parts = {k: int(row[k]) for k in memory.BREAKDOWN_KEYS}
-        out.append({"stage": s, "gpu_bytes": sum(parts.values()), "cpu_bytes_per_node": int(row["cpu_per_node"]),
+        out.append({"stage": s, "gpu_bytes": sum(parts.values()), "required_bytes": int(row["required"]),
+                    "cpu_bytes_per_node": int(row["cpu_per_node"]),
                     "breakdown": parts})
     return out
 
@@ -570,13 +587,28 @@ def check(config, model, cluster=None, training=None, layout=None, *, mbs: int |
     return doctor.check(config, model_input(model), cluster, training, layout, mbs, deepspeed)
 
 
-def validate() -> dict:
-    """Predicted vs published runs (planner/validate.py): {'cases', 'mape', 'mape_by_metric'}."""
+def validate(source: str | None = None) -> dict:
+    """Predicted vs published runs: the paper figures of data/references/published_runs.json
+    (planner/validate.py: 'cases', 'mape', 'by_group', 'mape_by_metric') and the published-run
+    corpus of data/references/corpus_runs.json ('corpus': planner/corpus.py). `source`: only the
+    rows whose id starts with it (InputError naming --source where none does)."""
+    from planner import corpus
     from planner import validate as V
 
-    rows = V.compare()
-    return {"cases": rows, "mape": V.mape(rows), "by_group": V.by_group(rows),
-            "mape_by_metric": {m: V.mape(rows, m) for m in sorted({r["metric"] for r in rows})}}
+    if source is not None and not source.strip():
+        raise InputError("--source: give an id prefix such as dgxc or mpt")
+    runs = [r for r in corpus.load_rows() if source is None or r["id"].startswith(source)]
+    rows = [r for r in V.compare() if source is None or r["id"].startswith(source)]
+    if not runs and not rows:
+        known = sorted({corpus.prefix(r) for r in corpus.load_rows()} | {r["id"].split("-")[0] for r in V.load_runs()})
+        raise InputError(f"--source: no published run's id starts with {source!r} (sources: {', '.join(known)})")
+
+    def finite(x: float) -> float | None:  # no figure of that kind among the chosen rows: null, not NaN
+        return x if math.isfinite(x) else None
+
+    return {"cases": rows, "mape": finite(V.mape(rows)), "by_group": V.by_group(rows),
+            "mape_by_metric": {m: V.mape(rows, m) for m in sorted({r["metric"] for r in rows})},
+            "corpus": corpus.validate(runs)}
 
 
 __all__ = ["estimate", "recommend", "validate", "Estimate", "Recommendation", "ModelInput", "ClusterInput",

@@ -148,21 +148,30 @@ def add_training_flags(p):
                    help="DeepSpeed data_types.grad_accum_dtype fp32 (bf16 + ZeRO-1: BF16_Optimizer)")
     g.add_argument("--tp-comm-overlap", action="store_true", default=None,
                    help="Megatron --tp-comm-overlap (TransformerEngine): SP collectives pipelined with their GEMMs "
-                        "(default: estimate off; recommend turns it on where it makes the fastest layout faster)")
+                        "(default: estimate on under --engine megatron with sequence parallelism, as NeMo's recipes "
+                        "run it; recommend turns it on where it makes the fastest layout faster)")
     g.add_argument("--no-tp-comm-overlap", dest="tp_comm_overlap", action="store_false",
-                   help="recommend: never turn on --tp-comm-overlap (e.g. without TransformerEngine)")
+                   help="never turn on --tp-comm-overlap (e.g. without TransformerEngine)")
     g.add_argument("--compile", action="store_true", default=None,
                    help="torch.compile each Hugging Face block (Inductor): fused elementwise kernels, fewer launches, "
                         "what its partitioner saves (--engine deepspeed or fsdp, Llama-style dense blocks)")
+    g.add_argument("--grad-reduce-in-bf16", action="store_true", default=None,
+                   help="Megatron: keep and reduce gradients in bf16, not fp32 main grads (NeMo's performance recipes)")
+    g.add_argument("--modules", choices=("hf", "hf-liger", "llm-foundry", "megatron", "torchtitan"), default=None,
+                   help="whose transformer block is trained, apart from the engine: what it saves for backward and "
+                        "how its loss holds the logits (default: the engine's own; Hugging Face engines train a GELU "
+                        "shape given by flags as llm-foundry's MPT)")
     g.add_argument("--no-overlap-p2p", dest="overlap_p2p", action="store_false", default=None,
                    help="Megatron --no-overlap-p2p-communication: interleaved pipeline sends wait (default: they run "
                         "beside the next chunk's compute)")
     g.add_argument("--pp-edge-layers", type=int, choices=(0, 1), default=None,
                    help="blocks' worth the first and last pipeline stages give up for the embedding and the loss "
                         "(Megatron --account-for-embedding/loss-in-pipeline-split: 1; default: the engine's)")
-    g.add_argument("--no-partition-activations", dest="partition_activations", action="store_false", default=None,
-                   help="DeepSpeed activation_checkpointing.partition_activations off: every TP rank keeps each "
-                        "checkpointed layer input whole (default on, split over TP)")
+    g.add_argument("--partition-activations", dest="partition_activations", action="store_true", default=None,
+                   help="DeepSpeed activation_checkpointing.partition_activations (Megatron-DeepSpeed "
+                        "--partition-activations): checkpointed layer inputs split over TP (default off, DeepSpeed's)")
+    g.add_argument("--no-partition-activations", dest="partition_activations", action="store_false",
+                   help="every TP rank keeps each checkpointed layer input whole (the default)")
     g.add_argument("--cpu-checkpointing", action="store_true", default=None,
                    help="checkpointed layer inputs wait in host memory: DeepSpeed activation_checkpointing.cpu_checkpointing "
                         "(megatron-deepspeed), transformers activation_checkpointing_enable(offload=True) (deepspeed, fsdp)")
@@ -184,7 +193,7 @@ def add_training_flags(p):
 LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "dp": None, "cp": 1, "ep": 1, "etp": None, "vpp": 1, "zero": 0, "offload_optimizer": "none",
                    "offload_params": "none", "mbs": 1, "recompute": "none", "recompute_layers": None,
                    "recompute_method": "block",
-                   "sequence_parallel": False, "rank_order": "tp-cp-dp-pp"}
+                   "sequence_parallel": None, "rank_order": "tp-cp-dp-pp"}
 """estimate's layout defaults; recommend takes the same flags with no default: each one given pins its axis."""
 
 
@@ -211,7 +220,11 @@ def add_layout_flags(g, pinning: bool):
     g.add_argument("--recompute-method", default=default("recompute_method"),
                    help="block, uniform: with --recompute-layers N, the first N layers of each chunk (block) or "
                         "every layer in checkpoints of N (uniform; Megatron --recompute-method)" + pin)
-    g.add_argument("--sequence-parallel", action="store_true", default=default("sequence_parallel"), help=pin or None)
+    g.add_argument("--sequence-parallel", action="store_true", default=default("sequence_parallel"),
+                   help="Megatron sequence parallelism with TP (default: on under --engine megatron where --tp > 1, "
+                        "as NeMo's recipes run it; off elsewhere)" + pin)
+    g.add_argument("--no-sequence-parallel", dest="sequence_parallel", action="store_false",
+                   help="no sequence parallelism" + pin)
     g.add_argument("--rank-order", default=default("rank_order"),
                    help="tp-cp-dp-pp (Megatron's default: pipeline stages farthest apart), tp-cp-pp-dp (Megatron-LM "
                         "--use-tp-pp-dp-mapping, Llama 3's: pipelines inside nodes and pods); --engine megatron" + pin)
@@ -262,6 +275,8 @@ def build_parser() -> Parser:
     k.add_argument("--json", action="store_true")
 
     v = sub.add_parser("validate", help="predicted vs published runs")
+    v.add_argument("--source", metavar="PREFIX",
+                   help="only the published runs whose id starts with PREFIX (e.g. dgxc, mpt, narayanan2021)")
     v.add_argument("--json", action="store_true")
 
     c = sub.add_parser("calibrate", help="run, fit and report calibration profiles (python -m calibrate; needs torch)",
@@ -295,7 +310,8 @@ def training_input(args):
                          flash_attention=not args.no_flash_attention, engine=args.engine,
                          overlap_comm=args.overlap_comm, contiguous_gradients=False if args.no_contiguous_gradients else None,
                          fp32_grad_accum=args.fp32_grad_accum, tp_comm_overlap=args.tp_comm_overlap,
-                         compile=args.compile,
+                         compile=args.compile, modules=args.modules,
+                         grad_reduce_in_bf16=args.grad_reduce_in_bf16,
                          overlap_p2p=args.overlap_p2p, pipeline_edge_layers=args.pp_edge_layers,
                          partition_activations=args.partition_activations, cpu_checkpointing=args.cpu_checkpointing,
                          moe_capacity_factor=args.moe_capacity_factor, moe_pad_to_capacity=args.moe_pad_to_capacity,
@@ -333,14 +349,18 @@ def cmd_recommend(args, out) -> int:
     pinned = {k: getattr(args, k) for k in LAYOUT_DEFAULTS if getattr(args, k) is not None}
     r = api.recommend(model_input(args), cluster_input(args), training_input(args), top=args.top,
                       memory_headroom=args.memory_headroom, max_mbs=args.max_mbs, pinned=pinned)
-    if r.layouts and args.emit:
-        r.layouts[0]["emitted"] = _emit(args.emit, r.model, r.cluster, r.training, r.layouts[0]["layout"])
+    # the files are for the fastest layout that clears its memory band: #1, or under a borderline #1 the
+    # clear fit recommend names (#1 itself where none clears it)
+    chosen = (r.clear_fit or r.layouts[0]) if r.layouts else None
+    if chosen and args.emit:
+        chosen["emitted"] = _emit(args.emit, r.model, r.cluster, r.training, chosen["layout"])
     if args.json:
         out.write(json.dumps(r.to_json(), indent=1) + "\n")
     else:
         out.write(report.recommend_text(r) + "\n")
-        if r.layouts and args.emit:
-            out.write("wrote " + _shown(r.layouts[0]["emitted"]) + "\n")
+        if chosen and args.emit:
+            which = "" if chosen is r.layouts[0] else f" (for {report.short(chosen['layout'])}, which clears the band)"
+            out.write("wrote " + _shown(chosen["emitted"]) + which + "\n")
     if not r.layouts:
         # the answer (with what would fit) is printed; exit 2 still comes with its one stderr line
         raise InputError(f"--gpus: no layout fits {r.cluster.num_gpus} x {r.cluster.gpu.name}"
@@ -379,7 +399,7 @@ def cmd_check(args, out) -> int:
 def cmd_validate(args, out) -> int:
     from planner import api, report
 
-    v = api.validate()
+    v = api.validate(source=args.source)
     out.write(json.dumps(v, indent=1) + "\n" if args.json else report.validate_text(v) + "\n")
     return 0
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.activations import op_sac_matmuls, recomputed_layers
-from planner.engines import SelectivePolicy
+from planner.activations import llm_foundry_block_input_scale, op_sac_matmuls, recomputed_layers
+from planner.engines import Modules, SelectivePolicy
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
+from planner.modules import block_modules
 from planner.moe import routed_per_token
 from planner.options import Recompute
 
@@ -22,6 +23,15 @@ from planner.options import Recompute
 def peak_flops_per_s(cluster: Cluster, training: Training) -> float:
     """Dense peak of the GEMM dtype (bf16-pure computes in bf16; fp32 without TF32, PyTorch default)."""
     return cluster.gpu.peak_flops_per_s[training.precision.gemm_dtype]
+
+
+def compute_flops_per_s(cluster: Cluster, training: Training, c: dict) -> float:
+    """The dense rate kernels are timed against: the datasheet peak of the GEMM dtype times the share
+    of it the GPU keeps through a training run, where data/coefficients.json has one for the GPU
+    (`<gpu>_sustained_compute_fraction`, fitted on published runs: h100_sxm_...), else 1. MFU and HFU
+    stay against the datasheet peak (peak_flops_per_s), as every source reports them."""
+    key = cluster.gpu.name.replace("-", "_") + "_sustained_compute_fraction"
+    return peak_flops_per_s(cluster, training) * float(c.get(key, 1.0))
 
 
 def hbm_bytes_per_s(cluster: Cluster, c: dict) -> float:
@@ -99,7 +109,7 @@ def gemm_fwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layo
     2020, GShard), i.e. T k FLOPs-worth in total; T k C padded to an expert capacity
     (planner/moe.py routed_per_token). A grouped GEMM (Engine.grouped_experts) is one kernel over
     the local experts' rows: one fall-off for their summed FLOPs."""
-    peak = peak_flops_per_s(cluster, training)
+    peak = compute_flops_per_s(cluster, training, c)
     T, t = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64)
     expert_kernels = 1 if training.engine.grouped_experts else np.maximum(model.experts // lay.ep, 1)
     routed = routed_per_token(model, training, lay, T)  # k dropless, E capacity / T padded
@@ -115,7 +125,7 @@ def op_sac_recompute_s(model: ModelSpec, cluster: Cluster, training: Training, l
     matmuls it does not keep (planner/activations.py op_sac_matmuls: wo and w3) and the elementwise
     forward (norms, rotary, SiLU and the gate product); the attention and the kept matmuls are not
     rerun."""
-    peak = peak_flops_per_s(cluster, training)
+    peak = compute_flops_per_s(cluster, training, c)
     T, t = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64)
     seconds = elementwise_fwd_s(model, cluster, training, lay, c)
     for _, n_in, n_out, _, kept in op_sac_matmuls(model):
@@ -132,6 +142,19 @@ def attention_efficiency(cluster: Cluster, c: dict) -> float:
     if cal is not None and any(name == "attention_efficiency" for _, name, _ in cal.overrides):
         return c["attention_efficiency"]
     return cluster.gpu.attention_efficiency or c["attention_efficiency"]
+
+
+def attention_kernel_slowdown(model: ModelSpec, training: Training, c: dict) -> float:
+    """How much slower than FlashAttention-2 the job's fused attention kernel runs. llm-foundry's MPT
+    blocks as MosaicML benchmarked them (scripts/train/benchmarking/submit_benchmarks.py: --attn_impl
+    default 'triton' and image mosaicml/pytorch:1.13.1 from the tables' commits b2a43a147, 2023-10, and
+    5e85bd62d, 2024-01, until 4952183 made 'flash' the default) run llmfoundry/models/layers/
+    flash_attn_triton.py, HazyResearch's Triton FlashAttention on triton-pre-mlir, which FlashAttention-2
+    outruns 1.3-2.5x (Dao 2023, FlashAttention-2, section 4.1; triton_flash_attention_slowdown).
+    Every other engine's modules run FlashAttention-2 or faster kernels: 1."""
+    if training.flash_attention and block_modules(model, training) is Modules.LLM_FOUNDRY:
+        return float(c["triton_flash_attention_slowdown"])
+    return 1.0
 
 
 def attention_matmuls_s(flops_fwd, peak_flops_per_s, efficiency, flash: bool = True) -> tuple:
@@ -155,7 +178,8 @@ def attention_core_s(model: ModelSpec, cluster: Cluster, training: Training, lay
     s, flash = training.seq_len, training.flash_attention
     T, t = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64)
     flops = 2.0 * T * s * (model.q_width + model.attention_out_width) / t * (0.5 if flash else 1.0)  # QK^T + AV
-    fwd, bwd = attention_matmuls_s(flops, peak_flops_per_s(cluster, training), attention_efficiency(cluster, c), flash)
+    efficiency = attention_efficiency(cluster, c) / attention_kernel_slowdown(model, training, c)
+    fwd, bwd = attention_matmuls_s(flops, compute_flops_per_s(cluster, training, c), efficiency, flash)
     if not flash:
         drop = 1.0 if model.dropout else 0.0
         scores = lay.mbs * (model.heads / t) * (s / lay.cp) * s
@@ -195,6 +219,42 @@ def eager_elementwise_bytes(model: ModelSpec, e: float, routed) -> tuple:
     return replicated, act, rope + 2 * e * q
 
 
+def llm_foundry_elementwise_bytes(model: ModelSpec, e: float, routed, residual: float) -> tuple:
+    """(replicated, activation-function, rotary) forward bytes per token of llm-foundry's MPT block
+    (llm-foundry b2a43a147 models/layers/blocks.py MPTBlock.forward, norm.py LPLayerNorm, ffn.py MPTMLP;
+    attn_impl 'triton', the benchmark tables' own, reads q, k and v as views of Wqkv's output: no
+    copies): each LPLayerNorm casts the `residual`-byte stream to the autocast dtype (none where the
+    two match) and runs one layer_norm kernel (r e, w e); each residual add reads the stream and the
+    branch's e-byte output and writes the stream; nn.GELU reads and writes the up projection
+    (2e per MLP element); learned positions or ALiBi, no rotary; resid_pdrop 0 launches no dropout."""
+    cast = residual + e if residual != e else 0.0
+    replicated = 2.0 * (cast + 2.0 * e) + 2.0 * (2.0 * residual + e)
+    return replicated * model.hidden, 2.0 * e * model.mlp_width(routed), 0.0
+
+
+# per parameter of a block and micro-batch, where Composer's FSDP keeps fp32 parameters under autocast
+# (mixed_precision 'DEFAULT'): forward, F.linear's autocast cast of the fp32 weight (torch autocast_mode.cpp
+# cached_cast: r 4, w 2); backward, ToCopyBackward's cast of its 16-bit gradient back to fp32 (r 2, w 4),
+# autograd's accumulation into the fp32 flat gradient (r 4, r 4, w 4) and FSDP's cast of it to the
+# 16-bit reduce_dtype before the reduce-scatter (r 4, w 2)
+AUTOCAST_CAST_BYTES = (6.0, 6.0 + 12.0 + 6.0)
+
+
+def autocast_weight_traffic_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> tuple:
+    """(forward, backward) seconds one block's unsharded weights cost each micro-batch at HBM rate where
+    the job gathers fp32 parameters and autocast casts them for every GEMM: llm-foundry's MPT under
+    Composer's FSDP with mixed precision (composer/distributed/mosaic_parallelism.py get_mixed_precision
+    'DEFAULT': MixedPrecision(param_dtype=torch.float32, reduce_dtype=<16-bit>), the MP mode of
+    MosaicML's benchmark tables; AUTOCAST_CAST_BYTES). The other engines gather 16-bit parameters: 0."""
+    if block_modules(model, training) is not Modules.LLM_FOUNDRY or not training.precision.has_master_copy:
+        return 0.0, 0.0
+    from planner.sharding import block_params
+
+    params = block_params(model, training, lay)  # the TP shard of the block
+    hbm = hbm_bytes_per_s(cluster, c)
+    return params * AUTOCAST_CAST_BYTES[0] / hbm, params * AUTOCAST_CAST_BYTES[1] / hbm
+
+
 def eager_layer_bytes(model: ModelSpec, routed) -> tuple | None:
     """((replicated, activation-function, rotary) forward, the same backward) bytes per token of one
     eager Hugging Face block, as measured on transformers' own layer (data/references/eager_ops_cpu.json
@@ -228,10 +288,15 @@ def _elementwise_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     routed = routed_per_token(model, training, lay, T)
     # torch.compile fuses each pointwise and reduction region into one kernel (Ansel et al. 2024, 'PyTorch 2',
     # ASPLOS, section 5: Inductor's scheduler fusion): a compiled block moves what fused kernels move
-    eager = training.engine.eager_elementwise and not training.compile
+    modules = block_modules(model, training)
+    eager = training.engine.eager_elementwise and not training.compile and modules is not Modules.LLM_FOUNDRY
     measured = eager_layer_bytes(model, routed) if eager and e == 2 else None
     if measured is not None:
         replicated, act, rope = measured[backward]
+    elif modules is Modules.LLM_FOUNDRY:  # streaming casts, adds and one-kernel norms: full HBM rate
+        residual = e * llm_foundry_block_input_scale(model, training)
+        replicated, act, rope = ((1.5 if backward else 1.0) * b
+                                 for b in llm_foundry_elementwise_bytes(model, e, routed, residual))
     else:
         bytes_of = eager_elementwise_bytes if eager else fused_elementwise_bytes
         scale = 1.5 if backward else 1.0
@@ -293,7 +358,7 @@ def head_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts,
     """Output layer of one micro-batch on the last stage: the vocab-parallel logits GEMM (V/t)
     forward and its two backward GEMMs, and the fp32 cross entropy (Megatron
     vocab_parallel_cross_entropy: upcast e->4, max, exp, sum, grad, downcast: 2e + 32 bytes/logit)."""
-    rate, f_half = peak_flops_per_s(cluster, training) * c["gemm_efficiency_max"], c["gemm_half_efficiency_flops"]
+    rate, f_half = compute_flops_per_s(cluster, training, c) * c["gemm_efficiency_max"], c["gemm_half_efficiency_flops"]
     T, t, e = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64), training.precision.element_bytes
     logits = (2.0 * T * model.hidden * model.vocab / t + f_half) / rate
     return 3.0 * logits + T * model.vocab / t * (2 * e + 32) / hbm_bytes_per_s(cluster, c)

@@ -203,7 +203,7 @@ def _variant(model, cluster, train, lay, **change):
 def diagnose(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]:
     """Memory, communication, host memory and compute findings for the predicted run."""
     mem, time, found = est.memory, est.time, []
-    total, capacity = mem["gpu_bytes"], mem["capacity_bytes"]
+    total, capacity = mem["required_bytes"], mem["capacity_bytes"]  # what must fit (memory.rank_memory)
     if not mem["fits"]:
         found.append(Finding("memory", "error", f"out of memory at the {mem['peak_phase']} peak: {total / 2**30:.1f} GiB per GPU of "
                              f"{capacity / 2**30:.1f} GiB", value=float(total)))
@@ -228,10 +228,11 @@ def diagnose(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]
                           {"t_stage3_max_live_parameters": live // 10, "t_stage3_max_reuse_distance": live // 10}))
         for text, change in fixes:
             v = _variant(model, cluster, train, lay, **change)
-            if v is not None and v.memory["gpu_bytes"] < total:
-                found.append(Finding("memory", "info", f"fix: {text} frees {(total - v.memory['gpu_bytes']) / 2**30:.1f} "
+            if v is not None and v.memory["required_bytes"] < total:
+                frees = total - v.memory["required_bytes"]
+                found.append(Finding("memory", "info", f"fix: {text} frees {frees / 2**30:.1f} "
                                      f"GiB per GPU ({'fits' if v.memory['fits'] else 'still does not fit'})",
-                                     frees_bytes=int(total - v.memory["gpu_bytes"]),
+                                     frees_bytes=int(frees),
                                      gain=v.throughput["tokens_per_s"] / est.throughput["tokens_per_s"]))
     b, step = time["breakdown"], time["step_s"]
     comm = b["tp_comm"] + b["dp_comm"] + b["pp_comm"]
@@ -276,7 +277,7 @@ def _recompute_regathers(est, model, cluster: dict, train: dict, lay: dict) -> l
     v = _variant(model, cluster, train, lay, t_stage3_max_live_parameters=knobs, t_stage3_max_reuse_distance=knobs)
     if v is None:
         return [Finding("communication", "info", text, value=share)]
-    more = v.memory["gpu_bytes"] - est.memory["gpu_bytes"]
+    more = v.memory["required_bytes"] - est.memory["required_bytes"]
     text += (f"; both {knobs:,} keep it: {v.throughput['tokens_per_s'] / est.throughput['tokens_per_s']:.2f}x, "
              f"{more / 2**30:+.1f} GiB per GPU ({'fits' if v.memory['fits'] else 'does not fit'})")
     return [Finding("communication", "info", text, value=share,

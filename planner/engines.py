@@ -57,6 +57,15 @@ class Modules(Word):
     """transformers' decoder layers (eager RMSNorm in fp32, separate projections, SDPA)."""
     TORCHTITAN = "torchtitan"
     """torchtitan's own models/llama3 block."""
+    HF_LIGER = "hf_liger"
+    """transformers' Llama-layout blocks patched by Liger Kernel (liger_kernel 0.8.5
+    transformers/monkey_patch.py apply_liger_kernel_to_llama defaults: LigerRMSNorm, LigerSwiGLUMLP,
+    Liger RoPE, fused linear cross-entropy)."""
+    LLM_FOUNDRY = "llm_foundry"
+    """llm-foundry's MPT block (llmfoundry/models/layers/blocks.py MPTBlock: low-precision LayerNorm,
+    fused Wqkv, flash-attn varlen attention, GELU MLP) under Composer's FSDP with autocast and its
+    fused cross-entropy: what MosaicML's benchmarks and the Hub's MPT checkpoints
+    (trust_remote_code) train. Chosen with --modules llm-foundry under --engine deepspeed or fsdp."""
 
 
 class ExpertTP(Word):
@@ -300,6 +309,15 @@ class Engine:
     (param_copy_back_gpu_hook), all in turn on the current stream (overlap_cpu_optimizer_d2h_h2d
     off, OptimizerConfig's default); rather than DeepSpeed's ZeRO-Offload, which copies gradients
     down during backward and 16-bit parameters up."""
+    grad_reduce_bf16_choice: bool = False
+    """The user can keep and reduce the gradients in bf16 instead of fp32 main grads: Megatron-LM
+    --grad-reduce-in-bf16 (training/arguments.py; megatron-core DistributedDataParallelConfig
+    grad_reduce_in_fp32 False), as NeMo 2's performance recipes set it (nemo/collections/llm/recipes/
+    llama3_8b.py pretrain_performance_optimizations: recipe.trainer.plugins.grad_reduce_in_fp32 = False)."""
+    sequence_parallel_with_tp: bool = False
+    """Sequence parallelism on wherever TP > 1 unless the user turns it off: what the engine's users run
+    (NeMo 2 recipes, e.g. nemo/collections/llm/recipes/llama3_70b.py and gpt3_175b.py pretrain_recipe:
+    MegatronStrategy(sequence_parallel=True) with their TP; --tp-comm-overlap needs it)."""
     dp_sync_per_chunk: bool = False
     """Under the interleaved schedule each model chunk syncs on its own (megatron-core 0.16.1
     pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving): its gradient
@@ -475,6 +493,8 @@ MEGATRON = Engine(
     rank_order_choice=True,  # megatron-core parallel_state.py initialize_model_parallel(order=...)
     moe_capacity=MoeCapacity.MEGATRON,
     moe_counts=MoeCounts.TP_EP_ALL_GATHER,  # --moe-expert-capacity-factor, --moe-pad-expert-input-to-capacity
+    sequence_parallel_with_tp=True,
+    grad_reduce_bf16_choice=True,
     dp_sync_per_chunk=True,  # with --overlap-grad-reduce / --overlap-param-gather, as export.py launches it
 )
 

@@ -488,6 +488,10 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
             a.append("--no-pipeline-parallel")  # plain DeepSpeed engine instead of PipelineModule
         if row["recompute"] != "none":
             a.append("--deepspeed-activation-checkpointing")  # uses ds_config activation_checkpointing
+            # megatron/initialize.py _set_deepspeed_activation_checkpointing passes args.partition_activations
+            # to deepspeed.checkpointing.configure, which sets it over the config's key: the flag decides
+            if training.zero_config.partition_activations and row["tp"] > 1:
+                a.append("--partition-activations")
     else:
         if row["zero"] >= 1:
             a.append("--use-distributed-optimizer")  # Megatron's ZeRO-1-like optimizer-state sharding
@@ -507,6 +511,8 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
             a += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
         if not training.overlap_p2p and row["pp"] > 1 and row["vpp"] > 1:
             a.append("--no-overlap-p2p-communication")  # on by default with interleaving
+        if training.grad_reduce_in_bf16:
+            a.append("--grad-reduce-in-bf16")  # training/arguments.py: main grads and their reduction in bf16
         if training.tp_comm_overlap and row["sequence_parallel"]:
             a.append("--tp-comm-overlap")  # needs --sequence-parallel and TransformerEngine
         if bool(training.overlaps_grad_reduce(row["zero"])):

@@ -214,13 +214,18 @@ class TrainingInput:
     """Megatron --tp-comm-overlap (default off)."""
     compile: bool | None = None
     """torch.compile on each Hugging Face block (default off; Training.compile)."""
+    grad_reduce_in_bf16: bool | None = None
+    """Megatron --grad-reduce-in-bf16 (default off; Training.grad_reduce_in_bf16)."""
+    modules: str | None = None
+    """--modules word (planner/modules.py WORDS): whose block is trained (default: the engine's users'
+    own, modules.block_modules)."""
     overlap_p2p: bool | None = None
     """Interleaved pipeline sends beside compute where the engine does so (default on; Training.overlap_p2p)."""
     pipeline_edge_layers: int | None = None
     """0 or 1 blocks' worth the first and last stages give up for the embedding and the loss
     (default: the engine's; Training.pipeline_edge_layers)."""
     partition_activations: bool | None = None
-    """DeepSpeed activation_checkpointing.partition_activations (default on, as exported)."""
+    """DeepSpeed activation_checkpointing.partition_activations (default off, DeepSpeed's)."""
     cpu_checkpointing: bool | None = None
     """DeepSpeed activation_checkpointing.cpu_checkpointing (default off)."""
     moe_capacity_factor: float | None = None
@@ -244,6 +249,7 @@ class TrainingInput:
         _boolean(self.fp32_grad_accum, "--fp32-grad-accum")
         _boolean(self.tp_comm_overlap, "--tp-comm-overlap")
         _boolean(self.compile, "--compile")
+        _boolean(self.grad_reduce_in_bf16, "--grad-reduce-in-bf16")
         _boolean(self.overlap_p2p, "--no-overlap-p2p")
         _boolean(self.partition_activations, "activation_checkpointing.partition_activations")
         _boolean(self.cpu_checkpointing, "activation_checkpointing.cpu_checkpointing")
@@ -260,7 +266,8 @@ class TrainingInput:
                         precision=self.precision or DEFAULTS["precision"],
                         optimizer=self.optimizer or DEFAULTS["optimizer"], flash_attention=self.flash_attention,
                         engine=engine, zero_config=ZeroConfig(**{k: v for k, v in zero.items() if v is not None}),
-                        tp_comm_overlap=bool(self.tp_comm_overlap), compile=bool(self.compile),
+                        tp_comm_overlap=bool(self.tp_comm_overlap), compile=bool(self.compile), modules=self.modules,
+                        grad_reduce_in_bf16=bool(self.grad_reduce_in_bf16),
                         moe_capacity_factor=self.moe_capacity_factor,
                         overlap_p2p=self.overlap_p2p is not False, pipeline_edge_layers=self.pipeline_edge_layers,
                         moe_pad_to_capacity=bool(self.moe_pad_to_capacity),
@@ -295,7 +302,8 @@ class LayoutInput:
     recompute_method: str | None = "block"
     """Megatron --recompute-method for recompute_layers: 'block' or 'uniform' (None: 'block', as a
     layout row without recompute_layers carries it)."""
-    sequence_parallel: bool = False
+    sequence_parallel: bool | None = None
+    """Megatron sequence parallelism (None: the engine's default, Engine.sequence_parallel_with_tp)."""
     rank_order: str = "tp-cp-dp-pp"
     """Rank placement, innermost first (planner/options.py RankOrder): 'tp-cp-dp-pp' or 'tp-cp-pp-dp'."""
 

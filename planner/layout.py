@@ -15,6 +15,7 @@ import numpy as np
 from planner.bounds import check
 from planner.engines import Engine, Modules, MoeCapacity, lookup as engine_lookup
 from planner.errors import InputError
+from planner.modules import check as modules_check, choices as modules_choices, parse as modules_parse, word_of as modules_word
 from planner.options import Offload, Optimizer, Precision, RankOrder, Recompute, RecomputeMethod, Schedule
 
 
@@ -63,9 +64,11 @@ class ZeroConfig:
     fp32_grad_accum: bool = False
     """data_types.grad_accum_dtype "fp32": with bf16 and ZeRO-1 DeepSpeed then runs BF16_Optimizer
     (engine.py _do_optimizer_sanity_check), which accumulates gradients in a full fp32 buffer."""
-    partition_activations: bool = True
+    partition_activations: bool = False
     """activation_checkpointing.partition_activations: deepspeed.checkpointing keeps each
-    checkpointed layer input split over the TP ranks (the planner exports it on)."""
+    checkpointed layer input split over the TP ranks. Off by default, as DeepSpeed's config
+    (runtime/activation_checkpointing/config.py) and Megatron-DeepSpeed's --partition-activations
+    (a store_true flag that deepspeed.checkpointing.configure applies over the config's key) leave it."""
     cpu_checkpointing: bool = False
     """activation_checkpointing.cpu_checkpointing: the checkpointed layer inputs wait in host memory."""
 
@@ -124,6 +127,13 @@ class Training:
     """torch.compile on each Hugging Face block (Inductor's default mode): fused elementwise kernels,
     fewer launches and what AOT Autograd's partitioner saves (measured: data/references/
     hf_compiled_cpu.json); the engines with their own fused kernels or blocks take none."""
+    grad_reduce_in_bf16: bool = False
+    """Megatron --grad-reduce-in-bf16: gradients kept and reduced in bf16, not fp32 main grads
+    (Engine.grad_reduce_bf16_choice; default off, Megatron-LM's bf16 default)."""
+    modules: Modules | None = None
+    """Whose transformer block the job trains (--modules; planner/modules.py): None, the engine's
+    users' own (modules.block_modules resolves it per model); an engine drives only those it can
+    (modules.choices)."""
 
     def __post_init__(self):
         check("seq_len", self.seq_len)
@@ -137,6 +147,12 @@ class Training:
         if not isinstance(self.overlap_p2p, bool):
             raise InputError(f"overlap_p2p: must be true or false, got {self.overlap_p2p!r}")
         self._check_edge_layers()
+        if not isinstance(self.grad_reduce_in_bf16, bool):
+            raise InputError(f"--grad-reduce-in-bf16: must be true or false, got {self.grad_reduce_in_bf16!r}")
+        if self.grad_reduce_in_bf16 and not self.engine.grad_reduce_bf16_choice:
+            raise InputError(f"--grad-reduce-in-bf16: --engine {self.engine.name} has no such choice (--engine megatron)")
+        object.__setattr__(self, "modules", modules_parse(self.modules))
+        modules_check(self.modules, self.engine)
         if not isinstance(self.compile, bool):
             raise InputError(f"--compile: must be true or false, got {self.compile!r}")
         if self.compile and self.engine.modules is not Modules.HUGGING_FACE:
@@ -186,6 +202,8 @@ class Training:
         comparisons across engines."""
         other = engine_lookup(engine)
         return replace(self, engine=other, tp_comm_overlap=self.tp_comm_overlap and other.tp_comm_overlap,
+                       modules=self.modules if self.modules in modules_choices(other) else None,
+                       grad_reduce_in_bf16=self.grad_reduce_in_bf16 and other.grad_reduce_bf16_choice,
                        compile=self.compile and other.modules is Modules.HUGGING_FACE,
                        pipeline_edge_layers=self.pipeline_edge_layers if other.pipeline_edge_choice
                        and self.pipeline_edge_layers != self.engine.pipeline_edge_layers else None,
@@ -208,6 +226,7 @@ class Training:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["precision"], out["optimizer"] = str(self.precision), str(self.optimizer)
         out["engine"] = self.engine.name
+        out["modules"] = None if self.modules is None else modules_word(self.modules)
         out["zero_config"] = asdict(self.zero_config)
         return out
 

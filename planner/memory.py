@@ -21,7 +21,8 @@ from planner.layout import Layouts, Training, among
 from planner.model import ModelSpec
 from planner.options import Offload, Optimizer, Precision, Recompute
 
-from planner.pipeline import first_routed_stage
+from planner.modules import block_modules
+from planner.pipeline import blocks_on_stage, first_routed_stage
 from planner.sharding import (block_params, expert_dp, deepspeed_grad_partition_excess, optimizer_bytes_per_param,
                               largest_module_params, largest_tensor_params, oversized_tensor_params, persistent_params,
                               rank_params,
@@ -381,6 +382,19 @@ def zero3_live_param_bytes(model: ModelSpec, training: Training, lay: Layouts, s
     return np.where(lay.zero == 3, (working + persistent) * w, 0.0)
 
 
+def gathered_param_bytes(model: ModelSpec, training: Training) -> float:
+    """Bytes per element a sharded parameter's all-gather moves: its 16-bit copy, except llm-foundry's
+    MPT under Composer's FSDP with mixed precision, which gathers the fp32 parameters themselves and
+    lets autocast cast them for each GEMM (composer/distributed/mosaic_parallelism.py
+    get_mixed_precision 'DEFAULT': MixedPrecision(param_dtype=torch.float32, reduce_dtype=<16-bit>,
+    buffer_dtype=torch.float32), the benchmarks' MP mode; the same reading as activations.
+    llm_foundry_block_input_scale); the unsharded units hold them (fsdp_unsharded_unit_bytes)."""
+    b = state_bytes(training)
+    if block_modules(model, training) is Modules.LLM_FOUNDRY and training.precision.has_master_copy:
+        return 4.0
+    return b.weights
+
+
 def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts, stage,
                               moment: str = "peak") -> np.ndarray:
     """What FSDP2 (torch 2.13 fully_shard, one unit per block, and the root unit where fully_shard(model)
@@ -401,7 +415,7 @@ def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts
     data/references/torchtitan_fsdp_cpu.json), tied ([embedding, norm, lm_head] one unit, kept
     gathered like a Hugging Face root) and untied."""
     s, t = model.sums, lay.tp
-    w = training.precision.element_bytes  # torch 2.13 _fsdp_api.py MixedPrecisionPolicy.param_dtype (unsharded)
+    w = gathered_param_bytes(model, training)  # torch 2.13 _fsdp_api.py MixedPrecisionPolicy.param_dtype (unsharded)
     g = w  # torch 2.13 _fsdp_param.py unsharded_grad_data: autograd's gradient, in the parameter's dtype
     r = state_bytes(training).grads  # torch 2.13 _fsdp_api.py MixedPrecisionPolicy.reduce_dtype (fp32, as torchtitan)
     shards = lay.zero_ranks
@@ -603,13 +617,6 @@ def reserved_bytes(allocated_bytes, coef: dict) -> np.ndarray:
     return np.ceil(allocated_bytes * (1.0 + coef["allocator_fragmentation"]))
 
 
-def overhead_bytes(tensor_bytes, fixed_bytes, coef: dict) -> np.ndarray:
-    """The allocator's reserve on top of the tensors, plus the fixed CUDA context and NCCL buffers
-    per communicator outside the allocator (`fixed_bytes`: cuda_context_bytes + nccl_bytes_per_group
-    x process_groups; named coefficients of data/coefficients.json with their sources)."""
-    return reserved_bytes(tensor_bytes, coef) - tensor_bytes + np.ceil(fixed_bytes)
-
-
 # ---------------------------------------------------------------------------------------------
 # the rank
 
@@ -660,21 +667,58 @@ def _states_part(model, cluster, training, lay, where) -> dict:
             "cpu_per_node": host_bytes(model, training, lay, stage) * min(cluster.gpus_per_node, cluster.num_gpus)}
 
 
-def loss_bytes_per_logit(training: Training, coef: dict) -> float:
-    """Peak bytes per logit of the engine's loss: Megatron's own VocabParallelCrossEntropy
-    (logits_bytes_per_element), else aten cross_entropy on fp32 logits, which transformers'
+def loss_bytes_per_logit(model: ModelSpec, training: Training, coef: dict) -> float:
+    """Peak bytes per logit of the modules' loss: Megatron's own VocabParallelCrossEntropy
+    (logits_bytes_per_element), llm-foundry's fused cross-entropy on 16-bit logits
+    (fused_cross_entropy_bytes_per_logit), else aten cross_entropy on fp32 logits, which transformers'
     ForCausalLMLoss and torchtitan's cross_entropy_loss call (aten_cross_entropy_bytes_per_logit)."""
-    megatron = training.engine.modules is Modules.MEGATRON
-    return coef["logits_bytes_per_element" if megatron else "aten_cross_entropy_bytes_per_logit"]
+    key = {Modules.MEGATRON: "logits_bytes_per_element", Modules.LLM_FOUNDRY: "fused_cross_entropy_bytes_per_logit"}
+    return coef[key.get(block_modules(model, training), "aten_cross_entropy_bytes_per_logit")]
 
 
 def _activation_part(model, training, lay, where, coef) -> dict:
     stage = _stage(where, model, training, lay)
-    logits = np.ceil(A.logits_bytes(model, training, lay, stage, loss_bytes_per_logit(training, coef)))
-    acts = np.ceil(A.stage_activation_bytes(model, training, lay, stage))
+    if block_modules(model, training) is Modules.HF_LIGER:
+        logits = np.ceil(liger_fused_loss_bytes(model, training, lay, stage))
+    else:
+        logits = np.ceil(A.logits_bytes(model, training, lay, stage, loss_bytes_per_logit(model, training, coef)))
+    acts = np.ceil(A.stage_activation_bytes(model, training, lay, stage) + autocast_weight_bytes(model, training, lay, stage))
     return {"activations": acts, "logits": logits, "total": acts + logits,
             "host": A.stage_host_activation_bytes(model, training, lay, stage),
             "userbuffers": userbuffers_bytes(model, training, lay)}  # outside the allocator: overhead
+
+
+def liger_fused_loss_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+    """Last stage: Liger's fused linear cross-entropy in place of logits (liger_kernel 0.8.5
+    ops/fused_linear_cross_entropy.py fused_linear_cross_entropy_forward): it never holds the BT x V
+    logits, only one chunk of chunk_size rows (_CHUNK_MEM_CONST 1: next_power_of_2(ceil(BT /
+    ceil(V / H))), at most BT) in the input's dtype, beside the gradients it computes in forward and
+    keeps for backward: grad_input (BT x H, the input's dtype), grad_weight (V x H, the weight's dtype:
+    accum_dtype None) and the fp32 per-token loss."""
+    e, h, v = training.precision.element_bytes, model.hidden, model.vocab
+    tokens = np.asarray(training.seq_len / lay.cp * lay.mbs, dtype=np.float64)
+    inc = np.ceil(v / h)
+    rows = np.minimum(2.0 ** np.ceil(np.log2(np.ceil(tokens / inc))), tokens)
+    held = e * rows * v / lay.tp + e * tokens * h + e * v * h / lay.tp + 4.0 * tokens
+    return (stage == lay.pp - 1) * held
+
+
+def autocast_weight_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+    """The 16-bit weight copies autograd keeps from forward to backward where autocast casts fp32
+    parameters: Composer's FSDP 'DEFAULT' mixed precision gathers fp32 parameters (composer/distributed/
+    mosaic_parallelism.py get_mixed_precision: param_dtype fp32), so each F.linear under autocast casts
+    its weight (aten autocast cached_cast) and saves the cast for its input gradient; FSDP frees the
+    gathered fp32 unit after forward, not the cast. Every block that runs forward with grad keeps its
+    copy (a checkpointed block keeps none until its recompute), and the unembedding keeps wte's (tied
+    in MPT). llm-foundry's modules only (planner/modules.py); 0 elsewhere."""
+    if block_modules(model, training) is not Modules.LLM_FOUNDRY:
+        return 0.0 * lay.tp
+    s, e = model.sums, training.precision.element_bytes
+    blocks = sum(n for _, n in blocks_on_stage(model, lay, stage, training.pipeline_edge_layers))
+    kept_blocks = np.where(lay.recompute == Recompute.FULL, 1, blocks)  # the one recomputing block
+    block = (s.block_split + s.expert_split) / lay.tp + s.block_replicated + s.expert_replicated
+    head = np.where(stage == lay.pp - 1, (s.first_split if s.tied else s.output) / lay.tp, 0.0)
+    return e * (kept_blocks * block + head)
 
 
 class _Stage:
@@ -696,9 +740,15 @@ class _Stage:
         # PHASES: 0 forward/backward, 1 optimizer step, 2 gradient reduction (the first largest wins)
         self.phase = np.where(reduce > np.maximum(fwd, step), 2, (step > fwd).astype(np.int64))
         self.allocated = np.maximum(np.maximum(fwd, step), reduce)
-        self.reserved = reserved_bytes(self.allocated, coef)
-        self.total = self.allocated + overhead_bytes(self.allocated, self.states["fixed_overhead"]
-                                                     + self.acts["userbuffers"], coef)
+        outside = np.ceil(self.states["fixed_overhead"] + self.acts["userbuffers"])
+        # the caching allocator reserves beyond what is allocated while the device has room, and at the
+        # device's limit frees its cached segments and retries before it raises OOM (c10/cuda/
+        # CUDACachingAllocator.cpp DeviceCachingAllocator::malloc: release_available_cached_blocks,
+        # release_cached_blocks): the reserve grows up to the memory left, and a fit needs the allocated peak
+        capacity = cluster.gpu.memory_bytes
+        self.required = self.allocated + outside
+        self.reserved = np.maximum(np.minimum(reserved_bytes(self.allocated, coef), capacity - outside), self.allocated)
+        self.total = self.reserved + outside
 
     def part(self, key: str, i=None):
         """One breakdown part at the peak moment, for every candidate (i None) or candidate i."""
@@ -732,8 +782,9 @@ def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
     which hold the most: embedding and most in-flight micro-batches, or output layer and logits;
     with dense-first blocks also the first stage of routed blocks only).
 
-    Returns a Lazy mapping for every candidate: 'total' (the device bytes the fit is decided on:
-    the allocator's reserved peak plus the CUDA context and NCCL buffers outside it), 'allocated'
+    Returns a Lazy mapping for every candidate: 'required' (the device bytes the fit is decided on:
+    the allocated peak plus the CUDA context and NCCL buffers outside the allocator), 'total' (what
+    the device holds then: the allocator's reserve, up to the memory left, plus those), 'allocated'
     and 'reserved' (the peaks torch.cuda.max_memory_allocated / max_memory_reserved report),
     'cpu_per_node', 'phase' (an index into PHASES), and each of BREAKDOWN_KEYS on demand."""
     def column(s: _Stage, key: str, i):
@@ -753,7 +804,7 @@ def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
     # (pipeline.max_layers_on_stage: Maverick on 32 stages, one dense block on stage 0, a routed one on 1)
     more = (("second",) if training.pipeline_edge_layers else ()) + (("routed",) if model.dense_layers else ())
     stages = [_Stage(model, cluster, training, lay, where, codes) for where in ("first", "last") + more]
-    pick = np.argmax(np.stack([s.total for s in stages]), axis=0)  # the first largest wins
+    pick = np.argmax(np.stack([s.required for s in stages]), axis=0)  # the first largest wins
 
     def choose(f, i):
         if i is not None:
@@ -765,8 +816,10 @@ def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
                  **{k: (lambda i, k=k: choose(lambda s: s.part(k, i), i)) for k in BREAKDOWN_KEYS}})
 
 
-RANK_COLUMNS = ("total", "allocated", "reserved", "phase", "cpu_per_node")
-"""The whole-rank figures rank_memory returns beside the breakdown."""
+RANK_COLUMNS = ("total", "required", "allocated", "reserved", "phase", "cpu_per_node")
+"""The whole-rank figures rank_memory returns beside the breakdown: `total` what the device holds at
+the peak (the allocator's reserve, up to the device's memory, plus the CUDA context and NCCL's
+buffers), `required` what must fit (the allocated peak plus those; _Stage)."""
 
 
 def per_stage(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> list[dict]:

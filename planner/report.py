@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from planner.memory import BREAKDOWN_KEYS
 from planner.search import short
 
@@ -171,16 +173,85 @@ def engines_text(engines: list) -> str:
 
 
 def validate_text(v: dict) -> str:
+    """`planner validate` without --json: the paper figures, then the published-run corpus."""
     rows = v["cases"]
-    head = ["case", "metric", "published", "predicted", "error"]
-    body = [[r["id"], r["metric"], f"{r['published']:.4g}", f"{r['predicted']:.4g}", f"{r['error']:+.1%}"] for r in rows]
-    lines = [table(head, body), ""]
-    groups = [[g["source"], g["engine"], g["metric"], str(g["cases"]), f"{g['mape']:.1%}", f"{g['mean_error']:+.1%}", g["leaning"]]
-              for g in v["by_group"]]
-    lines += [table(["source", "engine", "metric", "cases", "MAPE", "mean error", "leaning"], groups), ""]
-    lines += [f"MAPE {m}: {x:.1%}" for m, x in v["mape_by_metric"].items()]
-    lines.append(f"MAPE all {len(rows)} figures: {v['mape']:.1%}")
+    lines = []
+    if rows:
+        head = ["case", "metric", "published", "predicted", "error"]
+        body = [[r["id"], r["metric"], f"{r['published']:.4g}", f"{r['predicted']:.4g}", f"{r['error']:+.1%}"] for r in rows]
+        lines += [table(head, body), ""]
+        groups = [[g["source"], g["engine"], g["metric"], str(g["cases"]), f"{g['mape']:.1%}", f"{g['mean_error']:+.1%}",
+                   g["leaning"]] for g in v["by_group"]]
+        lines += [table(["source", "engine", "metric", "cases", "MAPE", "mean error", "leaning"], groups), ""]
+        lines += [f"MAPE {m}: {x:.1%}" for m, x in v["mape_by_metric"].items()]
+        lines.append(f"MAPE all {len(rows)} figures: {v['mape']:.1%}")
+    if "corpus" in v and v["corpus"]["rows"]:
+        lines += ["" if rows else None, corpus_text(v["corpus"])]
+    return "\n".join(x for x in lines if x is not None)
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f} %"
+
+
+def corpus_text(c: dict) -> str:
+    """The corpus part of `planner validate`: per source its fit calls and its figures' errors,
+    the rows not expressed with why, the leave-one-source-out fits, and the summary line."""
+    lines = [f"published-run corpus (data/references/corpus_runs.json): {len(c['rows'])} rows; "
+             "error = predicted / published - 1; a run that ran is called fits / borderline / oom", ""]
+    for calls in c["fit_calls"]:
+        src = calls["source"]
+        ran = calls["ran_fits"] + calls["ran_borderline"] + calls["ran_oom"]
+        text = [f"ran {ran}: fits {calls['ran_fits']}, borderline {calls['ran_borderline']}, oom {calls['ran_oom']}"] if ran else []
+        if calls["oom_called"] + calls["oom_missed"]:
+            text.append(f"published OOM called oom {calls['oom_called']}/{calls['oom_called'] + calls['oom_missed']}")
+        text += [f"not expressed {calls['not_expressed']}"] * bool(calls["not_expressed"])
+        text += [f"no fit call {calls['no_call']}"] * bool(calls["no_call"])
+        lines.append(f"{src}: {calls['rows']} rows; " + "; ".join(text))
+        body = [[g["engine"], g["metric"] + (" (low trust)" if g["low_trust"] else ""), str(g["cases"]),
+                 f"{g['mean_error']:+.1%}", f"{g['mape']:.1%}"] for g in c["groups"] if g["source"] == src]
+        if body:
+            lines += ["  " + x for x in table(["engine", "metric", "cases", "mean error", "MAPE"], body).splitlines()]
+        lines.append("")
+    why: dict = {}
+    for n in c["not_expressed"]:
+        why.setdefault(n["reason"], []).append(n["id"])
+    if why:
+        lines.append(f"not expressed ({len(c['not_expressed'])} rows):")
+        lines += [textwrap.fill(f"{reason} ({len(ids)}): {', '.join(ids)}", 120, initial_indent="  ",
+                                subsequent_indent="    ", break_on_hyphens=False) for reason, ids in why.items()]
+        lines.append("")
+    lines += loso_text(c["loso"]) + [corpus_summary_text(c["summary"])]
     return "\n".join(lines)
+
+
+def loso_text(fits: list) -> list:
+    """Leave-one-source-out: each corpus-fitted coefficient's held-out error per source."""
+    if not fits:
+        return ["leave-one-source-out: no coefficient is fitted to the corpus", ""]
+    lines = []
+    for f in fits:
+        name = f"{f['section']}.{f['name']}"
+        if "folds" not in f:
+            lines += [f"leave-one-source-out {name}: {f['note']}", ""]
+            continue
+        lines.append(f"leave-one-source-out {name} (prior {f['value']:.4g}, range {f['low']:.4g}-{f['high']:.4g}; "
+                     f"fitted on every trusted source {f['value_all']:.4g}, MAPE {_pct(f['mape_all'])}):")
+        body = [[x["held_out"], str(x["cases"]), f"{x['value']:.4g}", _pct(x["fit_mape"]), _pct(x["mape"]),
+                 f"{x['mean_error']:+.1%}"] for x in f["folds"]]
+        lines += ["  " + x for x in table(["held out", "cases", "fitted", "MAPE of the rest", "held-out MAPE",
+                                           "held-out mean error"], body).splitlines()] + [""]
+    return lines
+
+
+def corpus_summary_text(s: dict) -> str:
+    """The corpus summary in one line (as the corpus's own scorer prints it)."""
+    rho = "-" if s["bloom_rank_rho"] is None else f"{s['bloom_rank_rho']:.2f}"
+    return (f"corpus: throughput MAPE {_pct(s['throughput_mape'])} (n={s['throughput_n']}; not bloom, torchtitan), "
+            f"memory MAPE {_pct(s['memory_mape'])} (n={s['memory_n']}), OOMs called {s['ooms_called']}/{s['ooms']}, "
+            f"measured runs called fitting {s['measured_called_fitting']}/{s['measured']}, BLOOM rank rho {rho}, "
+            f"refused {s['refused']}/{s['asked']}, MoE rows not expressible {s['moe_not_expressible']}, "
+            f"published runs that ran called oom {s['ran_called_oom']}/{s['ran']} (borderline {s['ran_borderline']})")
 
 
 def check_text(r) -> str:

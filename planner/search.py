@@ -45,7 +45,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, training: Training, lay: Layout
     mem = memory.rank_memory(model, cluster, training, lay)
     capacity = cluster.gpu.memory_bytes * (1.0 - headroom)
     cpu_ok = mem["cpu_per_node"] <= cluster.gpu.host_ram_bytes_per_node
-    fits = (mem["total"] <= capacity) & cpu_ok
+    fits = (mem["required"] <= capacity) & cpu_ok
     return {"memory": mem, "time": timing.step_time(model, cluster, training, lay), "fits": fits, "cpu_fits": cpu_ok}
 
 
@@ -346,7 +346,7 @@ def lean_offload_training(model: ModelSpec, cluster: Cluster, training: Training
     capacity = cluster.gpu.memory_bytes * (1.0 - headroom)
 
     def total(share: float) -> float:
-        return float(memory.rank_memory(model, cluster, replace(training, optimizer_offload_fraction=share), one)["total"][0])
+        return float(memory.rank_memory(model, cluster, replace(training, optimizer_offload_fraction=share), one)["required"][0])
 
     whole, least = total(1.0), total(OFFLOAD_FRACTION_STEP)
     per_share = (least - whole) / (1.0 - OFFLOAD_FRACTION_STEP)  # GPU bytes per unit of share kept there
@@ -405,7 +405,7 @@ def _ranked(valid: Layouts, ev: dict) -> np.ndarray:
     offload, less recompute), then less memory."""
     tokens_per_s = np.where(ev["fits"], ev["time"]["throughput"]["tokens_per_s"], -np.inf)
     simpler = valid.offload_optimizer + valid.offload_params
-    order = np.lexsort((ev["memory"]["total"], valid.recompute, simpler, -np.round(tokens_per_s, 6)))
+    order = np.lexsort((ev["memory"]["required"], valid.recompute, simpler, -np.round(tokens_per_s, 6)))
     return order[np.isfinite(tokens_per_s[order])]
 
 
@@ -538,14 +538,14 @@ def binding_constraint(result: dict, i: int, step_breakdown: dict, step_s: float
         same &= getattr(valid, f) == getattr(valid, f)[i]
     blocked = np.flatnonzero(same & ~ev["fits"] & (speed > speed[i] * 1.001))
     if blocked.size:
-        j = int(blocked[np.argmin(ev["memory"]["total"][blocked])])  # the faster variant nearest to fitting
+        j = int(blocked[np.argmin(ev["memory"]["required"][blocked])])  # the faster variant nearest to fitting
         row = valid.row(j)
         words = {"mbs": f"mbs {row['mbs']}", "recompute": f"recompute {row['recompute']}",
                  "recompute_layers": f"recompute layers {row['recompute_layers'] or 'all'}",
                  "offload_optimizer": f"optimizer offload {row['offload_optimizer']}",
                  "offload_params": f"param offload {row['offload_params']}"}
         changes = [words[f] for f in words if getattr(valid, f)[j] != getattr(valid, f)[i]]
-        need = ev["memory"]["total"][j] / 2**30
+        need = ev["memory"]["required"][j] / 2**30
         return f"memory: {', '.join(changes)} would be {speed[j] / speed[i] - 1:.0%} faster but needs {need:.1f} GiB"
     parts = {k: v for k, v in step_breakdown.items() if k != "compute"}
     worst = max(parts, key=parts.get)
@@ -582,7 +582,7 @@ def what_would_fit(model: ModelSpec, cluster: Cluster, training: Training, headr
     valid, ev = result["valid"], result["eval"]
     capacity = cluster.gpu.memory_bytes * (1 - headroom)
     if valid.size:
-        i = int(np.argmin(ev["memory"]["total"]))
+        i = int(np.argmin(ev["memory"]["required"]))
         hints.append(f"the leanest layout ({short(valid.row(i))}) needs {ev['memory']['total'][i] / 2**30:.1f} GiB "
                      f"per GPU of {capacity / 2**30:.1f} GiB usable")
 
@@ -627,7 +627,7 @@ def landscape(result: dict, limit: int) -> dict:
     """Up to `limit` fitting layouts for a speed-versus-memory plot: the whole Pareto front, then
     layouts evenly spaced through the speed ranking."""
     fitting = result["order"]
-    memory_bytes = np.asarray(result["eval"]["memory"]["total"])[fitting]
+    memory_bytes = np.asarray(result["eval"]["memory"]["required"])[fitting]
     speed = np.asarray(result["eval"]["time"]["throughput"]["tokens_per_s"])[fitting]
     front = np.flatnonzero(pareto_front(memory_bytes, speed))[:limit]
     spread = np.unique(np.linspace(0, fitting.size - 1, max(0, limit - front.size)).astype(np.int64)) if fitting.size else []

@@ -291,7 +291,7 @@ def state_bytes(training: Training) -> StateBytes:
     grad = weight
     if engine.fp16_grad_copy and precision is Precision.FP16:
         master += 4.0  # fp16 grads stay fp16; an fp32 copy is sharded with the optimizer states
-    elif engine.fp32_grads and precision.has_master_copy:
+    elif engine.fp32_grads and precision.has_master_copy and not training.grad_reduce_in_bf16:
         grad = 4.0
     return StateBytes(weight, grad, master + states, states / 2 if training.optimizer is Optimizer.ADAMW else 0.0)
 

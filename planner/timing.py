@@ -26,8 +26,9 @@ from planner.grouping import Lazy, grouped
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training, among
 from planner.memory import (ACTIVATION_FIELDS, STATE_FIELDS, coefficients, deepspeed_bf16_optimizer,
-                            deepspeed_fp32_accum_offload, deferred_reduction, zero3_kept_params)
+                            deepspeed_fp32_accum_offload, deferred_reduction, gathered_param_bytes, zero3_kept_params)
 from planner.model import BLOCK, FIRST, LAST, ModelSpec, local_numel
+from planner.modules import block_modules
 from planner.options import Offload, Optimizer, RankOrder, Recompute
 from planner.pipeline import (blocks_on_stage, bubble_s, chunks_per_stage, first_routed_stage, interleaved_groups,
                               max_layers_on_stage, p2p_transfers)
@@ -108,7 +109,7 @@ def ub_pass_exposed_s(block: ModelSpec, cluster: Cluster, training: Training, la
     slower GEMMs on fewer SMs and the small-matrix cost of the chunks (compute.gemm_s). Not
     modelled: HBM contention between the copies and the GEMMs. MLA's projections (buffers TE lacks)
     switch Megatron's overlap off: tp_pass_exposed_s."""
-    peak, t = peak_flops_per_s(cluster, training), lay.tp.astype(np.float64)
+    peak, t = C.compute_flops_per_s(cluster, training, c), lay.tp.astype(np.float64)
     sms = cluster.gpu.sm_count
     fewer_sms = sms / (sms - UB_COMM_SMS) if sms > UB_COMM_SMS else 1.0  # same work on the SMs left
     T = tokens_per_microbatch(training, lay)
@@ -237,9 +238,11 @@ def block_s(block: ModelSpec, cluster: Cluster, training: Training, lay: Layouts
     core_fwd, core_bwd = C.attention_core_s(block, cluster, training, lay, c)
     tp_ar, units = tp_all_reduce_s(block, cluster, training, lay, c), tp_pass_units(block, training, lay)
     # eager Hugging Face modules: the GPU waits where the host dispatches the block's kernels slower
-    host_fwd, host_bwd = C.eager_host_s(block, training, c) if training.engine.modules is Modules.HUGGING_FACE else (0.0, 0.0)
-    gpu_fwd = gemm + core_fwd + C.elementwise_fwd_s(block, cluster, training, lay, c)
-    gpu_bwd = 2.0 * gemm + core_bwd + C.elementwise_bwd_s(block, cluster, training, lay, c)  # dgrad + wgrad
+    hf = block_modules(block, training) is Modules.HUGGING_FACE
+    host_fwd, host_bwd = C.eager_host_s(block, training, c) if hf else (0.0, 0.0)
+    cast_fwd, cast_bwd = C.autocast_weight_traffic_s(block, cluster, training, lay, c)
+    gpu_fwd = gemm + core_fwd + C.elementwise_fwd_s(block, cluster, training, lay, c) + cast_fwd
+    gpu_bwd = 2.0 * gemm + core_bwd + C.elementwise_bwd_s(block, cluster, training, lay, c) + cast_bwd  # dgrad + wgrad
     out = {"fwd": np.maximum(gpu_fwd, host_fwd), "bwd": np.maximum(gpu_bwd, host_bwd),
            "gpu_fwd": gpu_fwd, "gpu_bwd": gpu_bwd, "host_fwd": host_fwd + 0.0 * gpu_fwd, "host_bwd": host_bwd + 0.0 * gpu_bwd,
            "gemm": gemm, "tp_fwd": tp_pass_exposed_s(block, cluster, training, lay, c, tp_ar, units),
@@ -527,7 +530,7 @@ def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     issues the next unit's all-gather one ahead in forward (implicit) and backward
     (backward_prefetch)."""
     dense, expert = _held_params(model, training, lay)
-    w = state_bytes(training).weights
+    w = gathered_param_bytes(model, training)
     n_layers = max_layers_on_stage(model.layers, lay.pp, training.pipeline_edge_layers)
     # DeepSpeed fetches per module: Megatron's fused GEMM modules, or Hugging Face ones (sharding.block_fetches)
     per_block = 1 if training.engine.zero3_fetch_per_block else (

@@ -197,7 +197,7 @@ def test_step_peak_is_activations_plus_logits(layers, vocab):
     spec = from_hf_config(cfg)
     training = layout.Training(seq_len=64, engine="deepspeed")
     lay = layout.single(mbs=2)
-    per_logit = memory.loss_bytes_per_logit(training, memory.coefficients("memory"))
+    per_logit = memory.loss_bytes_per_logit(spec, training, memory.coefficients("memory"))
     assert per_logit == 12
     predicted = activations.stage_activation_bytes(spec, training, lay, 0)[0] \
         + activations.logits_bytes(spec, training, lay, 0, per_logit)[0]

@@ -130,8 +130,8 @@ def test_megatrons_offloaded_share_follows_the_cli():
                       "--optimizer-offload-fraction", "0.5", "--top", "10")
     assert any(r["layout"]["offload_optimizer"] == "cpu" for r in answer["layouts"])
     assert_table_is(at, answer)
-    # every listed layout is borderline at the prior's +-10 %: the page names the fastest that clears it, as the CLI
-    assert answer["layouts"][0]["memory"]["verdict"] == "borderline" and answer["clear_fit"]["rank"] is None
+    # #1 is borderline at the prior's +-10 %: the page names the fastest layout that clears it, as the CLI
+    assert answer["layouts"][0]["memory"]["verdict"] == "borderline" and answer["clear_fit"] is not None
     assert [w.value for w in at.warning] == [report.clear_fit_text(answer["layouts"][0]["memory"], answer["clear_fit"])]
 
 

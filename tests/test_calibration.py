@@ -73,7 +73,8 @@ def test_fitted_coefficients_and_band_reach_the_answer(tmp_path):
     assert m1["reserved_bytes"] == math.ceil(m1["allocated_bytes"] * 1.5)  # allocated x (1 + 0.5)
     assert m0["reserved_bytes"] == math.ceil(m0["allocated_bytes"] * 1.19)  # the 19 % prior
     assert m1["gpu_bytes"] - m0["gpu_bytes"] == m1["reserved_bytes"] - m0["reserved_bytes"]  # context, NCCL unchanged
-    assert m1["error_band"] == 0.2 and m1["error_band_bytes"] == math.ceil(0.2 * m1["gpu_bytes"])
+    assert m1["required_bytes"] == m0["required_bytes"]  # what must fit: allocated, context, NCCL
+    assert m1["error_band"] == 0.2 and m1["error_band_bytes"] == math.ceil(0.2 * m1["required_bytes"])
     # GEMMs at 0.4 of peak instead of 0.8: the GEMM-bound part of the compute doubles (about half of
     # an eager Llama-2-7B block's on H100, beside its memory-bound kernels and attention)
     assert fitted.time["breakdown"]["compute"] > 1.4 * prior.time["breakdown"]["compute"]
@@ -83,11 +84,11 @@ def test_fitted_coefficients_and_band_reach_the_answer(tmp_path):
 
 def test_verdict_is_a_margin_against_the_band():
     base = api.estimate("llama-2-7b", {"gpus": 8}, {}, {"zero": 3}).memory
-    need_gib = base["gpu_bytes"] / 2**30  # capacity does not change what the rank holds
+    need_gib = base["required_bytes"] / 2**30  # capacity does not change what the rank needs
 
     def verdict(capacity_gib):
         m = api.estimate("llama-2-7b", {"gpus": 8, "gpu_memory_gib": capacity_gib}, {}, {"zero": 3}).memory
-        assert m["fit_margin_bytes"] == m["capacity_bytes"] - m["gpu_bytes"]
+        assert m["fit_margin_bytes"] == m["capacity_bytes"] - m["required_bytes"]
         return m["verdict"]
 
     assert verdict(need_gib * 1.15) == "fits"  # the +10 % band ends below capacity
@@ -104,21 +105,21 @@ def test_recommend_names_the_profile_and_band(tmp_path):
 
 
 def test_a_borderline_first_names_the_fastest_layout_that_clears_the_band(tmp_path):
-    """70B on 16 H100s: the fastest layout's peak is within the +-10 % prior band of capacity; the
-    answer names the fastest one whose peak plus its band still fits, in the table or past it."""
-    r = api.recommend(70e9, {"gpus": 16}, {}, top=5)
+    """70B on 16 H100s under Megatron: the fastest layout's peak is within the +-10 % prior band of
+    capacity; the answer names the fastest one whose peak plus its band still fits, in the table or past it."""
+    r = api.recommend(70e9, {"gpus": 16}, {"engine": "megatron"}, top=5)
     first, clear = r.layouts[0]["memory"], r.clear_fit
     assert first["verdict"] == "borderline"
-    assert clear["memory"]["gpu_bytes"] * 1.10 <= clear["memory"]["capacity_bytes"]  # peak + 10 % fits
+    assert clear["memory"]["required_bytes"] * 1.10 <= clear["memory"]["capacity_bytes"]  # need + 10 % fits
     assert [x["memory"]["verdict"] for x in r.layouts[:clear["rank"]]] == ["borderline"] * (clear["rank"] - 1) + ["fits"]
     assert clear["relative_speed"] == pytest.approx(r.layouts[clear["rank"] - 1]["throughput"]["tokens_per_s"]
                                                     / r.layouts[0]["throughput"]["tokens_per_s"])
     # with the table cut to #1 the same layout is named from past it
-    one = api.recommend(70e9, {"gpus": 16}, {}, top=1)
+    one = api.recommend(70e9, {"gpus": 16}, {"engine": "megatron"}, top=1)
     assert one.clear_fit["rank"] is None and one.clear_fit["layout"] == clear["layout"]
     # a calibrated band of 3 % clears #1 itself: nothing to name
     path = profile(tmp_path, fit={"bands": {"peak_memory": 0.03}})
-    calibrated = api.recommend(70e9, {"gpus": 16, "calibration": str(path)}, {}, top=1)
+    calibrated = api.recommend(70e9, {"gpus": 16, "calibration": str(path)}, {"engine": "megatron"}, top=1)
     assert calibrated.layouts[0]["memory"]["verdict"] == "fits" and calibrated.clear_fit is None
 
 

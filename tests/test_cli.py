@@ -221,6 +221,12 @@ for command in ("estimate", "recommend"):
 # megatron-core's partial optimizer offload (HybridDeviceOptimizer), with the other training flags
 for command in ("estimate", "recommend"):
     FROZEN[command] = FROZEN[command] + ["--optimizer-offload-fraction"]
+# the published-run corpus restricted to one source's rows
+FROZEN["validate"] = FROZEN["validate"] + ["--source"]
+# whose block is trained, apart from the engine; sequence parallelism turned off where the engine's default is on
+for command in ("estimate", "recommend"):
+    FROZEN[command] = FROZEN[command] + ["--modules", "--no-sequence-parallel", "--grad-reduce-in-bf16",
+                                         "--partition-activations"]
 FROZEN = {command: sorted(flags) for command, flags in FROZEN.items()}
 
 
@@ -233,7 +239,7 @@ def test_cli_surface_is_frozen():
 
 
 def test_activation_checkpointing_placement_flags():
-    """--no-partition-activations and --cpu-checkpointing reach the estimate: Llama 3 8B (L 32,
+    """--partition-activations and --cpu-checkpointing reach the estimate: Llama 3 8B (L 32,
     h 4096), seq 4096, mbs 1, tp 2, full recompute under Megatron-DeepSpeed keeps one 2-byte layer
     input per layer, 2 x 4096 x 4096 = 32 MiB whole, 16 MiB per rank when partitioned over TP
     (DeepSpeed checkpointing.py partition_activations; measured in test_deepspeed_checkpointing_real)."""
@@ -248,7 +254,9 @@ def test_activation_checkpointing_placement_flags():
         m = json.loads(out)["memory"]
         return m["breakdown"]["activations"], m["cpu_bytes_per_node"]
 
-    (split, host0), (whole, _), (left, host) = mem(), mem("--no-partition-activations"), mem("--cpu-checkpointing")
+    (split, host0), (whole, _) = mem("--partition-activations"), mem()
+    (left, host) = mem("--partition-activations", "--cpu-checkpointing")
+    assert mem("--no-partition-activations")[0] == whole  # DeepSpeed's default: off
     assert whole - split == 32 * 16 * 2**20  # 32 layers x the other rank's half, 16 MiB
     assert split - left == 32 * 16 * 2**20  # the partitioned inputs leave the GPU ...
     assert (host0, host) == (0, 8 * 32 * 16 * 2**20)  # ... for host memory: 8 ranks x 32 x 16 MiB = 4 GiB a node

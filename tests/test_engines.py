@@ -125,8 +125,8 @@ def test_torchtitan_chunked_loss_holds_one_chunk_of_logits():
     lay = layout.single()
     coef = memory.coefficients("memory")
     titan, megatron = layout.Training(seq_len=8192, engine="torchtitan"), layout.Training(seq_len=8192, engine="megatron")
-    tt = activations.logits_bytes(m, titan, lay, np.zeros(1), memory.loss_bytes_per_logit(titan, coef))[0]
-    mg = activations.logits_bytes(m, megatron, lay, np.zeros(1), memory.loss_bytes_per_logit(megatron, coef))[0]
+    tt = activations.logits_bytes(m, titan, lay, np.zeros(1), memory.loss_bytes_per_logit(m, titan, coef))[0]
+    mg = activations.logits_bytes(m, megatron, lay, np.zeros(1), memory.loss_bytes_per_logit(m, megatron, coef))[0]
     assert mg == 10 * 8192 * 128256
     assert tt == 12 * 8192 * 128256 / 8 + 4 * 8192 * 4096
 

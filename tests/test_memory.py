@@ -324,11 +324,13 @@ def test_overhead_counts_context_and_communicators():
     coef = memory.coefficients("memory")
     fixed = coef["cuda_context_bytes"] + coef["nccl_bytes_per_group"] * memory.process_groups(lay)
     assert fixed[0] == 512 * 2**20 + 4 * 128 * 2**20
-    assert memory.overhead_bytes(np.array([2.0**30]), fixed, coef)[0] == np.ceil(1024 * 2**20 + 0.19 * 2**30)
-    # a whole rank with almost no tensors: its overhead is the context and the 4 communicators
+    assert memory.reserved_bytes(np.array([2.0**30]), coef)[0] == np.ceil(1.19 * 2**30)
+    # a whole rank with almost no tensors: its overhead is the context and the 4 communicators beside the
+    # reserve, and what must fit is the allocated peak and those
     tiny = ModelSpec(layers=2, hidden=8, heads=1, kv_heads=1, ffn=8, vocab=8)
     mem = memory.rank_memory(tiny, cluster(8), layout.Training(seq_len=1), lay)
     assert mem["overhead"][0] == np.ceil(1024 * 2**20 + 0.19 * (mem["total"][0] - mem["overhead"][0]))
+    assert mem["required"][0] == mem["allocated"][0] + 1024 * 2**20
 
 
 def test_tp_comm_overlap_books_transformer_engines_userbuffers():
