@@ -152,6 +152,12 @@ def training_from_sidebar() -> dict:
             training["tp_comm_overlap"] = overlap == "on"
     if training["engine"] in ("deepspeed", "fsdp") and sb.checkbox("torch.compile the blocks (--compile)", key="compile"):
         training["compile"] = True
+    if training["engine"] in ("deepspeed", "fsdp"):
+        modules = sb.selectbox("Model code (--modules)", ("the engine's default", "hf", "hf-liger", "llm-foundry"),
+                               key="modules", help="whose transformer block is trained: what it saves for backward and "
+                                                   "how its loss holds the logits (the answer's defaults name the choice)")
+        if modules != "the engine's default":
+            training["modules"] = modules
     if offloads_checkpoints(ENGINE_SPECS[training["engine"]]) and sb.checkbox(
             "Checkpointed inputs in host memory (--cpu-checkpointing)", key="cpu_checkpointing"):
         training["cpu_checkpointing"] = True

@@ -31,7 +31,9 @@ TERMS = [
     ("planner.memory", "deepspeed_straddle_bytes"), ("planner.memory", "deepspeed_step_grad_copies"),
     ("planner.memory", "reduction_copy_bytes"), ("planner.memory", "zero3_live_param_bytes"), ("planner.memory", "zero3_ahead_params"), ("planner.memory", "fsdp_unsharded_unit_bytes"),
     ("planner.memory", "torchtitan_edge_unit_bytes"),
-    ("planner.memory", "overhead_bytes"), ("planner.memory", "userbuffers_bytes"),
+    ("planner.memory", "reserved_bytes"), ("planner.memory", "userbuffers_bytes"),
+    ("planner.memory", "autocast_weight_bytes"), ("planner.memory", "liger_fused_loss_bytes"),
+    ("planner.activations", "deepspeed_pipe_buffer_bytes"),
     ("planner.activations", "layer_bytes"), ("planner.activations", "recompute_working_bytes"),
     ("planner.activations", "embedding_dropout_bytes"), ("planner.activations", "head_input_bytes"),
     ("planner.activations", "logits_bytes"), ("planner.activations", "recomputed_layers"),
@@ -77,7 +79,8 @@ FAST_TESTS = ["tests/test_memory.py", "tests/test_deepspeed_zero3_live.py", "tes
               "tests/test_expert_tp.py", "tests/test_activations_deepseek.py", "tests/test_step_time_h200.py",
               "tests/test_fsdp_torchtitan.py", "tests/test_compiled.py", "tests/test_activations_megatron_moe.py",
               "tests/test_activations_deepspeed_moe.py", "tests/test_deepspeed_offload_real.py", "tests/test_stragglers.py",
-              "tests/test_deepspeed_nvme_real.py", "tests/test_megatron_offload.py"]
+              "tests/test_deepspeed_nvme_real.py", "tests/test_megatron_offload.py", "tests/test_modules.py",
+              "tests/test_memory_bloom.py"]
 
 
 def run(spec: str, pytest_args: list[str]) -> tuple[bool, str, float]:

@@ -17,7 +17,7 @@ from planner.engines import Buffers, MoeCapacity, Modules, SelectivePolicy
 from planner.errors import InputError
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
-from planner.modules import block_modules
+from planner.modules import autocasts_fp32_params, block_modules
 from planner.moe import routed_per_token
 from planner.options import Recompute, RecomputeMethod
 from planner.pipeline import blocks_on_stage, microbatches_in_flight, p2p_buffers
@@ -562,11 +562,10 @@ def llm_foundry_block_input_scale(model: ModelSpec, training: Training) -> float
     mixed_precision 'DEFAULT' (composer/distributed/mosaic_parallelism.py get_mixed_precision:
     param_dtype fp32, the benchmarks' setting) leaves wte's output fp32, and each block adds its
     autocast output to that fp32 residual; 1 for every other modules. The elementwise traffic reads
-    it (compute.py); a checkpoint's kept input is booked at the training dtype, as llm-foundry's
-    13B rows at micro-batch 16 on 40 GB A100s can only have fit so."""
-    if block_modules(model, training) is not Modules.LLM_FOUNDRY:
-        return 1.0
-    return 4.0 / training.precision.element_bytes
+    it (compute.py). A checkpoint's kept input is booked at the training dtype all the same: at 4 B
+    MosaicML's MPT-13B tables (16,384 tokens at micro-batch 3 on 8 H100s, 'DEFAULT') could not have
+    fit, and the mechanism that keeps it 16-bit is not found in the code read."""
+    return 4.0 / training.precision.element_bytes if autocasts_fp32_params(model, training) else 1.0
 
 
 def megatron_saved(model: ModelSpec, training: Training, seq: float, routed) -> list[Saved]:

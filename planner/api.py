@@ -27,6 +27,7 @@ from planner.inputs import (DEFAULTS, ClusterInput, LayoutInput, ModelInput, Tra
                             resolve_model, with_gpus)
 from planner.layout import Layouts, Training, ZeroConfig, single
 from planner.model import ModelSpec
+from planner.modules import block_modules, word_of
 from planner.options import Recompute
 from planner.timing import time_to_train
 
@@ -239,7 +240,7 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
         "oversubscription": clus.oversubscription, "seq_len": train.seq_len, "gbs": gbs,
         "tokens_per_step": gbs * train.seq_len, "engine": train.engine.name, "precision": str(train.precision),
         "optimizer": str(train.optimizer), "flash_attention": train.flash_attention, "compile": train.compile,
-        "memory_headroom": headroom, "pp_edge_layers": train.pipeline_edge_layers,
+        "modules": word_of(block_modules(spec, train)), "memory_headroom": headroom, "pp_edge_layers": train.pipeline_edge_layers,
         "calibration": clus.calibration.name if clus.calibration else None,
         "peak_memory_band": band_of(clus, "peak_memory"),
     }
@@ -472,15 +473,19 @@ def _raise_contradiction(spec, clus, train, max_mbs, pins: dict, pinned: dict) -
 
 def _training_defaults(tin: TrainingInput, cin: ClusterInput, train: Training, spec: ModelSpec) -> dict:
     from planner.moe import capacity_settings
-    from planner.modules import block_modules, word_of
+    from planner.engines import Modules
 
     out = {}
     for key, value in (("gpu", cin.gpu), ("seq_len", tin.seq_len), ("precision", tin.precision),
                        ("optimizer", tin.optimizer)):
         if value is None:
             out[key] = DEFAULTS[key]
+    modules = block_modules(spec, train)
     if tin.modules is None:  # the engine's users' modules for this model (planner/modules.py)
-        out["modules"] = word_of(block_modules(spec, train))
+        out["modules"] = word_of(modules)
+    if tin.fsdp_mixed_precision is not None and modules is not Modules.LLM_FOUNDRY:
+        raise InputError(f"--fsdp-mixed-precision: Composer's setting, for --modules llm-foundry; these are "
+                         f"{word_of(modules)}")
     factor = capacity_settings(train)[0]
     if spec.experts > 1 and tin.moe_capacity_factor is None and factor is not None:  # the engine's own capacity
         out["moe_capacity_factor"] = factor

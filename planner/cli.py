@@ -157,6 +157,9 @@ def add_training_flags(p):
                         "what its partitioner saves (--engine deepspeed or fsdp, Llama-style dense blocks)")
     g.add_argument("--grad-reduce-in-bf16", action="store_true", default=None,
                    help="Megatron: keep and reduce gradients in bf16, not fp32 main grads (NeMo's performance recipes)")
+    g.add_argument("--fsdp-mixed-precision", choices=("default", "pure"), default=None,
+                   help="with --modules llm-foundry, Composer's FSDP mixed_precision: default (fp32 parameters under "
+                        "autocast, llm-foundry's benchmark harness; the default) or pure (16-bit parameters, its yamls)")
     g.add_argument("--modules", choices=("hf", "hf-liger", "llm-foundry", "megatron", "torchtitan"), default=None,
                    help="whose transformer block is trained, apart from the engine: what it saves for backward and "
                         "how its loss holds the logits (default: the engine's own; Hugging Face engines train a GELU "
@@ -311,7 +314,7 @@ def training_input(args):
                          overlap_comm=args.overlap_comm, contiguous_gradients=False if args.no_contiguous_gradients else None,
                          fp32_grad_accum=args.fp32_grad_accum, tp_comm_overlap=args.tp_comm_overlap,
                          compile=args.compile, modules=args.modules,
-                         grad_reduce_in_bf16=args.grad_reduce_in_bf16,
+                         grad_reduce_in_bf16=args.grad_reduce_in_bf16, fsdp_mixed_precision=args.fsdp_mixed_precision,
                          overlap_p2p=args.overlap_p2p, pipeline_edge_layers=args.pp_edge_layers,
                          partition_activations=args.partition_activations, cpu_checkpointing=args.cpu_checkpointing,
                          moe_capacity_factor=args.moe_capacity_factor, moe_pad_to_capacity=args.moe_pad_to_capacity,

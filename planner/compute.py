@@ -15,7 +15,7 @@ from planner.engines import Modules, SelectivePolicy
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
-from planner.modules import block_modules
+from planner.modules import autocasts_fp32_params, block_modules
 from planner.moe import routed_per_token
 from planner.options import Recompute
 
@@ -246,7 +246,7 @@ def autocast_weight_traffic_s(model: ModelSpec, cluster: Cluster, training: Trai
     Composer's FSDP with mixed precision (composer/distributed/mosaic_parallelism.py get_mixed_precision
     'DEFAULT': MixedPrecision(param_dtype=torch.float32, reduce_dtype=<16-bit>), the MP mode of
     MosaicML's benchmark tables; AUTOCAST_CAST_BYTES). The other engines gather 16-bit parameters: 0."""
-    if block_modules(model, training) is not Modules.LLM_FOUNDRY or not training.precision.has_master_copy:
+    if not autocasts_fp32_params(model, training):
         return 0.0, 0.0
     from planner.sharding import block_params
 

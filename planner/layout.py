@@ -15,7 +15,7 @@ import numpy as np
 from planner.bounds import check
 from planner.engines import Engine, Modules, MoeCapacity, lookup as engine_lookup
 from planner.errors import InputError
-from planner.modules import check as modules_check, choices as modules_choices, parse as modules_parse, word_of as modules_word
+from planner.modules import FSDP_MIXED_PRECISION, check as modules_check, choices as modules_choices, parse as modules_parse, word_of as modules_word
 from planner.options import Offload, Optimizer, Precision, RankOrder, Recompute, RecomputeMethod, Schedule
 
 
@@ -130,6 +130,9 @@ class Training:
     grad_reduce_in_bf16: bool = False
     """Megatron --grad-reduce-in-bf16: gradients kept and reduced in bf16, not fp32 main grads
     (Engine.grad_reduce_bf16_choice; default off, Megatron-LM's bf16 default)."""
+    fsdp_mixed_precision: str = "default"
+    """Composer's FSDP mixed_precision under llm-foundry's modules (planner/modules.py
+    FSDP_MIXED_PRECISION): 'default' fp32 parameters under autocast, 'pure' 16-bit ones."""
     modules: Modules | None = None
     """Whose transformer block the job trains (--modules; planner/modules.py): None, the engine's
     users' own (modules.block_modules resolves it per model); an engine drives only those it can
@@ -151,6 +154,9 @@ class Training:
             raise InputError(f"--grad-reduce-in-bf16: must be true or false, got {self.grad_reduce_in_bf16!r}")
         if self.grad_reduce_in_bf16 and not self.engine.grad_reduce_bf16_choice:
             raise InputError(f"--grad-reduce-in-bf16: --engine {self.engine.name} has no such choice (--engine megatron)")
+        if self.fsdp_mixed_precision not in FSDP_MIXED_PRECISION:
+            raise InputError(f"--fsdp-mixed-precision: must be one of {', '.join(FSDP_MIXED_PRECISION)}, "
+                             f"got {self.fsdp_mixed_precision!r}")
         object.__setattr__(self, "modules", modules_parse(self.modules))
         modules_check(self.modules, self.engine)
         if not isinstance(self.compile, bool):

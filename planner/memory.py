@@ -21,7 +21,7 @@ from planner.layout import Layouts, Training, among
 from planner.model import ModelSpec
 from planner.options import Offload, Optimizer, Precision, Recompute
 
-from planner.modules import block_modules
+from planner.modules import autocasts_fp32_params, block_modules
 from planner.pipeline import blocks_on_stage, first_routed_stage
 from planner.sharding import (block_params, expert_dp, deepspeed_grad_partition_excess, optimizer_bytes_per_param,
                               largest_module_params, largest_tensor_params, oversized_tensor_params, persistent_params,
@@ -390,9 +390,7 @@ def gathered_param_bytes(model: ModelSpec, training: Training) -> float:
     buffer_dtype=torch.float32), the benchmarks' MP mode; the same reading as activations.
     llm_foundry_block_input_scale); the unsharded units hold them (fsdp_unsharded_unit_bytes)."""
     b = state_bytes(training)
-    if block_modules(model, training) is Modules.LLM_FOUNDRY and training.precision.has_master_copy:
-        return 4.0
-    return b.weights
+    return 4.0 if autocasts_fp32_params(model, training) else b.weights
 
 
 def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts, stage,
@@ -711,7 +709,7 @@ def autocast_weight_bytes(model: ModelSpec, training: Training, lay: Layouts, st
     gathered fp32 unit after forward, not the cast. Every block that runs forward with grad keeps its
     copy (a checkpointed block keeps none until its recompute), and the unembedding keeps wte's (tied
     in MPT). llm-foundry's modules only (planner/modules.py); 0 elsewhere."""
-    if block_modules(model, training) is not Modules.LLM_FOUNDRY:
+    if not autocasts_fp32_params(model, training):
         return 0.0 * lay.tp
     s, e = model.sums, training.precision.element_bytes
     blocks = sum(n for _, n in blocks_on_stage(model, lay, stage, training.pipeline_edge_layers))

@@ -48,6 +48,25 @@ def check(modules: Modules | None, engine) -> None:
         raise InputError(f"--modules: --engine {engine.name} trains {words}; got {word_of(modules)}")
 
 
+FSDP_MIXED_PRECISION = ("default", "pure")
+"""Composer's fsdp_config mixed_precision for llm-foundry's modules (composer/distributed/
+mosaic_parallelism.py get_mixed_precision): 'default' fp32 parameters under autocast with 16-bit
+reductions, what llm-foundry's benchmark harness passes (scripts/train/benchmarking/submit_benchmarks.py
+fsdp_config_mixed_precision='DEFAULT'); 'pure' 16-bit parameters, reductions and buffers, what its
+training yamls set (scripts/train/yamls/pretrain/mpt-*.yaml)."""
+
+
+def autocasts_fp32_params(model, training) -> bool:
+    """Whether the job keeps fp32 parameters and lets autocast cast them for every GEMM: llm-foundry's
+    modules under Composer's 'default' mixed precision (FSDP_MIXED_PRECISION) with a master copy to
+    keep. Then the FSDP all-gathers and unsharded units move fp32 (memory.gathered_param_bytes),
+    autograd keeps each GEMM's 16-bit weight cast (memory.autocast_weight_bytes), the casts cost HBM
+    traffic (compute.autocast_weight_traffic_s) and the residual stream is fp32
+    (activations.llm_foundry_block_input_scale)."""
+    return (block_modules(model, training) is Modules.LLM_FOUNDRY and training.fsdp_mixed_precision == "default"
+            and training.precision.has_master_copy)
+
+
 def block_modules(model, training) -> Modules:
     """Whose block `training` trains for `model`: --modules where given; else the engine's own, where
     a Hugging Face engine given a GELU shape by flags (no family named: the llama layout with an

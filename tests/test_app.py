@@ -154,6 +154,21 @@ def test_compile_and_an_oversubscribed_pod_follow_the_cli():
 
 
 @pytest.mark.slow
+def test_the_model_code_follows_the_cli():
+    at = started()
+    at.selectbox(key="model_name").set_value("llama-3-8b")
+    at.selectbox(key="engine").set_value("fsdp")
+    at.run()
+    at.selectbox(key="modules").set_value("hf-liger")  # shown for the Hugging Face engines
+    at.run()
+    assert not problems(at)
+    answer = cli_json("recommend", "--model", "llama-3-8b", "--gpus", "16", "--engine", "fsdp", "--modules", "hf-liger",
+                      "--top", "10")
+    assert answer["assumptions"]["modules"] == "hf-liger"
+    assert_table_is(at, answer)
+
+
+@pytest.mark.slow
 def test_hugging_face_engines_offer_their_recompute_and_host_checkpoints():
     at = started()
     at.radio(key="mode").set_value("manual").run()

@@ -226,7 +226,7 @@ FROZEN["validate"] = FROZEN["validate"] + ["--source"]
 # whose block is trained, apart from the engine; sequence parallelism turned off where the engine's default is on
 for command in ("estimate", "recommend"):
     FROZEN[command] = FROZEN[command] + ["--modules", "--no-sequence-parallel", "--grad-reduce-in-bf16",
-                                         "--partition-activations"]
+                                         "--partition-activations", "--fsdp-mixed-precision"]
 FROZEN = {command: sorted(flags) for command, flags in FROZEN.items()}
 
 

@@ -177,3 +177,17 @@ def test_megatron_deepspeed_partitions_checkpoints_only_when_asked(tmp_path):
     export.emit(tmp_path / "off", whole.model, whole.cluster, whole.training, whole.record["layout"])
     assert "--partition-activations" in (tmp_path / "on" / "megatron_args.txt").read_text()
     assert "--partition-activations" not in (tmp_path / "off" / "megatron_args.txt").read_text()
+
+
+def test_composer_pure_mixed_precision_keeps_no_fp32_parameters():
+    # Composer get_mixed_precision 'PURE': 16-bit parameters, so FSDP gathers 2 B a parameter and autocast
+    # has nothing to cast (no weight copies kept); 'DEFAULT' gathers the fp32 parameters (4 B)
+    pure = layout.Training(seq_len=2048, engine="fsdp", fsdp_mixed_precision="pure")
+    default = layout.Training(seq_len=2048, engine="fsdp")
+    assert memory.gathered_param_bytes(MPT7B, pure) == 2 and memory.gathered_param_bytes(MPT7B, default) == 4
+    last = np.zeros(1, dtype=np.int64)
+    assert memory.autocast_weight_bytes(MPT7B, pure, layout.single(zero=3), last)[0] == 0
+    with pytest.raises(InputError, match="--fsdp-mixed-precision"):
+        api.estimate("llama-3-8b", {"gpus": 8}, {"engine": "fsdp", "fsdp_mixed_precision": "pure"}, {"zero": 3})
+    with pytest.raises(InputError, match="--fsdp-mixed-precision"):
+        layout.Training(engine="fsdp", fsdp_mixed_precision="bf16")
