@@ -473,7 +473,7 @@ def _raise_contradiction(spec, clus, train, max_mbs, pins: dict, pinned: dict) -
 
 def _training_defaults(tin: TrainingInput, cin: ClusterInput, train: Training, spec: ModelSpec) -> dict:
     from planner.moe import capacity_settings
-    from planner.engines import Modules
+    from planner.engines import Buffers, Modules
 
     out = {}
     for key, value in (("gpu", cin.gpu), ("seq_len", tin.seq_len), ("precision", tin.precision),
@@ -483,9 +483,10 @@ def _training_defaults(tin: TrainingInput, cin: ClusterInput, train: Training, s
     modules = block_modules(spec, train)
     if tin.modules is None:  # the engine's users' modules for this model (planner/modules.py)
         out["modules"] = word_of(modules)
-    if tin.fsdp_mixed_precision is not None and modules is not Modules.LLM_FOUNDRY:
-        raise InputError(f"--fsdp-mixed-precision: Composer's setting, for --modules llm-foundry; these are "
-                         f"{word_of(modules)}")
+    if tin.fsdp_mixed_precision is not None and (modules is not Modules.LLM_FOUNDRY
+                                                 or train.engine.buffers is not Buffers.FSDP):
+        raise InputError(f"--fsdp-mixed-precision: Composer's FSDP setting, for --engine fsdp with --modules "
+                         f"llm-foundry; these are {train.engine.name} with {word_of(modules)}")
     factor = capacity_settings(train)[0]
     if spec.experts > 1 and tin.moe_capacity_factor is None and factor is not None:  # the engine's own capacity
         out["moe_capacity_factor"] = factor

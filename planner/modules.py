@@ -9,7 +9,7 @@ saved-tensor lists keyed by (modules, architecture).
 
 from __future__ import annotations
 
-from planner.engines import Modules
+from planner.engines import Buffers, Modules
 from planner.errors import InputError
 
 WORDS = {"hf": Modules.HUGGING_FACE, "hf-liger": Modules.HF_LIGER, "megatron": Modules.MEGATRON,
@@ -58,13 +58,13 @@ training yamls set (scripts/train/yamls/pretrain/mpt-*.yaml)."""
 
 def autocasts_fp32_params(model, training) -> bool:
     """Whether the job keeps fp32 parameters and lets autocast cast them for every GEMM: llm-foundry's
-    modules under Composer's 'default' mixed precision (FSDP_MIXED_PRECISION) with a master copy to
-    keep. Then the FSDP all-gathers and unsharded units move fp32 (memory.gathered_param_bytes),
+    modules under Composer's FSDP (the fsdp engine; DeepSpeed keeps its own 16-bit parameters) with
+    'default' mixed precision (FSDP_MIXED_PRECISION) and a master copy to keep. Then the FSDP all-gathers and unsharded units move fp32 (memory.gathered_param_bytes),
     autograd keeps each GEMM's 16-bit weight cast (memory.autocast_weight_bytes), the casts cost HBM
     traffic (compute.autocast_weight_traffic_s) and the residual stream is fp32
     (activations.llm_foundry_block_input_scale)."""
-    return (block_modules(model, training) is Modules.LLM_FOUNDRY and training.fsdp_mixed_precision == "default"
-            and training.precision.has_master_copy)
+    return (block_modules(model, training) is Modules.LLM_FOUNDRY and training.engine.buffers is Buffers.FSDP
+            and training.fsdp_mixed_precision == "default" and training.precision.has_master_copy)
 
 
 def block_modules(model, training) -> Modules:

@@ -191,3 +191,14 @@ def test_composer_pure_mixed_precision_keeps_no_fp32_parameters():
         api.estimate("llama-3-8b", {"gpus": 8}, {"engine": "fsdp", "fsdp_mixed_precision": "pure"}, {"zero": 3})
     with pytest.raises(InputError, match="--fsdp-mixed-precision"):
         layout.Training(engine="fsdp", fsdp_mixed_precision="bf16")
+
+
+def test_deepspeed_keeps_its_own_16_bit_parameters_under_llm_foundry_modules():
+    # Composer's mixed precision is an FSDP setting: DeepSpeed's bf16 engine holds 16-bit parameters itself,
+    # so llm-foundry's modules there gather 2 B and keep no autocast weight casts
+    ds = layout.Training(seq_len=2048, engine="deepspeed")
+    assert block_modules(MPT7B, ds) is Modules.LLM_FOUNDRY
+    assert memory.gathered_param_bytes(MPT7B, ds) == 2
+    assert memory.autocast_weight_bytes(MPT7B, ds, layout.single(zero=3), np.zeros(1, dtype=np.int64))[0] == 0
+    with pytest.raises(InputError, match="--fsdp-mixed-precision"):
+        api.estimate(MPT7B_FLAGS, {"gpus": 8}, {"engine": "deepspeed", "fsdp_mixed_precision": "pure"}, {"zero": 3})
