@@ -309,6 +309,10 @@ class Engine:
     (param_copy_back_gpu_hook), all in turn on the current stream (overlap_cpu_optimizer_d2h_h2d
     off, OptimizerConfig's default); rather than DeepSpeed's ZeRO-Offload, which copies gradients
     down during backward and 16-bit parameters up."""
+    cp_with_sp: bool = True
+    """Context parallelism runs beside Megatron's sequence parallelism. Not under Megatron-DeepSpeed, whose
+    --cp is DeepSpeed's sequence parallelism (--ds-sequence-parallel-size): megatron/initialize.py
+    _initialize_distributed raises where both are set (microsoft/Megatron-DeepSpeed f4157bea)."""
     grad_reduce_bf16_choice: bool = False
     """The user can keep and reduce the gradients in bf16 instead of fp32 main grads: Megatron-LM
     --grad-reduce-in-bf16 (training/arguments.py; megatron-core DistributedDataParallelConfig
@@ -425,7 +429,7 @@ MEGATRON_DEEPSPEED = Engine(
     deepspeed_checkpointing=True, moe_capacity=MoeCapacity.DEEPSPEED_MOE,
     # DeepSpeed 0.19 moe/layer.py MoE(enable_expert_tensor_parallelism=False): experts stay whole on
     # every TP rank, which runs them on its 1/t of the tokens (sharded_moe.py MOELayer.forward drop_tokens)
-    expert_tp=ExpertTP.WHOLE, **_DS_COMMON)
+    expert_tp=ExpertTP.WHOLE, cp_with_sp=False, **_DS_COMMON)
 
 MEGATRON = Engine(
     name="megatron", summary="Megatron-LM: TP/SP/CP/PP with interleaving; --zero 1 = distributed optimizer",

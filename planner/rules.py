@@ -225,6 +225,11 @@ RULES: tuple[Rule, ...] = (
                            f"{', '.join(s.word for s in tr.engine.pipeline_schedules)} only "
                            f"(interleaving: {_names(e for e in ENGINES.values() if Schedule.INTERLEAVED in e.pipeline_schedules)}; "
                            "zb-h1 needs the micro-batches a multiple of max(1, m // p))"),
+    Rule("engine_cp_with_sp", ENGINE_RULE,
+         lambda m, cl, tr, l: (not tr.engine.cp_with_sp) & (l.cp > 1) & (l.sequence_parallel > 0),
+         lambda m, cl, tr: f"--sequence-parallel: --engine {tr.engine.name}'s --cp is DeepSpeed's sequence parallelism "
+                           "(--ds-sequence-parallel-size), which Megatron-DeepSpeed refuses beside Megatron's "
+                           "(megatron/initialize.py _initialize_distributed); drop one of them"),
     Rule("engine_tensor_parallel", ENGINE_RULE,
          lambda m, cl, tr, l: (not tr.engine.tensor_parallel) & ((l.tp > 1) | (l.cp > 1)),
          lambda m, cl, tr: f"--tp/--cp: --engine {tr.engine.name} has no tensor or context parallelism "

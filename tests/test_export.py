@@ -123,7 +123,8 @@ MEGATRON_DS = [
     dict(tp=2, pp=2, dp=4, zero=1, mbs=1, gas=8, recompute="full", sequence_parallel=True),
     dict(tp=4, pp=1, dp=2, zero=3, mbs=2, gas=4, recompute="selective", offload_optimizer="cpu"),
     dict(tp=2, pp=4, dp=2, zero=0, mbs=1, gas=16),  # DeepSpeed pipe: 1F1B, no interleaving
-    dict(tp=2, pp=2, dp=2, cp=2, zero=1, mbs=1, gas=4, recompute="selective", sequence_parallel=True),
+    # DeepSpeed's sequence parallelism as CP, which Megatron-DeepSpeed refuses beside --sequence-parallel
+    dict(tp=2, pp=2, dp=2, cp=2, zero=1, mbs=1, gas=4, recompute="selective"),
     dict(tp=1, pp=8, dp=2, zero=1, mbs=4, gas=32),
 ]
 

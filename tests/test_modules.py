@@ -202,3 +202,16 @@ def test_deepspeed_keeps_its_own_16_bit_parameters_under_llm_foundry_modules():
     assert memory.autocast_weight_bytes(MPT7B, ds, layout.single(zero=3), np.zeros(1, dtype=np.int64))[0] == 0
     with pytest.raises(InputError, match="--fsdp-mixed-precision"):
         api.estimate(MPT7B_FLAGS, {"gpus": 8}, {"engine": "deepspeed", "fsdp_mixed_precision": "pure"}, {"zero": 3})
+
+
+def test_megatron_deepspeed_refuses_its_cp_beside_sequence_parallelism():
+    # microsoft/Megatron-DeepSpeed megatron/initialize.py _initialize_distributed: ds_sequence_parallel_size > 1
+    # with --sequence-parallel raises RuntimeError, so no such layout is estimated, searched or exported
+    with pytest.raises(InputError, match="--sequence-parallel: --engine megatron-deepspeed's --cp"):
+        api.estimate("llama-3-8b", {"gpus": 8}, {"engine": "megatron-deepspeed"},
+                     {"tp": 2, "cp": 2, "sequence_parallel": True})
+    rec = api.recommend(70e9, {"gpus": 16}, {"engine": "megatron-deepspeed"}, top=20)
+    assert rec.layouts and not any(r["layout"]["cp"] > 1 and r["layout"]["sequence_parallel"] for r in rec.layouts)
+    # Megatron-Core's CP runs beside its SP
+    assert api.estimate("llama-3-8b", {"gpus": 8}, {"engine": "megatron"},
+                        {"tp": 2, "cp": 2, "sequence_parallel": True}).record["layout"]["sequence_parallel"]
