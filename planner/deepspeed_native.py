@@ -37,13 +37,17 @@ def installed() -> bool:
 
 
 def resolved(ds: dict, training: dict, layout: dict, bucket_keys: dict) -> dict:
-    """`ds` with the values the planner resolved written in: batch keys, "auto" buckets and
-    precision, as Hugging Face's Trainer writes them before DeepSpeed sees the config."""
+    """`ds` with the "auto" values the planner resolved written in: batch keys, buckets and precision,
+    as Hugging Face's Trainer fills them before DeepSpeed sees the config (transformers
+    integrations/deepspeed.py HfTrainerDeepSpeedConfig.fill_match: only "auto" values); the user's own
+    values stay, so DeepSpeed judges the batch the user wrote."""
     out = copy.deepcopy(ds)
     dp = layout["dp"]
-    out["train_batch_size"] = training["gbs"]
-    out["train_micro_batch_size_per_gpu"] = layout["mbs"]
-    out["gradient_accumulation_steps"] = training["gbs"] // (layout["mbs"] * dp)
+    batch = {"train_batch_size": training["gbs"], "train_micro_batch_size_per_gpu": layout["mbs"],
+             "gradient_accumulation_steps": training["gbs"] // (layout["mbs"] * dp)}
+    for key, value in batch.items():
+        if out.get(key) == "auto":
+            out[key] = value
     zero = out.get("zero_optimization")
     if isinstance(zero, dict):
         for field, keys in bucket_keys.items():

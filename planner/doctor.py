@@ -81,6 +81,29 @@ def _optimizer(ds: dict) -> tuple[str, list]:
     return "adamw", []
 
 
+DEPRECATED_OFFLOAD = {"cpu_offload": "offload_optimizer", "cpu_offload_param": "offload_param"}
+"""DeepSpeed 0.19.8 zero/config.py DeepSpeedZeroConfig: deprecated booleans whose new_param_fn makes
+the section {device: cpu} when true (config_utils.py _process_deprecated_field, which asserts that
+the deprecated key and its replacement are not given together)."""
+
+
+def _deprecated_offload(zero: dict) -> tuple[dict, list]:
+    """zero_optimization with cpu_offload / cpu_offload_param read as DeepSpeed reads them, and a
+    finding for each."""
+    found = []
+    for old, new in DEPRECATED_OFFLOAD.items():
+        if old not in zero:
+            continue
+        if new in zero:
+            raise InputError(f"{FLAG}: zero_optimization.{old} and zero_optimization.{new} together: DeepSpeed refuses "
+                             f"the deprecated key beside its replacement; keep {new}")
+        if zero[old] is True:
+            zero = {**zero, new: {"device": "cpu"}}
+            found.append(Finding("config", "warning", f"zero_optimization.{old} is deprecated: DeepSpeed runs it as "
+                                 f"{new}.device cpu (predicted so); write \"{new}\": {{\"device\": \"cpu\"}}"))
+    return zero, found
+
+
 def inputs(ds: dict, model, cluster: dict, layout: dict, mbs_flag: int | None) -> tuple:
     """(training dict, layout dict, findings) of the planning API for the config `ds` (with the
     model's hidden size for "auto" buckets, and TP/PP from the launch)."""
@@ -98,6 +121,8 @@ def inputs(ds: dict, model, cluster: dict, layout: dict, mbs_flag: int | None) -
     stage = whole_number(zero.get("stage", 0), "zero_optimization.stage")
     if stage not in (0, 1, 2, 3):
         raise InputError(f"{FLAG}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage}")
+    zero, deprecated = _deprecated_offload(zero)
+    found += deprecated
     offload = {part: str((zero.get(part) or {}).get("device", "none")) for part in OFFLOAD_KEYS}
     for part, device in offload.items():  # runtime/zero/offload_config.py OffloadDeviceEnum
         if device not in ("none", "cpu", "nvme"):

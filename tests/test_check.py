@@ -409,3 +409,40 @@ def test_hostile_accelerate_launch_lines_answer_or_refuse_in_one_line(words):
     assert code in (0, 1, 2), (words, err)
     if code == 2:
         assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("planner: error: "), (words, err)
+
+
+@pytest.mark.parametrize("old, new", [("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param")])
+def test_deprecated_offload_keys_run_as_deepspeed_reads_them(tmp_path, old, new):
+    """DeepSpeed 0.19.8 zero/config.py: cpu_offload / cpu_offload_param true become {new}.device cpu
+    (config_utils.py _process_deprecated_field); the check predicts that run and says so."""
+    zc = pytest.importorskip("deepspeed.runtime.zero.config")
+    zero = {"stage": 3, old: True}
+    assert str(getattr(zc.DeepSpeedZeroConfig(**zero), new).device) in ("cpu", "OffloadDeviceEnum.cpu")
+    ds = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+          "zero_optimization": zero}
+    code, text, _ = run("check", "--config", write(tmp_path, "c.json", ds), "--model", "llama-3-8b", "--gpus", "8",
+                        "--seq-len", "2048", "--json")
+    d = json.loads(text)
+    layout_key = {"offload_optimizer": "offload_optimizer", "offload_param": "offload_params"}[new]
+    est = d["estimate"]
+    assert est["layout"][layout_key] == "cpu" and est["memory"]["cpu_bytes_per_node"] > 0
+    assert any(old in f["message"] and "deprecated" in f["message"] for f in d["findings"])
+    with pytest.raises(Exception):  # DeepSpeed refuses the deprecated key beside its replacement
+        zc.DeepSpeedZeroConfig(**{"stage": 3, old: True, new: {"device": "cpu"}})
+    both = dict(ds, zero_optimization={"stage": 3, old: True, new: {"device": "cpu"}})
+    code, _, err = run("check", "--config", write(tmp_path, "both.json", both), "--model", "llama-3-8b", "--gpus", "8")
+    assert code == 2 and old in err and len(err.strip().splitlines()) == 1
+
+
+def test_deepspeed_judges_the_batch_the_user_wrote(tmp_path):
+    """DeepSpeed 0.19.8 runtime/config.py _batch_assertion on the user's own keys: 4096 != 8 x 85 x 6 refuses
+    the config; the planner asks DeepSpeed about them as written, filling only "auto" ones (as transformers'
+    fill_match does), and DeepSpeed's own refusal is reported."""
+    pytest.importorskip("deepspeed")
+    ds = {"train_batch_size": 4096, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 85,
+          "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}
+    code, text, _ = run("check", "--config", write(tmp_path, "c.json", ds), "--model", "llama-3-8b", "--gpus", "6",
+                        "--seq-len", "2048", "--json", deepspeed=True)
+    native = [f for f in json.loads(text)["findings"] if "own DeepSpeedConfig" in f["message"]]
+    assert len(native) == 1 and "refuses it" in native[0]["message"] and "4096 != 8 * 85 * 6" in native[0]["message"]
+    assert native[0]["severity"] == "error" and code == 1
