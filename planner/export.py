@@ -116,7 +116,8 @@ def render(model: ModelSpec, cluster: Cluster, training: Training, layout_row: d
     if training.engine.deepspeed:
         ds = deepspeed_config(model, cluster, training, row, opts)
         files.append((DS_CONFIG, json.dumps(ds, indent=2) + "\n", 0o644))
-    files.append((ACCELERATE_CONFIG, accelerate_yaml(model, cluster, training, row, ds_path), 0o644))
+    if accelerate_drives(training, row):
+        files.append((ACCELERATE_CONFIG, accelerate_yaml(model, cluster, training, row, ds_path), 0o644))
     files.append((LAUNCH, launch_script(model, cluster, training, row, opts), 0o755))
     if _wants_megatron(training, row):
         args = megatron_args(model, training, row, ds_config_path=str(ds_path))
@@ -552,6 +553,16 @@ def megatron_environment(cluster: Cluster, training: Training, row: dict) -> lis
     return lines
 
 
+def accelerate_drives(training: Training, row: dict) -> bool:
+    """Whether `accelerate launch` can run the layout. Not a DeepSpeed layout with TP, PP or CP:
+    Accelerate's DeepSpeed integration is data-parallel only (accelerate 1.x DeepSpeedPlugin sets
+    train_batch_size = micro-batch x accumulation x num_processes, which DeepSpeed's _batch_assertion
+    refuses where the data-parallel world is smaller), and a pipeline's PipelineEngine allows train_batch()
+    alone (DeepSpeed 0.19.8 runtime/pipe/engine.py PipelineEngine.forward/backward/step raise
+    PipelineError), which Accelerate's backward and step call."""
+    return not (training.engine.deepspeed and row["tp"] * row["pp"] * row["cp"] > 1)
+
+
 def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: dict,
                   opts: dict | None = None) -> str:
     opts = {**EXTRA_DEFAULTS, **(opts or {})}
@@ -586,7 +597,8 @@ def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: d
             lines.append(f"# {_one_line(k)}: {_one_line(v)}")
     lines += [
         "#",
-        f"# Usage: [LAUNCHER=accelerate|{'deepspeed|' if ds else ''}{'torchrun' if megatron else ''}] "
+        f"# Usage: [LAUNCHER={'accelerate|' if accelerate_drives(training, row) else ''}"
+        f"{'deepspeed|' if ds else ''}{'torchrun' if megatron else ''}] "
         "./launch.sh [script args]",
         "# Multi-node: run on every node with NODE_RANK=<0..N-1> and MASTER_ADDR=<node 0>"
         + (" (deepspeed: a hostfile of '<host> slots=<gpus>' lines instead)" if ds else "") + ".",
@@ -611,11 +623,11 @@ def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: d
     lines += ["", 'case "$LAUNCHER" in', "  accelerate)"]
     multi = (' --machine_rank "$NODE_RANK" --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT"'
              if nodes > 1 else "")
-    if ds and row["tp"] * row["pp"] * row["cp"] > 1:
-        # Accelerate's DeepSpeed integration is data-parallel only: it sets train_batch_size =
-        # mbs * gas * num_processes, which DeepSpeed rejects for a TP/PP/CP layout
-        lines.append("    # data parallel only: for this TP/PP/CP layout use LAUNCHER=deepspeed or torchrun")
-    lines.append(f'    exec accelerate launch --config_file "$HERE/{ACCELERATE_CONFIG}"{multi} "$TRAIN_SCRIPT" "$@"')
+    if accelerate_drives(training, row):
+        lines.append(f'    exec accelerate launch --config_file "$HERE/{ACCELERATE_CONFIG}"{multi} "$TRAIN_SCRIPT" "$@"')
+    else:
+        lines.append('    echo "launch.sh: accelerate runs DeepSpeed data parallel only, not this TP/PP/CP layout;'
+                     ' use LAUNCHER=deepspeed" >&2; exit 2')
     lines.append("    ;;")
     if ds:
         hostfile = '"${HOSTFILE:-$HERE/hostfile}"'

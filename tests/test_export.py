@@ -233,7 +233,10 @@ def test_extra_overrides(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # Accelerate
 
-@pytest.mark.parametrize("case", GRID[::4] + GRID[-5:], ids=case_id)
+DATA_PARALLEL = [c for c in GRID if c["row"].get("tp", 1) * c["row"].get("pp", 1) * c["row"].get("cp", 1) == 1]
+
+
+@pytest.mark.parametrize("case", DATA_PARALLEL[::4] + DATA_PARALLEL[-2:], ids=case_id)
 def test_accelerate_deepspeed_config_loads_and_launches(tmp_path, case, monkeypatch):
     row, training, out = emit_case(tmp_path, case)
     n = row["tp"] * row["pp"] * row["dp"] * row["cp"]
@@ -476,18 +479,21 @@ def test_launch_sh_runs_selected_launcher(tmp_path):
         stub.write_text(f'#!/bin/sh\necho {tool} "$@"\n')
         stub.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    for launcher in ("torchrun", "deepspeed", "accelerate"):
+    for launcher in ("torchrun", "deepspeed"):
         res = subprocess.run(["bash", str(out["launch.sh"]), "--extra"], env={**env, "LAUNCHER": launcher},
                              capture_output=True, text=True, check=True)
         words = res.stdout.split()
         assert words[0] == launcher and words[-1] == "--extra"
-        if launcher != "accelerate":
-            assert "pretrain_gpt.py" in words
-            i = words.index("--tensor-model-parallel-size")
-            assert words[i + 1] == "2"
-            assert words[words.index("--deepspeed_config") + 1] == str(out["ds_config.json"])
-        else:
-            assert words[words.index("--config_file") + 1] == str(out["accelerate_config.yaml"])
+        assert "pretrain_gpt.py" in words
+        i = words.index("--tensor-model-parallel-size")
+        assert words[i + 1] == "2"
+        assert words[words.index("--deepspeed_config") + 1] == str(out["ds_config.json"])
+    # Accelerate drives DeepSpeed data parallel only (its train_batch_size counts every process), and a
+    # pipeline's PipelineEngine allows train_batch() alone: no accelerate config, and the launcher refuses
+    assert "accelerate_config.yaml" not in out
+    acc = subprocess.run(["bash", str(out["launch.sh"])], env={**env, "LAUNCHER": "accelerate"},
+                         capture_output=True, text=True)
+    assert acc.returncode == 2 and "LAUNCHER=deepspeed" in acc.stderr and not acc.stdout
     bad = subprocess.run(["bash", str(out["launch.sh"])], env={**env, "LAUNCHER": "nope"}, capture_output=True)
     assert bad.returncode == 2
 
@@ -728,3 +734,19 @@ def test_deepspeed_pipeline_asks_for_the_even_block_split_it_was_planned_with(tm
         parts = partition_balanced(weights=weights, num_parts=stages)
         assert [sum(weights[parts[i]:parts[i + 1]]) for i in range(stages)] == \
             [int(layers_on_stage(layers, stages, s)) for s in range(stages)]
+
+
+def test_deepspeed_pipeline_layouts_get_no_accelerate_config(tmp_path):
+    """DeepSpeed 0.19.8 PipelineEngine.backward and .step raise 'Only train_batch() is accessible in pipeline
+    mode.', which Accelerate's backward/step call: a DeepSpeed pipeline layout is launched by deepspeed alone."""
+    import inspect
+
+    from deepspeed.runtime.pipe.engine import PipelineEngine
+
+    for method in (PipelineEngine.backward, PipelineEngine.step):
+        assert "Only train_batch() is accessible in pipeline mode" in inspect.getsource(method)
+    row = single(pp=2, dp=4, zero=1, mbs=1, gas=8).row(0)
+    out = files(emit(tmp_path, MODEL, cluster(8), Training(engine="deepspeed"), row))
+    assert "accelerate_config.yaml" not in out and "ds_config.json" in out
+    text = out["launch.sh"].read_text()
+    assert "LAUNCHER=deepspeed" in text and "accelerate launch" not in text
