@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from planner.ds_config import (FLAG, OFFLOAD_KEYS, Finding, batch, config_findings, enabled, load_config,
                                resolve_auto_buckets, whole_number)
 from planner.errors import InputError
+from planner.layout import ZeroConfig
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,6 +252,13 @@ def diagnose(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]
             live = min(train.get("stage3_max_live_parameters", 10**9), train.get("stage3_max_reuse_distance", 10**9))
             fixes.append((f"stage3_max_live_parameters and stage3_max_reuse_distance {live // 10:,}",
                           {"t_stage3_max_live_parameters": live // 10, "t_stage3_max_reuse_distance": live // 10}))
+            if lay["offload_params"] == "none":  # stage3.py offload_param: the partition waits in host memory
+                fixes.append(("offload_param to cpu", {"offload_params": "cpu", "offload_optimizer": "cpu"}))
+            prefetch = train.get("stage3_prefetch_bucket_size", ZeroConfig().stage3_prefetch_bucket_size)
+            fixes.append((f"stage3_prefetch_bucket_size {prefetch // 10:,}", {"t_stage3_prefetch_bucket_size": prefetch // 10}))
+        if lay["zero"] >= 1:  # the gradient buckets ZeRO fills before each reduction (memory.deepspeed_reduce_buckets)
+            bucket = train.get("reduce_bucket_size", ZeroConfig().reduce_bucket_size)
+            fixes.append((f"reduce_bucket_size {bucket // 10:,}", {"t_reduce_bucket_size": bucket // 10}))
         for text, change in fixes:
             v = _variant(model, cluster, train, lay, **change)
             if v is not None and v.memory["required_bytes"] < total:
@@ -259,6 +267,12 @@ def diagnose(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]
                                      f"GiB per GPU ({'fits' if v.memory['fits'] else 'still does not fit'})",
                                      frees_bytes=int(frees),
                                      gain=v.throughput["tokens_per_s"] / est.throughput["tokens_per_s"]))
+        # near the limit the caching allocator can fail with memory stranded in split blocks of segments
+        # still in use; expandable segments grow in place instead (c10/cuda/CUDACachingAllocator.cpp
+        # ExpandableSegment; the advice PyTorch's own OOM message gives)
+        found.append(Finding("memory", "info", "fix: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch "
+                             "environment: memory the allocator would strand in split blocks near the limit stays "
+                             "usable (frees no allocated byte)"))
     b, step = time["breakdown"], time["step_s"]
     comm = b["tp_comm"] + b["dp_comm"] + b["pp_comm"]
     if comm > 0.3 * step:

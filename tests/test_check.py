@@ -446,3 +446,19 @@ def test_deepspeed_judges_the_batch_the_user_wrote(tmp_path):
     native = [f for f in json.loads(text)["findings"] if "own DeepSpeedConfig" in f["message"]]
     assert len(native) == 1 and "refuses it" in native[0]["message"] and "4096 != 8 * 85 * 6" in native[0]["message"]
     assert native[0]["severity"] == "error" and code == 1
+
+
+def test_zero3_oom_fixes_offer_parameter_offload_and_smaller_buckets(tmp_path):
+    """Llama-3-70B under ZeRO-3 on 8 GPUs at micro-batch 2 does not fit; beside recompute and the optimizer's
+    offload the fixes name parameter offload (stage3.py offload_param: the fp16 partition waits in host
+    memory) and a reduce_bucket_size 10x smaller: DeepSpeed's bf16 gradient bucket of 5e8 elements
+    becomes 5e7, (5e8 - 5e7) x 2 B = 0.9 GB freed."""
+    ds = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
+          "zero_optimization": {"stage": 3}}
+    code, text, _ = run("check", "--config", write(tmp_path, "c.json", ds), "--model", "llama-3-70b", "--gpus", "8",
+                        "--seq-len", "4096", "--json")
+    fixes = {f["message"].split(" frees")[0]: f for f in json.loads(text)["findings"] if f["message"].startswith("fix:")}
+    assert code == 1 and "fix: offload_param to cpu" in fixes
+    assert fixes["fix: reduce_bucket_size 50,000,000"]["frees_bytes"] == pytest.approx((5e8 - 5e7) * 2, rel=1e-3)
+    # and the allocator setting PyTorch's own OOM message names (CUDACachingAllocator.cpp)
+    assert any("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in m for m in fixes)
