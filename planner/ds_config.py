@@ -173,6 +173,12 @@ def _section(parent: dict, key: str, where: str) -> dict:
     return value
 
 
+ACTIVATION_CHECKPOINTING_KEYS = ("partition_activations", "number_checkpoints", "contiguous_memory_optimization",
+                                 "synchronize_checkpoint_boundary", "profile", "cpu_checkpointing")
+"""The keys DeepSpeed 0.19.8 reads from activation_checkpointing (runtime/activation_checkpointing/config.py
+ACT_CHKPT_*, DeepSpeedActivationCheckpointingConfig._initialize); get_scalar_param ignores any other."""
+
+
 def config_findings(ds: dict, pipeline_stages: int) -> list[Finding]:
     """What DeepSpeed 0.19.8 refuses or ignores in `ds`, before any prediction."""
     for key in ("optimizer", "data_types", "fp16", "bf16", "bfloat16"):
@@ -182,6 +188,10 @@ def config_findings(ds: dict, pipeline_stages: int) -> list[Finding]:
         if key not in TOP_LEVEL_KEYS:
             out.append(Finding("config", "warning", f"top-level key {key!r} is not one DeepSpeed reads: it is "
                                f"ignored{_closest(key, TOP_LEVEL_KEYS)}"))
+    for key in _section(ds, "activation_checkpointing", ""):
+        if key not in ACTIVATION_CHECKPOINTING_KEYS:
+            out.append(Finding("config", "warning", f"activation_checkpointing.{key} is not a key DeepSpeed reads: it is "
+                               f"ignored{_closest(key, ACTIVATION_CHECKPOINTING_KEYS)}"))
     zero = _section(ds, "zero_optimization", "")
     for key in zero:
         if key not in ZERO_KEYS:
@@ -207,6 +217,13 @@ def config_findings(ds: dict, pipeline_stages: int) -> list[Finding]:
         # runtime/pipe/engine.py PipelineEngine.__init__
         out.append(Finding("config", "error", f"ZeRO stage {stage} with {pipeline_stages} pipeline stages: DeepSpeed's "
                            "pipeline engine asserts 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'"))
+    if stage == 3:
+        # runtime/engine.py _configure_zero_optimizer: only the stage 1/2 optimizer is given these
+        for key in ("allgather_partitions", "allgather_bucket_size"):
+            if key in zero:
+                out.append(Finding("config", "warning", f"zero_optimization.{key} does nothing under stage 3: DeepSpeed "
+                                   "passes it to the stage 1/2 optimizer only (engine.py _configure_zero_optimizer); "
+                                   "stage 3 gathers per stage3_prefetch_bucket_size"))
     return out
 
 

@@ -462,3 +462,35 @@ def test_zero3_oom_fixes_offer_parameter_offload_and_smaller_buckets(tmp_path):
     assert fixes["fix: reduce_bucket_size 50,000,000"]["frees_bytes"] == pytest.approx((5e8 - 5e7) * 2, rel=1e-3)
     # and the allocator setting PyTorch's own OOM message names (CUDACachingAllocator.cpp)
     assert any("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in m for m in fixes)
+
+
+def test_stage_1_2_gather_settings_do_nothing_under_zero3(tmp_path):
+    """DeepSpeed 0.19.8 engine.py _configure_zero_optimizer hands allgather_bucket_size and allgather_partitions
+    to the stage 1/2 optimizer only: read from its source, and flagged under stage 3."""
+    import inspect
+
+    engine = pytest.importorskip("deepspeed.runtime.engine")
+    source = inspect.getsource(engine.DeepSpeedEngine._configure_zero_optimizer)
+    stage3 = source[source.index("ZeroStageEnum.weights"):]
+    assert "allgather_bucket_size" in source and "allgather_bucket_size" not in stage3
+    assert "allgather_partitions" not in stage3
+    ds = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
+          "zero_optimization": {"stage": 3, "allgather_bucket_size": 5e8, "allgather_partitions": True}}
+    _, text, _ = run("check", "--config", write(tmp_path, "c.json", ds), "--model", "llama-3-8b", "--gpus", "8", "--json")
+    idle = [f for f in json.loads(text)["findings"] if "does nothing under stage 3" in f["message"]]
+    assert sorted(f["message"].split(" ")[0] for f in idle) == ["zero_optimization.allgather_bucket_size",
+                                                               "zero_optimization.allgather_partitions"]
+
+
+def test_activation_checkpointing_keys_are_deepspeeds_own(tmp_path):
+    """DeepSpeed 0.19.8 runtime/activation_checkpointing/config.py: the ACT_CHKPT_* keys are all it reads;
+    'contiguous_checkpointing' is none of them and is ignored."""
+    cfg = pytest.importorskip("deepspeed.runtime.activation_checkpointing.config")
+    theirs = {v for k, v in vars(cfg).items() if k.startswith("ACT_CHKPT_") and k != "ACT_CHKPT" and isinstance(v, str)
+              and not k.endswith("_DEFAULT")}
+    assert theirs == set(ds_config.ACTIVATION_CHECKPOINTING_KEYS)
+    ds = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
+          "zero_optimization": {"stage": 1}, "activation_checkpointing": {"contiguous_checkpointing": True}}
+    _, text, _ = run("check", "--config", write(tmp_path, "c.json", ds), "--model", "llama-3-8b", "--gpus", "8", "--json")
+    assert any("activation_checkpointing.contiguous_checkpointing is not a key DeepSpeed reads" in f["message"]
+               for f in json.loads(text)["findings"])
