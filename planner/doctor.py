@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.ds_config import (FLAG, OFFLOAD_KEYS, Finding, batch, config_findings, enabled, load_config,
+from planner.ds_config import (FLAG, OFFLOAD_KEYS, Finding, accelerate_num_processes, batch, config_findings, enabled, load_config,
                                resolve_auto_buckets, whole_number)
 from planner.errors import InputError
 from planner.layout import ZeroConfig
@@ -113,7 +113,10 @@ def inputs(ds: dict, model, cluster: dict, layout: dict, mbs_flag: int | None) -
     spec = resolve_model(model)
     gpus = cluster.get("gpus")
     tp, pp = layout.get("tp", 1), layout.get("pp", 1)
-    if not gpus or gpus % (tp * pp):
+    if not gpus:
+        raise InputError("--gpus: required (the run's total GPUs; an `accelerate launch` line gives it as "
+                         "--num_processes)")
+    if gpus % (tp * pp):
         raise InputError(f"--gpus: {gpus} is not divisible by --tp*--pp = {tp * pp}")
     dp = gpus // (tp * pp)
     tbs, mbs, gas, found = batch(ds, dp, mbs_flag)
@@ -178,6 +181,8 @@ def check(config, model, cluster: dict, training: dict | None = None, layout: di
     from planner import api
 
     ds, source = (config, "deepspeed") if isinstance(config, dict) else load_config(config)
+    if source == "accelerate" and not cluster.get("gpus") and accelerate_num_processes(config):
+        cluster = {**cluster, "gpus": accelerate_num_processes(config)}  # what `accelerate launch` starts
     layout = dict(layout or {})
     found = config_findings(ds, layout.get("pp", 1))
     train, lay, more = inputs(ds, model, cluster, layout, mbs)

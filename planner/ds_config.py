@@ -94,7 +94,14 @@ def load_config(path) -> tuple[dict, str]:
     return doc, "deepspeed"
 
 
-def _from_accelerate(path: Path) -> dict:
+def accelerate_num_processes(path) -> int | None:
+    """The Accelerate YAML's num_processes (accelerate/commands/config/config_args.py ClusterConfig: the
+    total processes `accelerate launch` starts), or None where it gives none."""
+    n = _yaml_doc(Path(path)).get("num_processes")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def _yaml_doc(path: Path) -> dict:
     try:
         import yaml
     except ImportError:  # pragma: no cover - pyyaml is a dependency
@@ -111,6 +118,11 @@ def _from_accelerate(path: Path) -> dict:
         raise InputError(f"{FLAG}: {str(path)!r} is not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("deepspeed_config"), dict):
         raise InputError(f"{FLAG}: {str(path)!r} has no deepspeed_config section (an Accelerate config for DeepSpeed)")
+    return doc
+
+
+def _from_accelerate(path: Path) -> dict:
+    doc = _yaml_doc(path)
     return plugin_config(doc["deepspeed_config"], doc.get("mixed_precision"), path.parent)
 
 

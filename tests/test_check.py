@@ -494,3 +494,24 @@ def test_activation_checkpointing_keys_are_deepspeeds_own(tmp_path):
     _, text, _ = run("check", "--config", write(tmp_path, "c.json", ds), "--model", "llama-3-8b", "--gpus", "8", "--json")
     assert any("activation_checkpointing.contiguous_checkpointing is not a key DeepSpeed reads" in f["message"]
                for f in json.loads(text)["findings"])
+
+
+def test_a_check_without_a_gpu_count_asks_for_it(tmp_path):
+    ds = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}}
+    for argv in (["--config", write(tmp_path, "c.json", ds)],
+                 ["--accelerate-launch", "accelerate launch --use_deepspeed --zero_stage 2 train.py"]):
+        code, _, err = run("check", *argv, "--model", "llama-3-8b")
+        assert code == 2 and err.startswith("planner: error: --gpus: required") and "None" not in err
+
+
+def test_an_accelerate_yaml_gives_the_gpu_count(tmp_path):
+    """`accelerate launch --config_file` starts the YAML's num_processes (Accelerate's own loader reads it);
+    check takes that count where --gpus is not given."""
+    config_args = pytest.importorskip("accelerate.commands.config.config_args")
+    text = ("compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n"
+            "  gradient_accumulation_steps: 1\n  offload_optimizer_device: none\nmixed_precision: bf16\n"
+            "num_processes: 8\nnum_machines: 1\n")
+    path = write(tmp_path, "acc.yaml", text)
+    assert config_args.load_config_from_file(path).num_processes == 8
+    code, out, err = run("check", "--config", path, "--model", "llama-3-8b", "--json")
+    assert code in (0, 1) and json.loads(out)["estimate"]["cluster"]["num_gpus"] == 8, err
