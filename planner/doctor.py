@@ -8,11 +8,12 @@ that triggered it and what a fix frees or gains.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from planner.ds_config import (FLAG, OFFLOAD_KEYS, Finding, accelerate_num_processes, batch, config_findings, enabled, load_config,
                                resolve_auto_buckets, whole_number)
 from planner.errors import InputError
-from planner.layout import ZeroConfig
+from planner.layout import FIELDS, ZeroConfig
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,13 +113,16 @@ def inputs(ds: dict, model, cluster: dict, layout: dict, mbs_flag: int | None) -
 
     spec = resolve_model(model)
     gpus = cluster.get("gpus")
-    tp, pp = layout.get("tp", 1), layout.get("pp", 1)
+    tp, pp, cp = layout.get("tp", 1), layout.get("pp", 1), layout.get("cp", 1)
     if not gpus:
         raise InputError("--gpus: required (the run's total GPUs; an `accelerate launch` line gives it as "
                          "--num_processes)")
-    if gpus % (tp * pp):
-        raise InputError(f"--gpus: {gpus} is not divisible by --tp*--pp = {tp * pp}")
-    dp = gpus // (tp * pp)
+    if gpus % (tp * pp * cp):
+        split = f"--tp*--pp = {tp * pp}" if cp == 1 else f"--tp*--pp*cp = {tp * pp * cp} (cp {cp} from the plan)"
+        raise InputError(f"--gpus: {gpus} is not divisible by {split}")
+    # Megatron-DeepSpeed's sequence-parallel (Ulysses) ranks are outside DeepSpeed's data-parallel group
+    # (megatron/core/parallel_state.py get_data_parallel_world_size), whose size divides the batch
+    dp = gpus // (tp * pp * cp)
     tbs, mbs, gas, found = batch(ds, dp, mbs_flag)
     zero, auto = resolve_auto_buckets(ds.get("zero_optimization") or {}, spec.hidden)
     found += auto
@@ -195,6 +199,7 @@ def check(config, model, cluster: dict, training: dict | None = None, layout: di
     except InputError as exc:  # a layout the planner's rules refuse (DeepSpeed's own rules, engines.py)
         return CheckReport(source, None, found + [Finding("config", "error", str(exc))], None)
     found += diagnose(est, model, cluster, train, lay)
+    found += zero3_load_findings(est, source, accelerate_zero3_init(config) if source == "accelerate" else None)
     better = closest_better(est, model, cluster, train, lay)
     if better:
         speed = (f"{better['gain']:.2f}x the tokens/s" if better["gain"] is not None
@@ -202,6 +207,57 @@ def check(config, model, cluster: dict, training: dict | None = None, layout: di
         found.append(Finding("better", "info", f"the search's closest better config: {better['label']} "
                              f"({', '.join(better['changes']) or 'same layout fields'}), {speed}", gain=better["gain"]))
     return CheckReport(source, est, found, better)
+
+
+def accelerate_zero3_init(path) -> bool | None:
+    """An Accelerate YAML's deepspeed_config.zero3_init_flag as `accelerate launch` passes it on
+    (accelerate 1.16 commands/launch.py copies it to args; utils/launch.py sets
+    ACCELERATE_DEEPSPEED_ZERO3_INIT; utils/environment.py str_to_bool reads it); None where unset."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(Path(str(path)).read_bytes())
+    except (OSError, yaml.YAMLError):
+        return None
+    value = (doc.get("deepspeed_config") or {}).get("zero3_init_flag") if isinstance(doc, dict) else None
+    return None if value is None else str(value).lower() in ("y", "yes", "t", "true", "on", "1")
+
+
+def zero3_load_findings(est, source: str, init_flag: bool | None) -> list[Finding]:
+    """ZeRO-3 without deepspeed.zero.Init: the whole model on every rank at load, before DeepSpeed
+    partitions it. transformers 5.25 modeling_utils.py get_init_context enters zero.Init only where
+    is_deepspeed_zero3_enabled() (a live HfDeepSpeedConfig: Accelerate's DeepSpeedPlugin makes one only
+    with zero3_init_flag, set_deepspeed_weakref); otherwise from_pretrained builds on the meta device
+    and loads every weight into host memory, and DeepSpeed 0.19.8 engine.py _configure_distributed_model
+    casts it to the bf16/fp16 of the config and moves the whole module to the GPU (module.to(device):
+    not a zero.Init model) before stage3.py partitions it. With zero.Init (partition_parameters.py
+    Init) each parameter is partitioned as it is made. Accelerate 1.16 utils/dataclasses.py
+    DeepSpeedPlugin.__post_init__: an unset flag is is_zero3(), on; `accelerate config` writes false."""
+    if est.layout["zero"] != 3 or init_flag is True:
+        return []
+    element_bytes = 4.0 if str(est.training.precision) == "fp32" else 2.0  # engine.py __check_params: fp32 without bf16/fp16
+    gpu_bytes = est.model.params * element_bytes
+    per_node = min(est.cluster.gpus_per_node, est.cluster.num_gpus)
+    host_bytes = per_node * gpu_bytes  # every rank's copy in the load dtype (transformers' dtype "auto": the checkpoint's)
+    capacity, host = est.memory["capacity_bytes"], cluster_host_bytes(est)
+    if gpu_bytes <= capacity and host_bytes <= host:
+        return []
+    where = []
+    if gpu_bytes > capacity:
+        where.append(f"{gpu_bytes / 2**30:.1f} GiB a GPU of {capacity / 2**30:.1f} GiB")
+    if host_bytes > host:
+        where.append(f"{host_bytes / 2**30:.0f} GiB of host memory a node ({per_node} ranks) of {host / 2**30:.0f} GiB")
+    load = (f"ZeRO-3 without deepspeed.zero.Init: every rank loads the whole model ({est.model.params:,} parameters, "
+            f"{element_bytes:.0f} B each) before DeepSpeed partitions it: {' and '.join(where)}")
+    if source == "accelerate" and init_flag is False:
+        return [Finding("memory", "error", f"out of memory at load: zero3_init_flag false. {load}; fix: "
+                        "zero3_init_flag: true in the YAML's deepspeed_config", value=float(gpu_bytes))]
+    if source == "accelerate":
+        return []  # unset: Accelerate turns it on under ZeRO-3
+    return [Finding("memory", "warning", f"{load}, unless the script makes the model under zero.Init: with "
+                    "transformers, an HfDeepSpeedConfig(ds_config) kept alive (or Trainer's TrainingArguments("
+                    "deepspeed=...)) before from_pretrained; with Accelerate, zero3_init_flag: true",
+                    value=float(gpu_bytes))]
 
 
 def native_finding(ds: dict, train: dict, lay: dict, planner_refuses: bool) -> Finding:
@@ -287,6 +343,7 @@ def diagnose(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]
             if v is not None:
                 text += f"; overlap_comm true: {v.throughput['tokens_per_s'] / est.throughput['tokens_per_s']:.2f}x"
         found.append(Finding("communication", "warning", text, value=comm / step))
+    found += _large_buckets(est, model, cluster, train, lay)
     found += _recompute_regathers(est, model, cluster, train, lay)
     found += _nvme_reuse_buffer(est, model, cluster, train, lay)
     host = cluster_host_bytes(est)
@@ -298,6 +355,33 @@ def diagnose(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]
         found.append(Finding("compute", "warning", f"compute is {b['compute'] / step:.0%} of the step; the largest "
                              f"overhead is {worst} ({b[worst] / step:.0%})", value=b["compute"] / step))
     return found
+
+
+BUCKET_STAGES = {  # bucket key -> the ZeRO stages that read it (engine.py _configure_zero_optimizer)
+    "reduce_bucket_size": (1, 2, 3), "allgather_bucket_size": (1, 2), "stage3_prefetch_bucket_size": (3,),
+    "stage3_max_live_parameters": (3,), "stage3_max_reuse_distance": (3,)}
+
+
+def _large_buckets(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]:
+    """Buckets set well above DeepSpeed's defaults (DeepSpeed 0.19.8 runtime/zero/config.py
+    DeepSpeedZeroConfig, layout.ZeroConfig): what they cost of the predicted peak, by the estimate
+    again with the defaults. They are allocated (reduce buckets, memory.deepspeed_reduce_buckets) or
+    bound what stays gathered (ZeRO-3 prefetch and live parameters), so larger ones raise the peak."""
+    default = ZeroConfig()
+    large = {k: train[k] for k, stages in BUCKET_STAGES.items()
+             if lay["zero"] in stages and train.get(k, 0) > 2 * getattr(default, k)}
+    if not large:
+        return []
+    v = _variant(model, cluster, train, lay, **{f"t_{k}": getattr(default, k) for k in large})
+    cost = None if v is None else est.memory["required_bytes"] - v.memory["required_bytes"]
+    if cost is None or cost <= 0:
+        return []
+    what = ", ".join(f"{k} {n:,} (default {getattr(default, k):,})" for k, n in large.items())
+    severity = "info" if est.memory["verdict"] == "fits" else "warning"
+    return [Finding("memory", severity, f"buckets above DeepSpeed's defaults cost {cost / 2**30:.1f} GiB of the "
+                    f"{est.memory['required_bytes'] / 2**30:.1f} GiB peak per GPU: {what}; larger buckets raise the "
+                    "peak, they do not lower it (the defaults free it)", value=float(cost), frees_bytes=int(cost),
+                    gain=v.throughput["tokens_per_s"] / est.throughput["tokens_per_s"])]
 
 
 def _recompute_regathers(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]:
@@ -353,6 +437,22 @@ def _nvme_reuse_buffer(est, model, cluster: dict, train: dict, lay: dict) -> lis
     return [Finding("cpu_memory", "info", text, value=reuse * w)]
 
 
+def _setting_changes(mine, my_zero: int, theirs, their_zero: int) -> list:
+    """The ds_config settings recommend's searches chose (api._searched_settings) that differ from the
+    config's: overlap_comm as DeepSpeed resolves it per stage (Training.overlaps_grad_reduce), and
+    ZeRO-3's live-parameter knobs where the layout is ZeRO-3."""
+    out = []
+    a, b = bool(mine.overlaps_grad_reduce(my_zero)), bool(theirs.overlaps_grad_reduce(their_zero))
+    if their_zero >= 1 and a != b:
+        out.append(f"overlap_comm {str(a).lower()} -> {str(b).lower()}")
+    if their_zero == 3:
+        for knob in ("stage3_max_live_parameters", "stage3_max_reuse_distance"):
+            x, y = getattr(mine.zero_config, knob), getattr(theirs.zero_config, knob)
+            if x != y:
+                out.append(f"{knob} {x:,} -> {y:,}")
+    return out
+
+
 def cluster_host_bytes(est) -> float:
     return float(est.cluster.gpu.host_ram_bytes_per_node)
 
@@ -366,13 +466,14 @@ def closest_better(est, model, cluster: dict, train: dict, lay: dict) -> dict | 
     rec = api.recommend(model, cluster, train, top=50)
     fits = est.memory["fits"]
     now = est.throughput["tokens_per_s"] if fits else 0.0
-    keys = ("tp", "pp", "zero", "offload_optimizer", "offload_params", "mbs", "recompute")
     best = None
     for r in rec.layouts:
         speed = r["throughput"]["tokens_per_s"]
         if speed <= now * 1.01:
             continue
-        changes = [f"{k} {est.layout[k]} -> {r['layout'][k]}" for k in keys if r["layout"][k] != est.layout[k]]
+        # every field a layout record holds (layout.FIELDS: cp, dp, gas, sequence parallelism ... too)
+        changes = [f"{k} {est.layout.get(k)} -> {r['layout'][k]}" for k in FIELDS if r["layout"][k] != est.layout.get(k)]
+        changes += _setting_changes(est.training, est.layout["zero"], rec.training, r["layout"]["zero"])
         rank = (len(changes), -speed)
         if best is None or rank < best[0]:
             best = (rank, r, changes)

@@ -6,6 +6,7 @@
 * ``accelerate_config.yaml`` Accelerate config (DEEPSPEED, FSDP or MEGATRON_LM)
 * ``launch.sh``             the launch commands (accelerate / deepspeed / torchrun), executable
 * ``megatron_args.txt``     Megatron arguments, one per line (Megatron engines, or tp/pp/cp > 1)
+* ``plan.json``             what the planner assumed (planner/plan_file.py), read back by `planner check DIR`
 
 Pure stdlib: no torch, deepspeed, yaml or accelerate import (the YAML is written by hand). The
 files are checked against DeepSpeed 0.19 and Accelerate 1.16 by tests/test_export.py, which load
@@ -32,6 +33,7 @@ import re
 import shlex
 from pathlib import Path
 
+from planner import plan_file
 from planner.data import atomic_write
 from planner.engines import Launcher
 from planner.errors import InputError
@@ -87,6 +89,10 @@ def emit(out_dir, model: ModelSpec, cluster: Cluster, training: Training, layout
         raise InputError(f"--emit: {str(out)!r} exists and is not a directory")
     out = out.resolve()
     files = render(model, cluster, training, layout_row, extra, directory=out)
+    # the plan last: `planner check DIR` reads the model, sequence and recompute no config file states
+    row = _normalise_row(layout_row)
+    files.append((plan_file.PLAN, plan_file.render(model, cluster, training, row, recompute_where(model, training, row)),
+                  0o644))
     written = []
     for name, text, mode in files:
         path = out / name
@@ -221,11 +227,17 @@ def deepspeed_config(model: ModelSpec, cluster: Cluster, training: Training, row
         # engine._configure_optimizer raises for a client optimizer under ZeRO-Offload unless false
         cfg["zero_force_ds_cpu_optimizer"] = False
 
-    if row["recompute"] != "none":
-        # deepspeed/runtime/activation_checkpointing/config.py; used by deepspeed.checkpointing
-        # (Megatron-DeepSpeed --deepspeed-activation-checkpointing). partition_activations splits the
-        # saved layer inputs over the tensor-parallel group, so it is written only where tp > 1
-        # (planner/activations.py checkpoint_partitions, timing.py checkpoint_restore_s)
+    if row["recompute"] != "none" and (training.engine.launcher is Launcher.MEGATRON_DEEPSPEED or row["pp"] > 1):
+        # deepspeed/runtime/activation_checkpointing/config.py. The section switches nothing on: DeepSpeed
+        # 0.19.8 parses it (runtime/config.py DeepSpeedConfig.activation_checkpointing_config) and only
+        # deepspeed.checkpointing.configure(mpu, deepspeed_config=...) reads it (checkpointing.py
+        # _configure_using_config_file), for deepspeed.checkpointing.checkpoint: Megatron-DeepSpeed's
+        # --deepspeed-activation-checkpointing (whose store_true flags then override every key:
+        # megatron/initialize.py setup_deepspeed_random_and_activation_checkpointing, f4157be) and
+        # PipelineModule's activation_checkpoint_func. DeepSpeedEngine never reads it, so a Hugging Face
+        # model at pp 1 gets none (its recompute is activation_checkpointing_enable: launch.sh, plan.json).
+        # partition_activations splits the saved layer inputs over the tensor-parallel group, so it is
+        # written only where tp > 1 (planner/activations.py checkpoint_partitions, timing.py checkpoint_restore_s)
         zc = training.zero_config
         cfg["activation_checkpointing"] = {
             "partition_activations": zc.partition_activations and row["tp"] > 1,
@@ -493,6 +505,10 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
             # to deepspeed.checkpointing.configure, which sets it over the config's key: the flag decides
             if training.zero_config.partition_activations and row["tp"] > 1:
                 a.append("--partition-activations")
+            if training.zero_config.cpu_checkpointing:
+                # passed as checkpoint_in_cpu to the same configure call, over the config's cpu_checkpointing
+                # (store_true: without it DeepSpeed keeps the checkpointed inputs on the GPU)
+                a.append("--checkpoint-in-cpu")
     else:
         if row["zero"] >= 1:
             a.append("--use-distributed-optimizer")  # Megatron's ZeRO-1-like optimizer-state sharding
@@ -662,7 +678,8 @@ def hf_checkpointing_line(model: ModelSpec, training: Training, row: dict) -> li
         # checkpoint of token ids gets no gradient (DeepSpeed's own comment there): the decoder layers only
         return ["# recompute: the train script builds PipelineModule(..., activation_checkpoint_interval=1,"
                 " checkpointable_layers=['<decoder layer class>']) (deepspeed.checkpointing: ds_config"
-                " activation_checkpointing applies; the embedding and head stay unchecked, as planned)"]
+                " activation_checkpointing applies once it calls deepspeed.checkpointing.configure(None,"
+                " deepspeed_config=...); the embedding and head stay unchecked, as planned)"]
     n = row["recompute_layers"] or model.layers
     offload = training.zero_config.cpu_checkpointing
     if training.engine.launcher is Launcher.FSDP and n == model.layers and not offload:
@@ -671,6 +688,25 @@ def hf_checkpointing_line(model: ModelSpec, training: Training, row: dict) -> li
     return [f"# recompute: the train script calls model.activation_checkpointing_enable(every_n_layers={k}"
             f"{', offload=True' if offload else ''}) (transformers >= 5.25): {n} of {model.layers} decoder layers"
             f" checkpointed{', their inputs in pinned host memory' if offload else ''}"]
+
+
+def recompute_where(model: ModelSpec, training: Training, row: dict) -> str | None:
+    """Where the plan's recompute is switched on, for plan.json (no DeepSpeed config key does it)."""
+    if row["recompute"] == "none":
+        return None
+    launcher = training.engine.launcher
+    if launcher is Launcher.TORCHTITAN:
+        return f"launch.sh TORCHTITAN_ARGS: the trainer's activation-checkpoint:{row['recompute']} subcommand"
+    if training.engine.megatron:
+        text = "launch.sh MEGATRON_ARGS (megatron_args.txt): --recompute-granularity " + row["recompute"]
+        if launcher is Launcher.MEGATRON_DEEPSPEED:
+            text += (" with --deepspeed-activation-checkpointing, whose flags override ds_config.json's "
+                     "activation_checkpointing keys")
+        return text
+    line = hf_checkpointing_line(model, training, row)
+    where = line[0].removeprefix("# recompute: ") if line else f"the train script ({row['recompute']} recompute)"
+    return where + "; ds_config.json has no switch for it (DeepSpeedEngine does not read activation_checkpointing)" \
+        if training.engine.deepspeed and row["pp"] == 1 else where
 
 
 def _one_line(v) -> str:

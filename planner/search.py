@@ -323,6 +323,28 @@ def tp_overlap_training(model: ModelSpec, training: Training, result: dict) -> T
     return replace(training, tp_comm_overlap=True)
 
 
+def overlap_comm_rows(training: Training, result: dict) -> tuple:
+    """(`training` with DeepSpeed's overlap_comm on, the candidates of `result` it changes) where the
+    user left overlap_comm unset and the engine leaves ZeRO-1/2 without it (DeepSpeed 0.19.8
+    zero/config.py overlap_comm_valid: None -> stage == 3); else (None, empty). With it, stage_1_and_2.py
+    reduces each bucket on its reduction_stream under the backward and setup_buckets allocates a second
+    reduce_bucket_size buffer (memory.deepspeed_reduce_buckets): faster where the second buffer fits,
+    which the caller decides by evaluating these rows again."""
+    none = np.zeros(0, dtype=np.int64)
+    if training.zero_config.overlap_comm is not None or not training.engine.overlap_flag or not training.engine.deepspeed:
+        return None, none
+    valid, ev = result["valid"], result["eval"]
+    zero12 = layout.among(valid.zero, (1, 2)) & ~layout.among(valid.zero, training.engine.overlap_default)
+    # it hides only the reduction and the gradients' copies to the host (timing.grad_overlaps,
+    # timing.offload_s): where no fitting ZeRO-1/2 candidate has either, nothing changes
+    t, fits = ev["time"], np.asarray(ev["fits"])
+    hidden_s = np.asarray(t["breakdown"]["dp_comm"]) + np.asarray(t["breakdown"]["offload"])
+    if not np.any(zero12 & fits & (hidden_s > 0)):
+        return None, none
+    rows = np.flatnonzero(zero12)  # all: the hints compare neighbours that do not fit (binding_constraint)
+    return replace(training, zero_config=replace(training.zero_config, overlap_comm=True)), rows
+
+
 OFFLOAD_FRACTION_STEP = 0.05
 """Grid of the optimizer offload share recommend chooses (lean_offload_training)."""
 

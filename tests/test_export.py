@@ -507,10 +507,10 @@ def test_overwrites_atomically_and_keeps_other_files(tmp_path):
     (out_dir / "notes.txt").write_text("mine")
     second = emit(out_dir, MODEL, cluster(8), Training(), single(dp=8, zero=2, mbs=4).row(0))
     assert [p.name for p in first] == [p.name for p in second] == [
-        "ds_config.json", "accelerate_config.yaml", "launch.sh"]
+        "ds_config.json", "accelerate_config.yaml", "launch.sh", "plan.json"]
     assert json.loads((out_dir / "ds_config.json").read_text())["train_micro_batch_size_per_gpu"] == 4
     assert sorted(p.name for p in out_dir.iterdir()) == [
-        "accelerate_config.yaml", "ds_config.json", "launch.sh", "notes.txt"]  # no temp files left
+        "accelerate_config.yaml", "ds_config.json", "launch.sh", "notes.txt", "plan.json"]  # no temp files left
     assert all(p.is_absolute() for p in second)
 
 
@@ -606,7 +606,7 @@ def test_torchtitan_emit_writes_a_launch_script(tmp_path):
     training = Training(seq_len=4096, engine="torchtitan")
     row = single(dp=16, zero=3, mbs=2, gas=32).row(0)
     paths = emit(tmp_path, lookup("llama-3-8b"), Cluster(lookup_gpu("h100-sxm"), 16, 8), training, row)
-    assert [p.name for p in paths] == ["launch.sh"] and os.stat(paths[0]).st_mode & stat.S_IXUSR
+    assert [p.name for p in paths] == ["launch.sh", "plan.json"] and os.stat(paths[0]).st_mode & stat.S_IXUSR
     text = paths[0].read_text()
     assert "-m torchtitan.train" in text and "TORCHTITAN_CONFIG:-llama3_8b" in text and "--nnodes 2" in text
     assert subprocess.run(["bash", "-n", str(paths[0])]).returncode == 0

@@ -257,7 +257,8 @@ def test_engine_comparison_is_each_engines_own_recommendation():
         assert entry["layout"] == own["layout"]
         # the settings its own recommend chose, as the defaults it reports
         assert entry["settings"] == {k: searched[k] for k in ("tp_comm_overlap", "optimizer_offload_fraction",
-                                                               "stage3_max_live_parameters", "stage3_max_reuse_distance")
+                                                               "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                                                               "overlap_comm")
                                      if k in searched}
         assert entry["relative_speed"] == pytest.approx(own["throughput"]["tokens_per_s"] / best, rel=1e-9)
     # 3D parallelism beats ZeRO-3 data parallelism at this scale (Narayanan et al. 2021, section 5.2: PTD-P vs ZeRO-3)
