@@ -1055,7 +1055,7 @@ def logits_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, byte
     chunks holds one chunk's logits and an fp32 gradient buffer of the hidden states (torchtitan
     components/loss.py ChunkedLossWrapper: GradAccumulator(dtype=torch.float32) of [B, L, D])."""
     tokens = training.seq_len / lay.cp * lay.mbs
-    chunks = training.engine.loss_chunks
+    chunks = training.loss_chunks
     held = bytes_per_element * tokens / chunks * model.vocab / lay.tp
     if chunks > 1:
         held = held + 4.0 * tokens * model.hidden

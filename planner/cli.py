@@ -94,7 +94,9 @@ def add_model_flags(p):
         g.add_argument("--" + key.replace("_", "-"), type=positive_int, help=help_text(key))
     g.add_argument("--ffn-kind", choices=("gelu", "swiglu"))
     g.add_argument("--vocab", type=positive_int, help=help_text("vocab"))
-    g.add_argument("--tied-embeddings", action="store_true", default=None)
+    g.add_argument("--tied-embeddings", action=argparse.BooleanOptionalAction, default=None,
+                   help="output layer shares the input embedding (default for a shape given by flags: tied for "
+                        "--ffn-kind gelu, the GPT family; untied for swiglu, the Llama family)")
     g.add_argument("--experts", type=positive_int, help=_h("routed MLP experts per block (MoE; --ffn is each expert's width)", "experts"))
     g.add_argument("--experts-per-token", type=positive_int, help=_h("top-k experts per token", "experts_per_token"))
     g.add_argument("--shared-expert-ffn", type=non_negative_int,
@@ -170,6 +172,9 @@ def add_training_flags(p):
     g.add_argument("--pp-edge-layers", type=int, choices=(0, 1), default=None,
                    help="blocks' worth the first and last pipeline stages give up for the embedding and the loss "
                         "(Megatron --account-for-embedding/loss-in-pipeline-split: 1; default: the engine's)")
+    g.add_argument("--loss-chunks", type=positive_int, default=None,
+                   help="torchtitan: sequence chunks its loss runs over (default 8, ChunkedLossWrapper num_chunks; "
+                        "1 for torchtitan 0.2.2 and earlier, whose cross_entropy_loss held all the fp32 logits)")
     g.add_argument("--partition-activations", dest="partition_activations", action="store_true", default=None,
                    help="DeepSpeed activation_checkpointing.partition_activations (Megatron-DeepSpeed "
                         "--partition-activations): checkpointed layer inputs split over TP (default off, DeepSpeed's)")
@@ -262,15 +267,21 @@ def build_parser() -> Parser:
     r.add_argument("--json", action="store_true")
 
     k = sub.add_parser("check", help="predict and diagnose your own ds_config.json or Accelerate YAML")
-    k.add_argument("--config", metavar="PATH", help="a DeepSpeed config (.json) or an Accelerate config (.yaml)")
+    k.add_argument("dir", nargs="?", metavar="DIR", help="a directory --emit wrote: the same as --config DIR")
+    k.add_argument("--config", metavar="PATH",
+                   help="a DeepSpeed config (.json), an Accelerate config (.yaml), or a directory --emit wrote; a "
+                        "plan.json there (or beside the config) gives the model, cluster, training and layout "
+                        "the config cannot say, and the flags given here win over it")
     k.add_argument("--accelerate-launch", metavar="COMMAND",
-                   help="instead of --config: an 'accelerate launch --use_deepspeed ...' command line (quoted)")
+                   help="instead of --config: an 'accelerate launch [--config_file F] [--use_deepspeed] ...' command line "
+                        "(quoted), read as Accelerate does: the file's fields, the line's flags over them")
     add_model_flags(k)
     add_cluster_flags(k)
     g = k.add_argument_group("what the config does not say")
-    g.add_argument("--tp", type=positive_int, default=1, help="Megatron-DeepSpeed tensor parallel size")
-    g.add_argument("--pp", type=positive_int, default=1, help="pipeline stages (DeepSpeed PipelineModule)")
-    g.add_argument("--recompute", default="none", help="the script's activation checkpointing: none, selective, full")
+    g.add_argument("--tp", type=positive_int, help="Megatron-DeepSpeed tensor parallel size (default 1, or the plan's)")
+    g.add_argument("--pp", type=positive_int, help="pipeline stages (DeepSpeed PipelineModule; default 1, or the plan's)")
+    g.add_argument("--recompute", help="the script's activation checkpointing: none, selective, full (default none, "
+                                       "or the plan's)")
     g.add_argument("--mbs", type=positive_int, help="the script's per-device batch, for an 'auto' micro-batch")
     k.add_argument("--no-deepspeed", action="store_true",
                    help="skip asking DeepSpeed's own config class (a child process; seconds) where it is installed")
@@ -316,7 +327,7 @@ def training_input(args):
                          compile=args.compile, modules=args.modules,
                          grad_reduce_in_bf16=args.grad_reduce_in_bf16, fsdp_mixed_precision=args.fsdp_mixed_precision,
                          overlap_p2p=args.overlap_p2p, pipeline_edge_layers=args.pp_edge_layers,
-                         partition_activations=args.partition_activations, cpu_checkpointing=args.cpu_checkpointing,
+                         loss_chunks=args.loss_chunks, partition_activations=args.partition_activations, cpu_checkpointing=args.cpu_checkpointing,
                          moe_capacity_factor=args.moe_capacity_factor, moe_pad_to_capacity=args.moe_pad_to_capacity,
                          optimizer_offload_fraction=args.optimizer_offload_fraction,
                          tokens=args.tokens, price_per_gpu_hour=args.price_per_gpu_hour,
@@ -378,18 +389,34 @@ def cmd_check(args, out) -> int:
     from planner import ds_config
 
     cluster = {k: v for k, v in vars(cluster_input(args)).items() if v is not None}
+    if args.dir is not None and args.config is not None:
+        raise InputError(f"--config: give the directory {args.dir!r} or --config PATH, not both")
+    args.config = args.config if args.dir is None else args.dir
     if (args.config is None) == (args.accelerate_launch is None):
         raise InputError("--config: give --config PATH or --accelerate-launch COMMAND (one of them)")
-    config = args.config
+    config, plan = args.config, None
+    if args.config is not None:  # a directory --emit wrote, or a config with its plan.json beside it
+        from planner import plan_file
+
+        plan, config = plan_file.locate(args.config)
     if args.accelerate_launch is not None:
         config, processes = ds_config.from_accelerate_launch(args.accelerate_launch)
         if processes and cluster.get("gpus") not in (None, processes):
             raise InputError(f"--gpus: {cluster['gpus']}, but the launch says --num_processes {processes}")
-        cluster.setdefault("gpus", processes)
+        if processes:  # none on the line or in its --config_file: --gpus gives the count (doctor.inputs asks)
+            cluster.setdefault("gpus", processes)
     seq = {"seq_len": args.seq_len} if args.seq_len else {}
-    r = api.check(config, model_input(args), cluster, seq, {"tp": args.tp, "pp": args.pp, "recompute": args.recompute},
-                  mbs=args.mbs, deepspeed=not args.no_deepspeed)
+    if plan is not None:
+        given = {k: getattr(args, k) for k in ("tp", "pp", "recompute", "mbs") if getattr(args, k) is not None}
+        model = {k: v for k, v in vars(model_input(args)).items() if v is not None}
+        r = plan_file.check(plan, config, model, cluster, seq, given, deepspeed=not args.no_deepspeed)
+    else:
+        r = api.check(config, model_input(args), cluster, seq,
+                      {"tp": args.tp or 1, "pp": args.pp or 1, "recompute": args.recompute or "none"},
+                      mbs=args.mbs, deepspeed=not args.no_deepspeed)
     result = r.to_json()
+    if plan is not None:
+        result["plan"] = str(plan.path)
     if args.emit and r.better:
         e = r.estimate
         result["emitted"] = _emit(args.emit, e.model, e.cluster, e.training, r.better["layout"])

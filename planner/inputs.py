@@ -115,8 +115,25 @@ class ModelInput:
         overrides.setdefault("kv_heads", overrides["heads"])
         kind = overrides.setdefault("ffn_kind", "swiglu")
         overrides.setdefault("ffn", 4 * overrides["hidden"] if kind == "gelu" else llama3_ffn(overrides["hidden"]))
-        overrides.setdefault("tied_embeddings", False)
+        overrides.setdefault("tied_embeddings", family_ties_embeddings(kind))
         return M.ModelSpec(name="custom", source="shape given by flags", **overrides)
+
+    def assumed(self) -> dict:
+        """What resolve() chose that the flags did not say, for the answer's `defaults`."""
+        shape_only = self.config is None and self.name is None and self.params is None
+        if shape_only and self.tied_embeddings is None and self.layers is not None:
+            return {"tied_embeddings": family_ties_embeddings(self.ffn_kind or "swiglu")}
+        return {}
+
+
+def family_ties_embeddings(ffn_kind: str) -> bool:
+    """Whether the family a flag-given shape stands for shares its input embedding with its output
+    layer: a GELU decoder is the GPT family, which ties them in every engine's model code
+    (transformers GPT2Config/BloomConfig tie_word_embeddings True; llmfoundry/models/mpt/
+    configuration_mpt.py tie_word_embeddings=True; Megatron-LM and Megatron-DeepSpeed
+    megatron/arguments.py --untie-embeddings-and-output-weights off by default); a SwiGLU one is
+    the Llama family, which does not (transformers LlamaConfig tie_word_embeddings False)."""
+    return ffn_kind == "gelu"
 
 
 @dataclass(frozen=True)
@@ -226,6 +243,8 @@ class TrainingInput:
     pipeline_edge_layers: int | None = None
     """0 or 1 blocks' worth the first and last stages give up for the embedding and the loss
     (default: the engine's; Training.pipeline_edge_layers)."""
+    loss_chunks: int | None = None
+    """Sequence chunks of torchtitan's loss (default: the engine's; Training.loss_chunks)."""
     partition_activations: bool | None = None
     """DeepSpeed activation_checkpointing.partition_activations (default off, DeepSpeed's)."""
     cpu_checkpointing: bool | None = None
@@ -273,7 +292,7 @@ class TrainingInput:
                         fsdp_mixed_precision=self.fsdp_mixed_precision or "default",
                         moe_capacity_factor=self.moe_capacity_factor,
                         overlap_p2p=self.overlap_p2p is not False, pipeline_edge_layers=self.pipeline_edge_layers,
-                        moe_pad_to_capacity=bool(self.moe_pad_to_capacity),
+                        loss_chunks=self.loss_chunks, moe_pad_to_capacity=bool(self.moe_pad_to_capacity),
                         optimizer_offload_fraction=1.0 if self.optimizer_offload_fraction is None
                         else self.optimizer_offload_fraction)
 

@@ -133,6 +133,11 @@ class Training:
     fsdp_mixed_precision: str = "default"
     """Composer's FSDP mixed_precision under llm-foundry's modules (planner/modules.py
     FSDP_MIXED_PRECISION): 'default' fp32 parameters under autocast, 'pure' 16-bit ones."""
+    loss_chunks: int | None = None
+    """Sequence chunks the loss is computed over, each chunk's logits freed before the next (None:
+    the engine's default, Engine.loss_chunks; 1 under torchtitan 0.2.2 and earlier, whose
+    components/loss.py cross_entropy_loss takes the whole micro-batch's logits upcast to fp32; the
+    chunked loss came after, in commit 786e26f8e)."""
     modules: Modules | None = None
     """Whose transformer block the job trains (--modules; planner/modules.py): None, the engine's
     users' own (modules.block_modules resolves it per model); an engine drives only those it can
@@ -150,6 +155,7 @@ class Training:
         if not isinstance(self.overlap_p2p, bool):
             raise InputError(f"overlap_p2p: must be true or false, got {self.overlap_p2p!r}")
         self._check_edge_layers()
+        self._check_loss_chunks()
         if not isinstance(self.grad_reduce_in_bf16, bool):
             raise InputError(f"--grad-reduce-in-bf16: must be true or false, got {self.grad_reduce_in_bf16!r}")
         if self.grad_reduce_in_bf16 and not self.engine.grad_reduce_bf16_choice:
@@ -184,6 +190,16 @@ class Training:
             raise InputError(f"--pp-edge-layers: --engine {self.engine.name} splits blocks evenly over its stages "
                              "(--engine megatron or torchtitan take 0 or 1)")
 
+    def _check_loss_chunks(self) -> None:
+        chunks = self.loss_chunks
+        if chunks is None:
+            object.__setattr__(self, "loss_chunks", self.engine.loss_chunks)
+        elif isinstance(chunks, bool) or not isinstance(chunks, int) or not 1 <= chunks <= 1024:
+            raise InputError(f"--loss-chunks: must be an integer from 1 to 1024, got {chunks!r}")
+        elif chunks != self.engine.loss_chunks and self.engine.loss_chunks == 1:
+            raise InputError(f"--loss-chunks: --engine {self.engine.name} computes the loss over the whole "
+                             "micro-batch (1); --engine torchtitan chunks it (ChunkedLossWrapper num_chunks)")
+
     def _check_moe_capacity(self) -> None:
         """--moe-capacity-factor where the engine's MoE layer has a capacity; --moe-pad-to-capacity
         where padding is optional (megatron-core 0.16.1 transformer_config.py __post_init__: it needs
@@ -213,6 +229,7 @@ class Training:
                        compile=self.compile and other.modules is Modules.HUGGING_FACE,
                        pipeline_edge_layers=self.pipeline_edge_layers if other.pipeline_edge_choice
                        and self.pipeline_edge_layers != self.engine.pipeline_edge_layers else None,
+                       loss_chunks=self.loss_chunks if other.loss_chunks > 1 and self.engine.loss_chunks > 1 else None,
                        moe_capacity_factor=None if other.moe_capacity is MoeCapacity.DROPLESS else self.moe_capacity_factor,
                        moe_pad_to_capacity=self.moe_pad_to_capacity and other.moe_capacity is MoeCapacity.MEGATRON,
                        optimizer_offload_fraction=self.optimizer_offload_fraction if other.offload_hybrid_optimizer else 1.0)
@@ -223,7 +240,12 @@ class Training:
         (DeepSpeed zero/config.py overlap_comm_valid: None resolves to stage == 3)."""
         flag = self.zero_config.overlap_comm if self.engine.overlap_flag else None
         zero = np.asarray(zero)
-        return among(zero, self.engine.overlap_default) if flag is None else np.full(zero.shape, flag)
+        default = among(zero, self.engine.overlap_default)
+        if flag is None:
+            return default
+        # DeepSpeed 0.19.8 engine.py _configure_zero_optimizer: only the ZeRO optimizers read
+        # overlap_comm; stage 0 reduces at the boundary whatever it says
+        return np.where(zero >= 1, flag, default) if self.engine.deepspeed else np.full(zero.shape, flag)
 
     def as_dict(self) -> dict:
         """The JSON `training` object (engine by name)."""

@@ -485,7 +485,7 @@ def torchtitan_edge_unit_bytes(model: ModelSpec, training: Training, lay: Layout
     head = np.where(tied, E + s.last_replicated, s.last_replicated + lm)  # the unit lm_head is in
     # the chunks before the last accumulate lm_head's gradient in reduce_dtype while sync is off (torch 2.13
     # _fsdp_param.py to_accumulated_grad_if_needed); foreach_reduce's loop variable keeps it to the end
-    acc = np.where(training.engine.loss_chunks > 1, r, g)
+    acc = np.where(training.loss_chunks > 1, r, g)
     # ChunkedLossWrapper's last chunk: lm_head kept gathered, its accumulated gradient, its reduce_scatter
     # input and output (_fsdp_collectives.py foreach_reduce); then lm_head.reshard(), and in the decoder's
     # backward its unit gathered again for the norm (all-gather output and parameters) beside lm_head's

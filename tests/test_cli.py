@@ -227,6 +227,12 @@ FROZEN["validate"] = FROZEN["validate"] + ["--source"]
 for command in ("estimate", "recommend"):
     FROZEN[command] = FROZEN[command] + ["--modules", "--no-sequence-parallel", "--grad-reduce-in-bf16",
                                          "--partition-activations", "--fsdp-mixed-precision"]
+# an untied output layer for a GELU shape, whose family ties it by default
+for command in ("estimate", "recommend", "check"):
+    FROZEN[command] = FROZEN[command] + ["--no-tied-embeddings"]
+# torchtitan's loss chunks, 1 for its releases before the chunked loss
+for command in ("estimate", "recommend"):
+    FROZEN[command] = FROZEN[command] + ["--loss-chunks"]
 FROZEN = {command: sorted(flags) for command, flags in FROZEN.items()}
 
 

@@ -711,3 +711,20 @@ def test_shared_expert_activations_are_a_llama_mlp_more():
     # Mixtral's fp32 4k), and Qwen1.5-MoE's norm_topk_prob false drops the renormalization's 4k + 4:
     # 45,056 + 4,098 - 28 = 49,126
     assert per_token(shared) - per_token(base) == 4 * 2 * 5632 + 2 * 2048 + 2 - (2 * 4 + 4 * 4 + 4)
+
+
+def test_flag_shape_ties_embeddings_as_its_family_does():
+    """A shape given by flags stands for a family: GELU is GPT (transformers GPT2Config and
+    BloomConfig tie the output layer to the input embedding), SwiGLU is Llama (LlamaConfig does
+    not). The tied count is the untied one less exactly vocab x hidden."""
+    transformers = pytest.importorskip("transformers")
+    from planner.inputs import ModelInput
+
+    shape = dict(layers=4, hidden=512, heads=8, vocab=32000)
+    gelu, swiglu = ModelInput(**shape, ffn_kind="gelu"), ModelInput(**shape, ffn_kind="swiglu")
+    assert gelu.resolve().tied_embeddings is transformers.GPT2Config().tie_word_embeddings is True
+    assert transformers.BloomConfig().tie_word_embeddings is True
+    assert swiglu.resolve().tied_embeddings is transformers.LlamaConfig().tie_word_embeddings is False
+    untied = ModelInput(**shape, ffn_kind="gelu", tied_embeddings=False).resolve()
+    assert untied.params - gelu.resolve().params == 32000 * 512
+    assert gelu.assumed() == {"tied_embeddings": True} and ModelInput(name="llama-3-8b").assumed() == {}
