@@ -309,6 +309,13 @@ class Engine:
     (param_copy_back_gpu_hook), all in turn on the current stream (overlap_cpu_optimizer_d2h_h2d
     off, OptimizerConfig's default); rather than DeepSpeed's ZeRO-Offload, which copies gradients
     down during backward and 16-bit parameters up."""
+    precision_aware_optimizer: bool = False
+    """--precision bf16-pure is megatron-core's precision-aware optimizer (Megatron-LM training/
+    arguments.py --use-precision-aware-optimizer --main-grads-dtype bf16 --exp-avg-dtype bf16
+    --exp-avg-sq-dtype bf16, as export.py megatron_args writes it): bf16 main gradients and Adam
+    moments, and fp32 main parameters kept as the 16 bits a bf16 weight lacks (0.16.1
+    optimizer_config.py store_param_remainders, on by default with TransformerEngine >= 2.1), 2 B in
+    the optimizer's shard; only under the distributed optimizer (its __post_init__ asserts it)."""
     cp_with_sp: bool = True
     """Context parallelism runs beside Megatron's sequence parallelism. Not under Megatron-DeepSpeed, whose
     --cp is DeepSpeed's sequence parallelism (--ds-sequence-parallel-size): megatron/initialize.py
@@ -451,6 +458,7 @@ MEGATRON = Engine(
     offload_devices=(Offload.CPU,),
     offload_together=False,
     offload_hybrid_optimizer=True,
+    precision_aware_optimizer=True,
     buffers=Buffers.NONE,
     # training/arguments.py validate_args: bf16 accumulates and all-reduces grads in fp32 unless
     # --grad-reduce-in-bf16 (main_grad in param_and_grad_buffer.py)

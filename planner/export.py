@@ -518,8 +518,11 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
             # HybridDeviceOptimizer steps the 16-bit shards and the GPU keeps no fp32 main parameter
             # (distrib_optimizer.py _build_model_and_main_param_groups); the flags spelled as Megatron-LM
             # spells OptimizerConfig's fields (its training/arguments.py is not in the wheel: unread)
-            a += ["--optimizer-cpu-offload", f"--optimizer-offload-fraction {training.optimizer_offload_fraction!r}",
-                  "--use-precision-aware-optimizer"]
+            a += ["--optimizer-cpu-offload", f"--optimizer-offload-fraction {training.optimizer_offload_fraction!r}"]
+        if row["offload_optimizer"] != "none" or training.precision == "bf16-pure":
+            a.append("--use-precision-aware-optimizer")
+        if training.precision == "bf16-pure":  # Engine.precision_aware_optimizer: bf16 grads and moments
+            a += ["--main-grads-dtype bf16", "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"]
         # the overlaps the planner's step time assumes (timing.py overlapped_dp_s); Megatron-LM
         # training/arguments.py: --overlap-param-gather needs --use-distributed-optimizer
         if row["rank_order"] == "tp-cp-pp-dp":  # training/initialize.py: order 'tp-cp-ep-pp-dp'

@@ -175,6 +175,12 @@ RULES: tuple[Rule, ...] = (
          & (tr.optimizer is not Optimizer.ADAMW),
          lambda m, cl, tr: f"--offload-optimizer: --engine {tr.engine.name} offloads AdamW only (megatron-core's "
                            f"--use-precision-aware-optimizer asserts adam); use --optimizer adamw"),
+    # megatron-core 0.16.1 optimizer_config.py __post_init__: use_precision_aware_optimizer asserts
+    # use_distributed_optimizer (Engine.precision_aware_optimizer)
+    Rule("precision_aware_needs_zero", ENGINE_RULE,
+         lambda m, cl, tr, l: (l.zero == 0) & tr.engine.precision_aware_optimizer & (tr.precision == Precision.BF16_PURE),
+         lambda m, cl, tr: f"--precision bf16-pure: --engine {tr.engine.name} keeps bf16 states with its "
+                           "precision-aware optimizer, which needs the distributed optimizer: use --zero 1"),
     Rule("sp_needs_tp", ENGINE_RULE, lambda m, cl, tr, l: (l.sequence_parallel > 0) & (l.tp < 2),
          lambda m, cl, tr: "--sequence-parallel: needs --tp > 1"),
     Rule("recompute_layers_full", ENGINE_RULE,

@@ -285,7 +285,9 @@ def state_bytes(training: Training) -> StateBytes:
     if precision is Precision.FP32:
         weight, master = 4.0, 0.0
     elif precision is Precision.BF16_PURE:
-        weight, master, states = 2.0, 0.0, states / 2
+        # 16-bit moments; Megatron's precision-aware optimizer keeps the fp32 master's low 16 bits
+        # (Engine.precision_aware_optimizer), the others no master at all
+        weight, master, states = 2.0, 2.0 * engine.precision_aware_optimizer, states / 2
     else:
         weight, master = 2.0, 4.0
     grad = weight

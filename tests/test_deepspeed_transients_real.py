@@ -343,8 +343,10 @@ def test_zero3_gathered_parameters(measured, name):
     for micro in range(RUNS[name][1]):
         at_peak = _worst(measured, name, micro, "micro_step", key=lambda x: x["by"]["deepspeed"])
         # SMALL: 12-524 B more from run to run (small DeepSpeed allocations that are live or not at
-        # the instant the profiler's timestamps order as the peak; not identified)
-        assert plan["zero3_live"] <= at_peak <= plan["zero3_live"] + SMALL_BYTES
+        # the instant the profiler's timestamps order as the peak; not identified). On a loaded machine
+        # the reduce-scatter's flattened copy of lm_head's gradient (2 B x 512 x 64) can be live at that
+        # instant too (measured once in CI: +65,548 B): the same race, one gradient larger
+        assert plan["zero3_live"] <= at_peak <= plan["zero3_live"] + 2 * 512 * 64 + SMALL_BYTES
         alone = _worst(measured, name, micro, "micro_step")
         assert plan["zero3_live"] <= alone <= plan["zero3_live"] + 2 * 2 * max(BUCKET, 512 * 64) + SMALL_BYTES
 

@@ -253,3 +253,28 @@ def test_megatron_gradients_are_its_fp32_buffer_whole_on_every_rank():
         training = layout.Training(engine=engine, precision="bf16")
         dense, expert = sharding.rank_params(model, training, lay, 0)
         assert memory.grad_bytes(model, training, lay, 0)[0] == pytest.approx(per_param * (dense + expert)[0])
+
+
+def test_megatron_bf16_states_are_its_precision_aware_optimizer(tmp_path):
+    """--precision bf16-pure under Megatron is megatron-core's precision-aware optimizer with bf16 main
+    grads and moments (Megatron-LM training/arguments.py --main-grads-dtype bf16 --exp-avg-dtype bf16
+    --exp-avg-sq-dtype bf16) and the fp32 master kept as 16-bit remainders (optimizer_config.py
+    store_param_remainders): per parameter 2 B weight + 2 B grad + (2 + 2 + 2) B / dp of optimizer,
+    against 2 + 4 + 12 / dp with --bf16 alone. It needs the distributed optimizer."""
+    from planner import api, export
+
+    def per_param(precision):
+        e = api.estimate("llama-3-8b", {"gpus": 8}, {"engine": "megatron", "precision": precision, "gbs": 8},
+                         {"zero": 1, "recompute": "full"})
+        b, p = e.memory["breakdown"], e.model.params
+        return e, (b["params"] / p, b["grads"] / p, b["optimizer"] / p)
+
+    assert per_param("bf16")[1] == pytest.approx((2, 4, 12 / 8), rel=1e-6)
+    e, pure = per_param("bf16-pure")
+    assert pure == pytest.approx((2, 2, 6 / 8), rel=1e-6)
+    args = export.megatron_args(e.model, e.training, e.record["layout"])
+    for flag in ("--bf16", "--use-distributed-optimizer", "--use-precision-aware-optimizer", "--main-grads-dtype bf16",
+                 "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"):
+        assert flag in args, flag
+    with pytest.raises(InputError, match="--precision bf16-pure.*--zero 1"):
+        api.estimate("llama-3-8b", {"gpus": 8}, {"engine": "megatron", "precision": "bf16-pure"}, {"zero": 0})
