@@ -44,7 +44,8 @@ def prediction(engine: str, llama: dict, zero: int, mbs: int, seq: int, checkpoi
     from planner import api
 
     e = api.estimate({**llama, "model_type": "llama"}, {"gpus": ranks, "gpu": gpu},
-                     {"seq_len": seq, "engine": engine, "precision": "bf16"},
+                     # one micro-batch per step, as step_worker.py runs it (gradient_accumulation_steps 1)
+                     {"seq_len": seq, "engine": engine, "precision": "bf16", "gbs": mbs * ranks},
                      {"dp": ranks, "zero": zero, "mbs": mbs, "recompute": "full" if checkpointing else "none"})
     return {q: float(getattr(e, section)[key]) for q, (section, key) in PREDICTED.items()}
 

@@ -102,13 +102,22 @@ class Recommendation:
     relative_speed (to layouts[0]; > 1 is faster), note (why there is none), settings (the
     training settings its search chose: tp_comm_overlap, optimizer_offload_fraction, the ZeRO-3
     live-parameter knobs, where they differ from the engine's defaults)}."""
+    notes: list = field(default_factory=list)
+    """What the answer changed from the question: the engine chosen because the default one had no
+    fitting layout (the user gave no --engine)."""
+    batch_proposals: list = field(default_factory=list)
+    """Where nothing fits the engine because of the batch (it splits over too few data-parallel
+    ranks): the nearest batches that fit, as {gbs, tokens_per_step, engine, layout, tokens_per_s,
+    settings}, nearest first, each faster than any nearer one on its side."""
+    batch_note: str | None = None
+    """Why the batch is the cause, where it is (the batch, the largest data-parallel degree it allows)."""
 
     def to_json(self) -> dict:
         """The `planner recommend --json` object."""
         return {"model": self.model.shape_dict(), "assumptions": self.assumptions, "defaults": self.defaults,
                 "candidates_evaluated": self.candidates_evaluated, "rejected": self.rejected,
                 "layouts": self.layouts, "suggestions": self.suggestions, "clear_fit": self.clear_fit,
-                "engines": self.engines}
+                "engines": self.engines, "notes": self.notes, "batch_proposals": self.batch_proposals}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,6 +130,15 @@ def default_engine(tp: int = 1, cp: int = 1, vpp: int = 1, sequence_parallel: bo
     if vpp > 1:
         return "megatron"
     return "megatron-deepspeed" if max(tp, cp) > 1 or sequence_parallel else DEFAULTS["engine"]
+
+
+def default_gbs(tin: TrainingInput, unit: int = 1) -> int:
+    """The global batch in sequences without --gbs: --tokens-per-step (default 4Mi tokens, as
+    published pretraining runs of this size take) over the sequence length, rounded to the nearest
+    multiple of `unit` (estimate's --mbs*--dp: a batch it can split; at least one of it)."""
+    seq_len = tin.seq_len or DEFAULTS["seq_len"]
+    sequences = max(1, int(round((tin.tokens_per_step or DEFAULTS["tokens_per_step"]) / seq_len)))
+    return max(1, (sequences + unit // 2) // unit) * unit
 
 
 def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: bool = False) -> Estimate:
@@ -145,11 +163,13 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
         raise InputError(f"--gpus: {cin.gpus} != --tp*--pp*--dp*--cp = {world}")
     if not cin.gpus:
         defaults["gpus"] = world
-    gbs = tin.gbs or mbs * dp
+    gbs = tin.gbs or default_gbs(tin, mbs * dp)
     if gbs % (mbs * dp):
         raise InputError(f"--gbs: {gbs} is not divisible by --mbs*--dp = {mbs * dp}")
     if tin.gbs is None:
         defaults["gbs"] = gbs
+        if tin.tokens_per_step is None:
+            defaults["tokens_per_step"] = DEFAULTS["tokens_per_step"]
     spec = resolve_model(model)
     defaults.update(_model_defaults(model))
     engine = tin.engine or default_engine(lin.tp, lin.cp, lin.vpp, bool(lin.sequence_parallel))
@@ -186,14 +206,21 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
 
 
 def recommend(model, cluster=None, training=None, *, top: int | None = None, memory_headroom: float | None = None,
-              max_mbs: int | None = None, pinned: dict | None = None, landscape: int = 0) -> Recommendation:
+              max_mbs: int | None = None, pinned: dict | None = None, landscape: int = 0,
+              _engines: dict | None = None) -> Recommendation:
     """The `top` fastest layouts that fit (with `memory_headroom` of GPU memory kept free), searched
     over every TP/PP/VPP/CP/DP/EP degree, ZeRO stage, offload, micro-batch up to `max_mbs`,
     recompute and sequence parallelism the engine allows.
 
     pinned: {field: value} of LayoutInput fields (words as the flags take them) that every layout
     keeps, e.g. {"tp": 8, "zero": 1}. landscape: also return up to this many fitting layouts as
-    (memory, speed) points with the Pareto front (Recommendation.landscape), for plots."""
+    (memory, speed) points with the Pareto front (Recommendation.landscape), for plots.
+
+    Without an engine given, where the default engine has no fitting layout, the answer is the
+    fastest engine's that has one (Recommendation.notes says so; defaults["engine"] names it).
+    Where nothing fits because the batch splits over too few data-parallel ranks, the nearest
+    batches that fit are in Recommendation.batch_proposals. _engines: internal, the other engines'
+    best layouts already searched ({engine: entry as in Recommendation.engines})."""
     from planner.bounds import check
 
     cin = coerce(cluster, ClusterInput, "--gpus")
@@ -203,9 +230,8 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     top, headroom, max_mbs = (check(k, DEFAULTS[k] if v is None else v) for k, v in given.items())
     spec = resolve_model(model)
     defaults.update(_model_defaults(model))
-    seq_len = tin.seq_len or DEFAULTS["seq_len"]
     tokens = tin.tokens_per_step or DEFAULTS["tokens_per_step"]
-    gbs = tin.gbs or max(1, int(round(tokens / seq_len)))
+    gbs = tin.gbs or default_gbs(tin)
     if tin.gbs is None:
         defaults["gbs"] = gbs
         if tin.tokens_per_step is None:
@@ -273,15 +299,99 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
             rec["time_to_train"] = _time_to_train(rec["time"]["step_s"], gbs * train.seq_len, tin, clus)
         records.append(rec)
     clear = _fastest_clear_fit(clus, sources, records) if records and records[0]["memory"]["verdict"] != "fits" else None
-    hints = [] if records else search.what_would_fit(spec, clus, train, headroom, max_mbs, result)
     points = search.landscape(result, landscape) if landscape else None
     best = records[0]["throughput"]["tokens_per_s"] if records else None
     # each engine searches overlap_comm itself from the user's value, as its own recommend would
     unsearched = replace(train, zero_config=replace(train.zero_config, overlap_comm=tin.overlap_comm))
-    others = [_engine_best(spec, clus, unsearched, name, headroom, max_mbs, pins, best, tin.pipeline_edge_layers is None,
-                           knobs_free, share_free, overlap_free) for name in ENGINE_NAMES if name != train.engine.name]
+    frees = (tin.pipeline_edge_layers is None, knobs_free, share_free, overlap_free)
+    if _engines is None:
+        others = [_engine_best(spec, clus, unsearched, name, headroom, max_mbs, pins, best, *frees)
+                  for name in ENGINE_NAMES if name != train.engine.name]
+    else:  # the first answer's searches of the other engines, against this one's best
+        others = [{**_engines[name], "relative_speed": None if best is None or _engines[name]["tokens_per_s"] is None
+                   else _engines[name]["tokens_per_s"] / best} for name in ENGINE_NAMES if name != train.engine.name]
+    proposals, batch_note = ([], None) if records else _batch_proposals(spec, clus, unsearched, headroom, max_mbs, pins,
+                                                                         result, frees)
+    fitting = [e for e in others if e["layout"] is not None]
+    if not records and tin.engine is None and fitting:
+        # the user named no engine and the default one cannot train this: answer with the fastest
+        # engine that can, as `--engine` would, and say so
+        chosen = max(fitting, key=lambda e: e["tokens_per_s"])
+        why = batch_note or search.leanest_text(clus, headroom, result) or "its rules reject every layout"
+        known = {e["engine"]: e for e in others}
+        known[train.engine.name] = {"engine": train.engine.name, "layout": None, "tokens_per_s": None,
+                                    "relative_speed": None, "note": why, "settings": {}}
+        answer = recommend(model, cin, replace(tin, engine=chosen["engine"]), top=top,
+                           memory_headroom=memory_headroom, max_mbs=max_mbs, pinned=pinned, landscape=landscape,
+                           _engines=known)
+        answer.defaults["engine"] = chosen["engine"]
+        lead = answer.layouts[0] if answer.layouts else None
+        answer.notes.insert(0, f"no {train.engine.name} layout fits ({why}); {chosen['engine']}'s fastest fits"
+                            + (f": {search.short(lead['layout'])} at {lead['throughput']['tokens_per_s']:,.0f} tokens/s"
+                               if lead else "") + f" (the engine without --engine is {train.engine.name})")
+        answer.batch_proposals[:0] = proposals
+        return replace(answer, batch_note=batch_note)
+    hints = [] if records else search.what_would_fit(spec, clus, train, headroom, max_mbs, result)
+    if proposals:
+        hints.insert(0, f"--gbs {proposals[0]['gbs']} fits ({search.short(proposals[0]['layout'])}, "
+                        f"{proposals[0]['tokens_per_s']:,.0f} tokens/s)")
     return Recommendation(spec, clus, train, assumptions, defaults, result["candidates"], result["rejected"],
-                          records, hints, result["elapsed_s"], points, clear, others)
+                          records, hints, result["elapsed_s"], points, clear, others, [], proposals, batch_note)
+
+
+BATCH_WINDOW = 0.125
+"""How far from the asked batch recommend looks for one that fits (a share of it, either side)."""
+BATCH_TRIES = 3
+"""Batches searched on each side of the asked one, at most: the nearest that allow the most data parallelism."""
+
+
+def _batch_proposals(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, result: dict,
+                     frees: tuple) -> tuple:
+    """([proposal], note) where nothing fits `train` and the batch is the cause: most candidates were
+    rejected for divisibility (the batch splits over mbs*dp ranks; dp divides the GPU count, so
+    gcd(batch, GPUs) bounds data parallelism) and a batch within BATCH_WINDOW that allows more data
+    parallelism has a fitting layout. Each side searches the BATCH_TRIES batches allowing the most
+    data parallelism (a handful of searches, and only on this failing path); a proposal is kept where
+    it is faster than every nearer one on its side. ([], None) elsewhere."""
+    gbs, gpus = train.gbs, clus.num_gpus
+    rejected = result["rejected"]
+    if "dp" in pins or rejected.get("divisibility", 0) * 2 < sum(rejected.values()):
+        return [], None
+    usable = math.gcd(gbs, gpus)
+    step = pins.get("mbs", 1)
+    sides = {-1: {}, 1: {}}  # side -> {batch: largest data parallelism it allows}
+    for d in (d for d in _divisors(gpus) if d > usable):
+        unit = d * step
+        for g in ((gbs // unit) * unit, (gbs // unit + 1) * unit):
+            if g > 0 and g != gbs and abs(g - gbs) <= gbs * BATCH_WINDOW:
+                sides[1 if g > gbs else -1][g] = math.gcd(g // step, gpus)
+    proposals = []
+    for side in sides.values():
+        tries = sorted(sorted(side, key=lambda g: -side[g])[:BATCH_TRIES], key=lambda g: abs(g - gbs))
+        fastest = 0.0
+        for g in tries:
+            found = _engine_best(spec, clus, replace(train, gbs=g), train.engine.name, headroom, max_mbs, pins, None,
+                                 *frees)
+            if found["layout"] is not None and found["tokens_per_s"] > fastest:
+                fastest = found["tokens_per_s"]
+                proposals.append({"gbs": g, "tokens_per_step": g * train.seq_len, "engine": train.engine.name,
+                                  "layout": found["layout"], "tokens_per_s": found["tokens_per_s"],
+                                  "settings": found["settings"]})
+    if not proposals:
+        return [], None
+    proposals.sort(key=lambda p: (abs(p["gbs"] - gbs), p["gbs"]))
+    note = (f"the batch, {gbs:,} sequences ({gbs * train.seq_len:,} tokens), splits over no data-parallel degree "
+            f"above {usable} of {gpus} GPUs" + (f" ({gbs} is prime)" if _prime(gbs) else ""))
+    return proposals, note
+
+
+def _divisors(n: int) -> list:
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return sorted(set(small + [n // k for k in small]))
+
+
+def _prime(n: int) -> bool:
+    return n > 1 and all(n % k for k in range(2, math.isqrt(n) + 1))
 
 
 def _fastest_clear_fit(clus: Cluster, sources: list, records: list) -> dict | None:

@@ -138,7 +138,12 @@ def add_training_flags(p):
     g.add_argument("--precision", help="bf16, fp16, fp32, bf16-pure (default bf16)")
     g.add_argument("--optimizer", help="adamw, sgd, adafactor, adam8bit (default adamw)")
     g.add_argument("--no-flash-attention", action="store_true")
-    g.add_argument("--engine", default=None, help="deepspeed, megatron-deepspeed, megatron, fsdp")
+    from planner.engines import NAMES
+    from planner.inputs import DEFAULTS
+
+    g.add_argument("--engine", default=None,
+                   help=f"{', '.join(NAMES)} (default {DEFAULTS['engine']}; megatron-deepspeed with --tp, --cp or "
+                        "--sequence-parallel, megatron with --vpp)")
     g = p.add_argument_group("DeepSpeed buffers (zero_optimization fields)")
     for key in ZERO_FLAGS:
         kind = positive_int if key in ("reduce_bucket_size", "allgather_bucket_size", "sub_group_size") else non_negative_int
@@ -250,7 +255,7 @@ def build_parser() -> Parser:
     e.add_argument("--schedule", default=None, help="1f1b, interleaved, gpipe, zb-h1 (default: interleaved when --vpp > 1)")
     e.add_argument("--ds-estimator", action="store_true", help="also print DeepSpeed's own estimator figures")
     e.add_argument("--emit", metavar="DIR", help="write ds_config.json, accelerate config and launch command")
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--json", action="store_true", help="print the answer as one JSON object")
 
     r = sub.add_parser("recommend", help="fastest layout that fits")
     add_model_flags(r)
@@ -263,8 +268,9 @@ def build_parser() -> Parser:
                    help="fraction of GPU memory kept free (default 0.05) [a number >= 0 and < 1]")
     r.add_argument("--max-mbs", type=positive_int, help=_h("largest micro-batch tried (default 16)", "max_mbs"))
     add_layout_flags(r.add_argument_group("pinned layout axes"), pinning=True)
-    r.add_argument("--emit", metavar="DIR")
-    r.add_argument("--json", action="store_true")
+    r.add_argument("--emit", metavar="DIR",
+                   help="write the recommended layout's ds_config.json, accelerate config and launch command")
+    r.add_argument("--json", action="store_true", help="print the answer as one JSON object")
 
     k = sub.add_parser("check", help="predict and diagnose your own ds_config.json or Accelerate YAML")
     k.add_argument("dir", nargs="?", metavar="DIR", help="a directory --emit wrote: the same as --config DIR")
@@ -376,7 +382,11 @@ def cmd_recommend(args, out) -> int:
             which = "" if chosen is r.layouts[0] else f" (for {report.short(chosen['layout'])}, which clears the band)"
             out.write("wrote " + _shown(chosen["emitted"]) + which + "\n")
     if not r.layouts:
-        # the answer (with what would fit) is printed; exit 2 still comes with its one stderr line
+        # the answer (with what would fit) is printed; exit 2 still comes with its one stderr line,
+        # naming --gbs where the batch is the cause (api._batch_proposals)
+        if r.batch_proposals:
+            raise InputError(f"--gbs: {r.batch_note}: no {r.training.engine.name} layout of {r.cluster.num_gpus} x "
+                             f"{r.cluster.gpu.name} fits; {r.suggestions[0]}")
         raise InputError(f"--gpus: no layout fits {r.cluster.num_gpus} x {r.cluster.gpu.name}"
                          + (f"; {r.suggestions[0]}" if r.suggestions else ""))
     return 0

@@ -127,8 +127,9 @@ def lookup_gpu(name: str) -> GPU:
     if key in catalog:
         return catalog[key]
     names = sorted({g.name for g in catalog.values()})
-    close = difflib.get_close_matches(key, list(catalog), n=2, cutoff=0.5)
-    hint = f" (did you mean {', '.join(catalog[c].name for c in close)}?)" if close else ""
+    # aliases of one GPU (h100, h100-sxm) both match: name each GPU once, in match order
+    close = list(dict.fromkeys(catalog[c].name for c in difflib.get_close_matches(key, list(catalog), n=4, cutoff=0.5)))[:2]
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise InputError(f"--gpu: unknown GPU {name!r}{hint}; known: {', '.join(names)}")
 
 

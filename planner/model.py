@@ -617,8 +617,9 @@ def lookup(name: str) -> ModelSpec:
     key = str(name).lower()
     if key in models:
         return models[key]
-    close = difflib.get_close_matches(key, list(models), n=3, cutoff=0.4)
-    hint = f" (did you mean {', '.join(models[c].name for c in close)}?)" if close else ""
+    # aliases of one model match alike: name each model once
+    close = list(dict.fromkeys(models[c].name for c in difflib.get_close_matches(key, list(models), n=6, cutoff=0.4)))[:3]
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise InputError(
         f"--model: unknown model {name!r}{hint}; known: {', '.join(sorted(s.name for s in models.values()))}, "
         "or a path to a Hugging Face config.json"

@@ -81,10 +81,29 @@ def ds_estimator_text(rows: dict) -> str:
     return "\n".join(lines)
 
 
+def assumed_text(defaults: dict, layout: dict) -> str:
+    """estimate's inputs the user did not give, with the values used, on one wrapped line; an
+    engine chosen from the layout (api.default_engine) says which axis chose it."""
+    from planner.inputs import DEFAULTS
+
+    def shown(key, value):
+        if key == "engine" and value != DEFAULTS["engine"]:
+            axes = [f"--{k} {layout[k]}" for k in ("tp", "cp", "vpp") if layout.get(k, 1) > 1]
+            axes += ["--sequence-parallel"] * (not axes and bool(layout.get("sequence_parallel")))
+            return f"engine {value} (for {' '.join(axes) or 'the layout'}: DeepSpeed alone has none)" \
+                if value == "megatron-deepspeed" else f"engine {value} (for {' '.join(axes) or 'the layout'})"
+        if key == "tokens_per_step":
+            return f"tokens_per_step {value:,}"
+        return f"{key} {value}"
+
+    text = "assumed: " + (", ".join(shown(k, v) for k, v in defaults.items()) or "nothing (every input given)")
+    return textwrap.fill(text, 100, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False)
+
+
 def estimate_text(e) -> str:
     """`planner estimate` without --json."""
     mem = e.memory
-    lines = [describe(e.model, e.cluster, e.training), "", memory_table(mem),
+    lines = [assumed_text(e.defaults, e.layout), describe(e.model, e.cluster, e.training), "", memory_table(mem),
              f"peak rank total {gib(mem['gpu_bytes'])} GiB at the {mem['peak_phase']} peak"
              f"; CPU per node {gib(mem['cpu_bytes_per_node'])} GiB -> {'fits' if mem['fits'] else 'DOES NOT FIT'}",
              verdict_text(mem, e.cluster), "",
@@ -112,10 +131,27 @@ def rejections_text(r) -> str:
     return f"{r.candidates_evaluated:,} candidates evaluated in {r.elapsed_s:.2f} s; rejected: {rej or 'none'}"
 
 
+def batch_text(r) -> list:
+    """Where the batch is why nothing fits an engine: the nearest batches that fit it."""
+    if not r.batch_proposals:
+        return []
+    engine = r.batch_proposals[0]["engine"]
+    lines = [f"batches that fit {engine} (nearest first; --gbs G):"]
+    for p in r.batch_proposals:
+        flags = settings_flags(p.get("settings", {}))
+        lines.append(f"  --gbs {p['gbs']} ({p['tokens_per_step']:,} tokens): {short(p['layout'])}"
+                     f"{f' ({flags})' if flags else ''}, {p['tokens_per_s']:,.0f} tokens/s")
+    return lines
+
+
 def recommend_text(r) -> str:
-    """`planner recommend` without --json."""
-    lines = ["assumed: " + ", ".join(f"{k} {v}" for k, v in r.assumptions.items()),
-             describe(r.model, r.cluster, r.training), ""]
+    """`planner recommend` without --json. Its first line says what the answer changed from the
+    question (another engine than the default) or, where the batch is why nothing fits, so."""
+    lead = list(r.notes)
+    if not r.layouts and r.batch_note:
+        lead.append(f"nothing fits {r.training.engine.name}: {r.batch_note}")
+    lines = lead + batch_text(r) + ["assumed: " + ", ".join(f"{k} {v}" for k, v in r.assumptions.items()),
+                                    describe(r.model, r.cluster, r.training), ""]
     if not r.layouts:
         fits_elsewhere = [e for e in r.engines if e["layout"] is not None]
         return "\n".join(lines + ["nothing fits. " + "; ".join(r.suggestions), rejections_text(r)]

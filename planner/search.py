@@ -600,13 +600,7 @@ def what_would_fit(model: ModelSpec, cluster: Cluster, training: Training, headr
                    result: dict) -> list[str]:
     """When nothing fits (`result` is that search): the least memory any valid layout needs, and
     what changes would fit: another engine, or more GPUs."""
-    hints = []
-    valid, ev = result["valid"], result["eval"]
-    capacity = cluster.gpu.memory_bytes * (1 - headroom)
-    if valid.size:
-        i = int(np.argmin(ev["memory"]["required"]))
-        hints.append(f"the leanest layout ({short(valid.row(i))}) needs {ev['memory']['total'][i] / 2**30:.1f} GiB "
-                     f"per GPU of {capacity / 2**30:.1f} GiB usable")
+    hints = [lean] if (lean := leanest_text(cluster, headroom, result)) else []
 
     def attempt(c: Cluster, t: Training):
         try:
@@ -626,6 +620,18 @@ def what_would_fit(model: ModelSpec, cluster: Cluster, training: Training, headr
             hints.append(f"--gpus {bigger.num_gpus} fits ({best_text(res)})")
             break
     return hints
+
+
+def leanest_text(cluster: Cluster, headroom: float, result: dict) -> str | None:
+    """The least memory any valid layout of a search needs, against what is usable (None where no
+    layout passed the rules)."""
+    valid, ev = result["valid"], result["eval"]
+    if not valid.size:
+        return None
+    capacity = cluster.gpu.memory_bytes * (1 - headroom)
+    i = int(np.argmin(ev["memory"]["required"]))
+    return (f"the leanest layout ({short(valid.row(i))}) needs {ev['memory']['total'][i] / 2**30:.1f} GiB "
+            f"per GPU of {capacity / 2**30:.1f} GiB usable")
 
 
 def best_text(result: dict) -> str:

@@ -24,6 +24,15 @@ def llama3_ffn(hidden: int) -> int:
     return 1024 * math.ceil(raw / 1024)
 
 
+def params_name(target_params: float) -> str:
+    """A derived model's name from its --params as people write it: 70e9 -> params-70B, 1.5e12 ->
+    params-1.5T, 125e6 -> params-125M (three significant digits, as '{:.3g}' gave before)."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K"), (1.0, "")):
+        shown = f"{target_params / scale:.3g}"
+        if float(shown) >= 1 or scale == 1:  # rounded, as shown: 999.6e9 is 1T, not 1e+03B
+            return f"params-{shown}{suffix}"
+
+
 def derive_shape(target_params: float, **overrides) -> ModelSpec:
     """A Llama-3-style shape whose exact count is nearest `target_params`; overrides win.
 
@@ -65,7 +74,7 @@ def derive_shape(target_params: float, **overrides) -> ModelSpec:
                          ffn=llama3_ffn(hidden), vocab=DERIVED_VOCAB, ffn_kind="swiglu", tied_embeddings=False)
             shape.update({k: v for k, v in fixed.items() if k not in ("layers", "hidden", "heads")})
             try:
-                spec = ModelSpec(name=f"derived-{target_params:.3g}",
+                spec = ModelSpec(name=params_name(target_params),
                                  source="derived from --params by the Llama-3 family rule (planner/shapes.py)", **shape)
                 widths[heads] = (spec, spec.sums.block_total, spec.params - spec.sums.block_total)
             except InputError as exc:

@@ -43,9 +43,11 @@ def test_model_given_as_a_config_dict_a_count_or_a_record():
 
 def test_defaults_are_reported_back():
     e = api.estimate("llama-2-7b", {"gpus": 8}, layout={"tp": 2})
-    # dp = 8 / 2, gbs = mbs * dp, engine megatron-deepspeed because tp > 1, and the DEFAULTS table
-    assert e.defaults == {"dp": 4, "gbs": 4, "engine": "megatron-deepspeed", "gpu": "h100-sxm", "seq_len": 4096,
-                          "precision": "bf16", "optimizer": "adamw", "modules": "megatron"}
+    # dp = 8 / 2, gbs = 4Mi tokens / 4096 = 1024 sequences (recommend's batch, a multiple of mbs * dp),
+    # engine megatron-deepspeed because tp > 1, and the DEFAULTS table
+    assert e.defaults == {"dp": 4, "gbs": 1024, "tokens_per_step": 4 * 2**20, "engine": "megatron-deepspeed",
+                          "gpu": "h100-sxm", "seq_len": 4096, "precision": "bf16", "optimizer": "adamw",
+                          "modules": "megatron"}
     given = api.estimate("llama-2-7b", {"gpus": 8, "gpu": "a100-80gb"},
                          TrainingInput(seq_len=2048, engine="deepspeed", precision="bf16", optimizer="adamw", gbs=8,
                                        modules="hf"),

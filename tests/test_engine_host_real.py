@@ -40,15 +40,12 @@ def test_counts_match_the_shipped_file():
     assert measured["bf16_optimizer"]["optimizer"] == "BF16_Optimizer"
     assert measured["bf16_optimizer"]["ops_per_tensor"] < 22
     # ZeRO-3: each Llama layer fetches 13 submodules a pass (the layer, self_attn, q, k, v, o, mlp, gate,
-    # up, down, act_fn, two norms), forward and backward: 26. The host's time is timed, so only its
-    # order is checked against the shipped one (0.12-0.15 ms a module and pass here, nearly all Python)
+    # up, down, act_fn, two norms), forward and backward: 26. The host's time is wall-clock, which a
+    # loaded machine bends (a negative difference was measured once): benchmarks/engine_host.py prints it
     fetch, want = everything["zero3_fetch"], record["zero3_fetch"]
     assert fetch["fetches_per_layer"] == want["fetches_per_layer"] == 26
     assert fetch["param_modules_per_layer"] == 9
-    assert 0.3 < fetch["host_s"] / want["host_s"] < 3
     # FSDP2's hooks: the operators they dispatch per unit are counted exactly (copy-in, copy-out,
-    # views and casts of the unshard, the reduce-scatter's chunk_cat and division); the Python timed
+    # views and casts of the unshard, the reduce-scatter's chunk_cat and division)
     for p in ("forward", "backward"):
-        got, shipped_unit = everything["fsdp_unit"][p], record["fsdp_unit"][p]
-        assert got["ops"] == shipped_unit["ops"]
-        assert 0.3 < got["host_s"] / shipped_unit["host_s"] < 3
+        assert everything["fsdp_unit"][p]["ops"] == record["fsdp_unit"][p]["ops"]

@@ -359,7 +359,9 @@ def test_recommend_lowers_zero3_live_parameters_where_that_decides_the_fit():
     assert saved == pytest.approx((1e9 - 1e8) * 2, rel=1e-6)
     assert rec.layouts[0]["memory"]["gpu_bytes"] == pytest.approx(lean.memory["gpu_bytes"], rel=1e-9)
     # told the knobs, recommend keeps them (and with the defaults nothing of these pins fits)
-    told = api.recommend("llama-2-7b", cluster, {"seq_len": 4096, "stage3_max_live_parameters": 10**9}, pinned=pins, top=1)
+    # (--engine deepspeed named: without it, recommend answers with an engine whose layout fits)
+    told = api.recommend("llama-2-7b", cluster, {"seq_len": 4096, "stage3_max_live_parameters": 10**9,
+                                                 "engine": "deepspeed"}, pinned=pins, top=1)
     assert not told.layouts
 
 
