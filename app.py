@@ -15,14 +15,14 @@ import pandas as pd
 import streamlit as st
 
 from planner import api, export, report
-from planner.calibration import CALIBRATION_DIR
+from planner.calibration import known_profiles
 from planner.data import parse_json
 from planner.activations import offloads_checkpoints
 from planner.engines import ENGINES as ENGINE_SPECS
 from planner.engines import NAMES as ENGINES
 from planner.errors import InputError
 from planner.hardware import load_gpus
-from planner.memory import BREAKDOWN_KEYS
+from planner.memory import BREAKDOWN_KEYS, PHASES
 from planner.model import load_catalog
 from planner.options import Optimizer, Precision, Schedule
 from planner.search import PINNABLE, short
@@ -130,7 +130,7 @@ def cluster_from_sidebar() -> dict:
         cluster["pod_gpus"] = pod
         cluster["oversubscription"] = float(st.sidebar.number_input("Oversubscription above a pod (7 for 1:7)", 1.0,
                                                                     1024.0, 1.0, key="oversubscription"))
-    profiles = ["none", *sorted(p.stem for p in CALIBRATION_DIR.glob("*.json"))]
+    profiles = ["none", *known_profiles()]  # the shipped ones and the user's (calibrate run NAME)
     profile = st.sidebar.selectbox("Calibration profile", profiles, key="calibration")
     if profile != "none":
         cluster["calibration"] = profile
@@ -226,13 +226,39 @@ def manual_layout_from_sidebar(engine: str) -> dict:
 # charts
 
 
-def memory_chart(est: dict) -> alt.LayerChart:
-    """Memory per component per pipeline stage (stacked), the capacity line and the error band."""
+PEAK = "peak"  # the memory chart's default moment: each stage at its own largest (memory.peak_phase)
+
+
+def memory_moments(est: dict) -> list:
+    """The moments the memory chart can show: the peak, then every moment of the step some stage
+    models (planner/memory.py PHASES, in its order: the estimate record's per_stage phases)."""
+    modelled = {name for s in est["memory"]["per_stage"] for name in s.get("phases", {})}
+    return [PEAK] + [name for name in PHASES if name in modelled]
+
+
+def moment_title(est: dict, moment: str) -> str:
+    """Which moment the memory chart shows, in words: the peak names its moment (per stage where the
+    stages peak at different ones), since activations read 0 at an optimizer-step peak."""
+    if moment != PEAK:
+        return f"Memory per pipeline stage at the {moment} moment"
+    peaks = [s.get("peak_phase", est["memory"]["peak_phase"]) for s in est["memory"]["per_stage"]]
+    if len(set(peaks)) == 1:
+        return f"Memory per pipeline stage at the peak ({peaks[0]})"
+    return "Memory per pipeline stage at each stage's peak (" + \
+        ", ".join(f"stage {k}: {p}" for k, p in enumerate(peaks)) + ")"
+
+
+def memory_chart(est: dict, moment: str = PEAK) -> alt.LayerChart:
+    """Memory per component per pipeline stage (stacked) at `moment` (PEAK or one of PHASES; a stage
+    that does not model that moment is left out), the capacity line and the error band; the title
+    names the moment."""
     mem = est["memory"]
-    rows = [{"stage": f"stage {s['stage']}", "component": k, "GiB": s["breakdown"][k] / GiB}
-            for s in mem["per_stage"] for k in BREAKDOWN_KEYS if s["breakdown"][k]]
-    totals = pd.DataFrame([{"stage": f"stage {s['stage']}", "low": s["gpu_bytes"] * (1 - mem["error_band"]) / GiB,
-                            "high": s["gpu_bytes"] * (1 + mem["error_band"]) / GiB} for s in mem["per_stage"]])
+    stages = [(s["stage"], s if moment == PEAK else s["phases"][moment]) for s in mem["per_stage"]
+              if moment == PEAK or moment in s.get("phases", {})]
+    rows = [{"stage": f"stage {k}", "component": c, "GiB": s["breakdown"][c] / GiB}
+            for k, s in stages for c in BREAKDOWN_KEYS if s["breakdown"][c]]
+    totals = pd.DataFrame([{"stage": f"stage {k}", "low": s["gpu_bytes"] * (1 - mem["error_band"]) / GiB,
+                            "high": s["gpu_bytes"] * (1 + mem["error_band"]) / GiB} for k, s in stages])
     bars = alt.Chart(pd.DataFrame(rows)).mark_bar().encode(
         x=alt.X("stage:N", title=None, sort=None), y=alt.Y("sum(GiB):Q", title="GiB per GPU"),
         color=alt.Color("component:N", sort=list(BREAKDOWN_KEYS)), tooltip=["stage", "component", alt.Tooltip("GiB:Q", format=".2f")])
@@ -240,7 +266,7 @@ def memory_chart(est: dict) -> alt.LayerChart:
         x="stage:N", y=alt.Y("low:Q", title="GiB per GPU"), y2="high:Q")
     capacity = alt.Chart(pd.DataFrame({"capacity": [mem["capacity_bytes"] / GiB]})).mark_rule(
         color="red", strokeDash=[6, 3]).encode(y="capacity:Q", tooltip=[alt.Tooltip("capacity:Q", format=".1f")])
-    return alt.layer(bars, band, capacity).properties(height=340)
+    return alt.layer(bars, band, capacity).properties(height=340, title=moment_title(est, moment))
 
 
 def time_chart(est: dict) -> alt.Chart:
@@ -325,8 +351,14 @@ def show_layout(est: dict) -> None:
                    None if not tt or tt.get("cost") is None else f"cost {tt['cost']:,.0f}", delta_color="off")
     st.caption(est["verdict_text"])
     left, right = st.columns(2)
-    left.markdown("**Memory per pipeline stage** (red: capacity; whiskers: error band)")
-    left.altair_chart(memory_chart(est), width="stretch")
+    # the peak by default; the other moments show what the peak's parts leave out (an optimizer-step
+    # peak holds no activations: they are freed by then, not unmodelled)
+    moments = memory_moments(est)
+    if st.session_state.get("memory_moment", PEAK) not in moments:  # a moment the new layout does not model
+        st.session_state["memory_moment"] = PEAK
+    moment = left.radio("Moment of the step", moments, horizontal=True, key="memory_moment")
+    left.altair_chart(memory_chart(est, moment), width="stretch")
+    left.caption("red: capacity; whiskers: error band")
     right.markdown("**Step time**")
     right.altair_chart(time_chart(est), width="stretch")
     right.markdown(report.time_text(est).replace("\n", "  \n"))

@@ -10,7 +10,8 @@ import torch.distributed as dist
 from calibrate.worker_io import rank, write_result
 
 if __name__ == "__main__":
-    mode = sys.argv[1] if len(sys.argv) > 1 else "ok"
+    argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # DeepSpeed's launcher adds it first
+    mode = argv[0] if argv else "ok"
     dist.init_process_group("gloo")
     if mode == "hang" and rank() == 1:
         time.sleep(3600)

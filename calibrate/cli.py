@@ -4,6 +4,12 @@ run: measure the suite's cases on this machine (real engines under torchrun / De
 micro-benchmarks), appending each record to the profile as soon as it is measured.
 fit: fit the named coefficients to the profile's runs (calibrate/fit.py) and store them in it.
 report: per coefficient its prior and fitted value; per quantity the error before and after.
+
+A user's runs go to a profile of their own, never into one shipped with the planner
+(data/calibration/): `run NAME` writes <user dir>/NAME.json ($PLANNER_HOME/calibration, else
+~/.config/planner/calibration; planner/calibration.py user_dir), `--out PATH` anywhere else, and only
+`--update-shipped` (a maintainer refreshing a shipped profile) writes the shipped file. A name reads
+the user's profile when there is one, else the shipped one.
 """
 
 from __future__ import annotations
@@ -11,11 +17,14 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import os
+import signal
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
-from planner.calibration import append_runs, read_profile, resolve_path, save_profile
+from planner.calibration import (CALIBRATION_DIR, append_runs, is_path, is_shipped, read_profile, resolve_path,
+                                 save_profile, user_dir)
 from planner.errors import InputError
 
 SUITES = ("bench", "step", "deepspeed", "torch")
@@ -30,11 +39,25 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+WHERE = ("a NAME is the user's profile $PLANNER_HOME/calibration/NAME.json (without PLANNER_HOME: "
+         "${XDG_CONFIG_HOME:-~/.config}/planner/calibration/NAME.json) when there is one, else the shipped "
+         "data/calibration/NAME.json; run and fit write the user's profile, never a shipped one unless "
+         "--update-shipped")
+
+
+def _destination_flags(parser) -> None:
+    parser.add_argument("--out", metavar="PATH", help="write the profile here instead")
+    parser.add_argument("--update-shipped", action="store_true",
+                        help="write the shipped data/calibration/NAME.json itself (maintainers refreshing it)")
+
+
 def build_parser() -> Parser:
-    p = Parser(prog="calibrate", description="Measure real training runs and fit the planner's coefficients.")
+    p = Parser(prog="calibrate", description="Measure real training runs and fit the planner's coefficients.",
+               epilog="Profiles: " + WHERE + ".")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
-    r = sub.add_parser("run", help="measure this machine's cases and append them to a profile")
-    r.add_argument("profile", help="profile name (data/calibration/NAME.json) or path")
+    r = sub.add_parser("run", help="measure this machine's cases and append them to a profile", epilog=WHERE + ".")
+    r.add_argument("profile", help="profile name or path")
+    _destination_flags(r)
     r.add_argument("--suite", action="append", choices=SUITES, help="case groups to run (default: all)")
     r.add_argument("--only", metavar="GLOB", help="run only cases whose name matches, e.g. 'deepspeed/zero2*'")
     r.add_argument("--gpu", help="GPU catalog name of this machine (default: detected; 'cpu' without CUDA)")
@@ -43,12 +66,36 @@ def build_parser() -> Parser:
                    help="stop launching cases once this much wall time is spent: a case whose last run in the "
                         "profile took longer than what is left is skipped, the others are cut at what is left "
                         "(default: no limit)")
-    f = sub.add_parser("fit", help="fit the profile's coefficients (bounded least squares, k-fold held-out error)")
-    f.add_argument("profile")
+    f = sub.add_parser("fit", help="fit the profile's coefficients (bounded least squares, k-fold held-out error)",
+                       epilog=WHERE + "; fitting a shipped profile writes the fit to the user's copy of it.")
+    f.add_argument("profile", help="profile name or path")
+    _destination_flags(f)
     f.add_argument("--folds", type=int, default=5, help="k of the k-fold held-out error (default 5)")
-    g = sub.add_parser("report", help="priors, fitted values and errors of a profile")
-    g.add_argument("profile")
+    g = sub.add_parser("report", help="priors, fitted values and errors of a profile", epilog=WHERE + ".")
+    g.add_argument("profile", help="profile name or path")
     return p
+
+
+def destination(args) -> Path:
+    """Where `run` or `fit` writes: --out; else the PROFILE path; else, for a name, the user's profile
+    (the shipped file with --update-shipped). A shipped file only with --update-shipped, so that a
+    user's runs and fits never change what ships with the planner."""
+    name = args.profile
+    if args.out:
+        path = Path(args.out).expanduser()
+    elif is_path(name):
+        path = Path(name).expanduser()
+    elif args.update_shipped:
+        path = CALIBRATION_DIR / f"{name}.json"
+    else:
+        path = user_dir() / f"{name}.json"
+    if is_shipped(path) and not args.update_shipped:
+        flag = "--out" if args.out else "PROFILE"
+        mine = user_dir() / f"{path.stem}.json"
+        raise InputError(f"{flag}: {str(path)!r} is a profile shipped with the planner; write your own "
+                         f"(`calibrate {args.command} {path.stem}` writes {mine}, or --out PATH), or pass "
+                         "--update-shipped to change the shipped one")
+    return path
 
 
 def detect_gpu() -> str:
@@ -93,12 +140,15 @@ def cmd_run(args) -> int:
     if args.list:
         print("\n".join(f"{c.kind:12s} {c.name}" for c in cases))
         return 0
+    path = destination(args)
     if not cases:
         raise InputError(f"--only: no case matches {args.only!r} (see --list)")
-    path = resolve_path(args.profile)
-    name = path.stem
+    name = path.stem if is_path(args.profile) else args.profile
     # a foreign or corrupt file is refused before any run
-    last = last_wall_s(read_profile(args.profile, "PROFILE")["runs"]) if path.exists() else {}
+    last = last_wall_s(read_profile(str(path), "PROFILE")["runs"]) if path.exists() else {}
+    shipped = resolve_path(args.profile) if not is_path(args.profile) else None
+    if not last and shipped is not None and shipped.exists() and shipped != path:
+        last = last_wall_s(read_profile(args.profile, "PROFILE")["runs"])  # --budget-s: the shipped runs' times
     if args.budget_s is not None and not args.budget_s > 0:
         raise InputError(f"--budget-s: must be a positive number of seconds, got {args.budget_s:g}")
     env = environment()
@@ -182,8 +232,15 @@ def cmd_fit(args) -> int:
 
     if not 2 <= args.folds <= 100:
         raise InputError(f"--folds: must be an integer from 2 to 100, got {args.folds}")
-    path = resolve_path(args.profile)
-    doc = read_profile(args.profile, "PROFILE", check_fit=False)  # a fit by an older planner is replaced
+    spec = args.profile
+    if args.update_shipped and not is_path(spec):  # the shipped runs, not the user's profile of that name
+        spec = str(CALIBRATION_DIR / f"{spec}.json")
+    source = resolve_path(spec)
+    doc = read_profile(spec, "PROFILE", check_fit=False)  # a fit by an older planner is replaced
+    if args.out or args.update_shipped or not is_shipped(source):
+        path = destination(args)
+    else:  # a shipped profile's runs with the user's fit: the user's copy, which a name then finds
+        path = user_dir() / source.name
     if not doc["runs"]:
         raise InputError(f"{args.profile}: the profile has no runs; `calibrate run {args.profile}` first")
     result = fit(doc["runs"], references(doc), args.folds)
@@ -194,6 +251,7 @@ def cmd_fit(args) -> int:
     doc["fit"] = result
     save_profile(path, doc)
     print(report_text(doc))
+    print(f"fit written to {path}")
     return 0
 
 
@@ -224,13 +282,22 @@ def cmd_report(args) -> int:
 
 
 def main(argv=None) -> int:
+    from calibrate.launch import Terminated, raise_on_sigterm
+
     args = build_parser().parse_args(argv)
+    previous = raise_on_sigterm()
     try:
         return {"run": cmd_run, "fit": cmd_fit, "report": cmd_report}[args.command](args)
     except InputError as exc:
         print(f"calibrate: error: {exc}", file=sys.stderr)
         return 2
+    except Terminated:  # SIGTERM (a scheduler's cancel, `timeout`): the launcher has killed the ranks
+        print("calibrate: terminated; runs measured so far are in the profile", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:  # the launcher has killed the ranks; the profile keeps what landed
         print("calibrate: interrupted; runs measured so far are in the profile", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 

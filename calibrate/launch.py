@@ -4,8 +4,9 @@ The worker is a module (`python -m calibrate.<worker> ...` under the launcher). 
 its result through `calibrate.worker_io.write_result` into a private directory named by
 $CALIBRATE_OUT; the launcher reads them back. Anything a run can do wrong (an OOM, a crashed or
 hung rank, a timeout) comes back as an Outcome with that status, never as an exception of the
-harness. The launcher runs in its own process group, so a timeout, a dead rank or Ctrl-C kills
-the launcher and every rank it started (no orphans).
+harness. The launcher runs in its own session and process group, so a timeout, a dead rank,
+Ctrl-C or (with raise_on_sigterm, as `python -m calibrate` does) SIGTERM kills the launcher and
+every rank it started (no orphans).
 """
 
 from __future__ import annotations
@@ -82,6 +83,27 @@ def _remove_shm_buffers(port: int) -> None:
         path.unlink(missing_ok=True)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread by raise_on_sigterm's handler. A KeyboardInterrupt, so that
+    it unwinds exactly as Ctrl-C does: launch() kills the launcher's group on the way out."""
+
+
+def raise_on_sigterm():
+    """Make SIGTERM raise Terminated; returns the previous handler (None when not in the main thread,
+    where no handler can be installed). Without it SIGTERM (a scheduler's cancel, `timeout`) kills
+    only this process: the launcher and its ranks, in a session of their own, see no signal and run
+    on as orphans."""
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+        raise Terminated()
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        return None
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     """SIGTERM the launcher's process group, SIGKILL what is left after 5 s."""
     for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
@@ -117,7 +139,7 @@ def classify(returncode: int | None, log: str, timed_out: bool) -> str:
 def launch(module: str, args: list = (), nproc: int = 2, timeout_s: float = 300.0, launcher: str = "torchrun",
            hostfile: str | None = None, env: dict | None = None, tail_lines: int = 40) -> Outcome:
     """Run `module` on `nproc` ranks under `launcher`; return its Outcome (never raises for a failed
-    run; Ctrl-C kills the ranks and re-raises KeyboardInterrupt)."""
+    run; Ctrl-C, or SIGTERM under raise_on_sigterm, kills the ranks and re-raises)."""
     port = _free_port() if launcher == "deepspeed" else None
     cmd = command(module, list(args), nproc, launcher, hostfile, port)
     with tempfile.TemporaryDirectory(prefix="calibrate-") as out:
@@ -134,7 +156,7 @@ def launch(module: str, args: list = (), nproc: int = 2, timeout_s: float = 300.
             except subprocess.TimeoutExpired:
                 timed_out = True
                 _kill_group(proc)
-            except BaseException:  # Ctrl-C: leave no orphan rank behind
+            except BaseException:  # Ctrl-C, SIGTERM (Terminated): leave no orphan rank behind
                 _kill_group(proc)
                 raise
             else:

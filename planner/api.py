@@ -680,11 +680,31 @@ def layout_record(cluster: Cluster, lay: Layouts, ev: dict, i: int) -> dict:
             "fits": bool(ev["fits"].flat[i]),
             "peak_phase": memory.PHASES[int(mem.at("phase", i))],
             "breakdown": parts,
+            "phases": phase_records(lambda k: mem.at(k, i)),
         },
         "time": {"step_s": float(ev["time"]["step_s"].flat[i]), "error_band": band_of(cluster, "step_time"),
                  "breakdown": _at(ev["time"]["breakdown"], i)},
         "throughput": _at(ev["time"]["throughput"], i),
     }
+
+
+def phase_records(value) -> dict:
+    """One candidate's memory at every moment of the step the planner models (memory.PHASES), of the
+    rank the record describes, each as the record's own keys would read were it the peak: a ZeRO-0
+    layout whose peak is the optimizer step still shows its forward/backward activations.
+    value(key) reads the candidate's memory.PHASE_COLUMNS, per record, so the search pays nothing.
+    A moment with nothing allocated is not modelled for this layout (the gradient reduction, where
+    the engine makes no copy)."""
+    out = {}
+    for name in memory.PHASES:
+        allocated = int(value(f"{name}:allocated"))
+        if allocated <= 0:
+            continue
+        parts = {k: int(value(f"{name}:{k}")) for k in memory.BREAKDOWN_KEYS}
+        out[name] = {"gpu_bytes": sum(parts.values()), "allocated_bytes": allocated,
+                     "reserved_bytes": int(value(f"{name}:reserved")),
+                     "required_bytes": int(value(f"{name}:required")), "breakdown": parts}
+    return out
 
 
 def stage_records(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> list:
@@ -694,7 +714,8 @@ def stage_records(model: ModelSpec, cluster: Cluster, training: Training, lay: L
         parts = {k: int(row[k]) for k in memory.BREAKDOWN_KEYS}
         out.append({"stage": s, "gpu_bytes": sum(parts.values()), "required_bytes": int(row["required"]),
                     "cpu_bytes_per_node": int(row["cpu_per_node"]),
-                    "breakdown": parts})
+                    "breakdown": parts, "peak_phase": memory.PHASES[int(row["phase"])],
+                    "phases": phase_records(row.__getitem__)})
     return out
 
 

@@ -1,8 +1,11 @@
 """Calibration profiles: measured runs, the coefficients fitted to them, and the error they leave.
 
-A profile is data/calibration/<name>.json (or any path), written by `python -m calibrate`
-(calibrate/ runs the real engines and fits; it needs torch, deepspeed and scipy). This module only
-reads profiles, so `planner estimate --calibration NAME` costs no heavy import. A profile holds:
+A profile is a path, or a name: the user's profile <user_dir()>/<name>.json when there is one, else
+the shipped data/calibration/<name>.json (no merging: a user's profile replaces the shipped one of
+its name whole). `python -m calibrate` writes them (calibrate/ runs the real engines and fits; it
+needs torch, deepspeed and scipy), into the user's directory, never into a shipped file unless told
+(--update-shipped). This module costs no heavy import (`planner estimate --calibration NAME`). A
+profile holds:
 
 - schema: SCHEMA; profile: its name; hardware: {"gpu": GPU catalog name, or "cpu" for a gloo
   profile}; environment: where it was measured;
@@ -16,6 +19,7 @@ reads profiles, so `planner estimate --calibration NAME` costs no heavy import. 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,20 +86,51 @@ def verdict(margin_bytes: float, band_bytes: float) -> str:
     return "fits" if clears_band(margin_bytes, band_bytes) else "oom" if margin_bytes < -band_bytes else "borderline"
 
 
+def user_dir() -> Path:
+    """Where a user's profiles live: $PLANNER_HOME/calibration, else $XDG_CONFIG_HOME/planner/calibration
+    (~/.config/planner/calibration). Not data/calibration/: that ships with the planner, and a
+    reinstall or `git pull` would overwrite or conflict with a user's runs there."""
+    home = os.environ.get("PLANNER_HOME")
+    if home:
+        return Path(home).expanduser() / "calibration"
+    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config).expanduser() / "planner" / "calibration"
+
+
+def is_path(spec: str) -> bool:
+    """Whether a profile spec is a path (has a '/' or ends in .json) rather than a name."""
+    return "/" in spec or spec.endswith(".json")
+
+
 def resolve_path(spec: str) -> Path:
-    """A profile name (data/calibration/<name>.json) or a path to a JSON file."""
-    if "/" in spec or spec.endswith(".json"):
-        return Path(spec)
-    return CALIBRATION_DIR / f"{spec}.json"
+    """A path as given; a name: the user's profile when there is one, else the shipped one."""
+    if is_path(spec):
+        return Path(spec).expanduser()
+    user = user_dir() / f"{spec}.json"
+    return user if user.exists() else CALIBRATION_DIR / f"{spec}.json"
+
+
+def is_shipped(path) -> bool:
+    """Whether `path` is in data/calibration/, the profiles shipped with the planner."""
+    return Path(path).expanduser().resolve().is_relative_to(CALIBRATION_DIR.resolve())
+
+
+def known_profiles() -> dict:
+    """{name: path} of every profile a name finds: shipped ones, with the user's in their place."""
+    found = {}
+    for folder in (CALIBRATION_DIR, user_dir()):  # the user's last: it wins
+        if folder.is_dir():
+            found.update({p.stem: p for p in folder.glob("*.json")})
+    return dict(sorted(found.items()))
 
 
 def read_profile(spec: str, flag: str = FLAG, check_fit: bool = True) -> dict:
     """The profile's JSON, checked for schema and shape (and its fit unless a refit will replace
     it); any problem is one InputError naming `flag`."""
     path = resolve_path(spec)
-    if not path.exists() and "/" not in spec and not spec.endswith(".json"):
-        known = sorted(p.stem for p in CALIBRATION_DIR.glob("*.json")) if CALIBRATION_DIR.is_dir() else []
-        raise InputError(f"{flag}: no profile {spec!r} (known: {', '.join(known) or 'none'}; or give a path)")
+    if not path.exists() and not is_path(spec):
+        known = ", ".join(known_profiles()) or "none"
+        raise InputError(f"{flag}: no profile {spec!r} (known: {known}, in {user_dir()} or shipped; or give a path)")
     doc = read_json(path, flag)
     where = str(path)
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:

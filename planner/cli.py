@@ -128,8 +128,10 @@ def add_cluster_flags(p):
                    help=_h("a pod's NIC bandwidth over its uplinks above the pod, e.g. 7 for 1:7 (default 1)",
                            "oversubscription"))
     g.add_argument("--calibration", metavar="NAME|PATH",
-                   help="a measured profile (data/calibration/NAME.json or a path) whose fitted coefficients and "
-                        "error bands replace the priors; 'none' for the priors (default)")
+                   help="a measured profile whose fitted coefficients and error bands replace the priors: a path, or "
+                        "a NAME, your own $PLANNER_HOME/calibration/NAME.json (else ${XDG_CONFIG_HOME:-~/.config}/planner/calibration/) "
+                        "when there is one, else the shipped data/calibration/NAME.json; 'none' for the priors "
+                        "(default)")
 
 
 def add_training_flags(p):

@@ -171,6 +171,15 @@ def inputs(ds: dict, model, cluster: dict, layout: dict, mbs_flag: int | None) -
         # only deepspeed.checkpointing reads the section; Hugging Face modules checkpoint through
         # torch.utils.checkpoint, offloading only by the script's own call (transformers offload=True)
         training["cpu_checkpointing"] = False
+        if checkpointing and pp == 1 and layout.get("recompute", "none") == "none":
+            # DeepSpeed 0.19.8: DeepSpeedEngine never reads the section (runtime/config.py parses it for
+            # deepspeed.checkpointing.configure); a Hugging Face model recomputes only where the script
+            # calls gradient_checkpointing_enable() (transformers modeling_utils.py)
+            found.append(Finding("config", "warning", "activation_checkpointing does not turn recomputation on: only "
+                                 "deepspeed.checkpointing reads it, and a Hugging Face model checkpoints only where "
+                                 "the script calls model.gradient_checkpointing_enable() (or TrainingArguments("
+                                 "gradient_checkpointing=True)); predicted without recompute (--recompute full if "
+                                 "the script does)"))
     lay = {**layout, "tp": tp, "pp": pp, "dp": dp, "zero": stage, "mbs": mbs,
            "offload_optimizer": offload["offload_optimizer"], "offload_params": offload["offload_param"]}
     return training, lay, found

@@ -74,6 +74,20 @@ class Finding:
         return {k: getattr(self, k) for k in ("kind", "severity", "message", "value", "frees_bytes", "gain")}
 
 
+def _unknown_zero_hint(key: str) -> str:
+    """What an unknown zero_optimization key most likely wanted. A process-group setting has no ZeRO
+    field: DeepSpeed 0.19.8 reduces and gathers over the whole data-parallel group (stage_1_and_2.py,
+    stage3.py dp_process_group); the one sub-grouping is ZeRO++'s hpZ (zero_hpz_partition_size, a
+    secondary ZeRO-3 parameter partition within a node); MiCS, which sharded over groups, is removed
+    (runtime/config.py). The nearest name of another kind (reduce_scatter is a boolean) would mislead."""
+    if "group" in key and key != "sub_group_size":
+        return (": DeepSpeed has no process-group setting for ZeRO; it reduces and gathers over the whole "
+                "data-parallel group (reduce_scatter only chooses reduce-scatter over all-reduce). To keep "
+                "ZeRO-3's parameter gathers within a node use zero_hpz_partition_size (ZeRO++ hpZ); to shrink "
+                "the group, give the launch tensor or pipeline parallelism")
+    return _closest(key, ZERO_KEYS)
+
+
 def _closest(key: str, known) -> str:
     match = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
     return f" (did you mean {match[0]!r}?)" if match else ""
@@ -345,7 +359,7 @@ def config_findings(ds: dict, pipeline_stages: int) -> list[Finding]:
     for key in zero:
         if key not in ZERO_KEYS:
             out.append(Finding("config", "error", f"zero_optimization.{key} is not a ZeRO field: DeepSpeed refuses the "
-                               f"config (DeepSpeedZeroConfig forbids extra fields){_closest(key, ZERO_KEYS)}"))
+                               f"config (DeepSpeedZeroConfig forbids extra fields){_unknown_zero_hint(key)}"))
     for part, known in OFFLOAD_KEYS.items():
         for key in _section(zero, part, "zero_optimization."):
             if key not in known:

@@ -737,23 +737,39 @@ class _Stage:
         step, reduce = self.states["step_states"], self.states["reduce_states"]
         # PHASES: 0 forward/backward, 1 optimizer step, 2 gradient reduction (the first largest wins)
         self.phase = np.where(reduce > np.maximum(fwd, step), 2, (step > fwd).astype(np.int64))
+        self.moments = (fwd, step, reduce)  # allocated bytes at each of PHASES (reduce 0: no such moment)
         self.allocated = np.maximum(np.maximum(fwd, step), reduce)
-        outside = np.ceil(self.states["fixed_overhead"] + self.acts["userbuffers"])
-        # the caching allocator reserves beyond what is allocated while the device has room, and at the
-        # device's limit frees its cached segments and retries before it raises OOM (c10/cuda/
-        # CUDACachingAllocator.cpp DeviceCachingAllocator::malloc: release_available_cached_blocks,
-        # release_cached_blocks): the reserve grows up to the memory left, and a fit needs the allocated peak
-        capacity = cluster.gpu.memory_bytes
-        self.required = self.allocated + outside
-        self.reserved = np.maximum(np.minimum(reserved_bytes(self.allocated, coef), capacity - outside), self.allocated)
-        self.total = self.reserved + outside
+        self.outside, self.coef, self.capacity = np.ceil(self.states["fixed_overhead"] + self.acts["userbuffers"]), \
+            coef, cluster.gpu.memory_bytes
+        self.required, self.reserved, self.total = self._held(self.allocated, self.outside)
 
-    def part(self, key: str, i=None):
-        """One breakdown part at the peak moment, for every candidate (i None) or candidate i."""
+    def _held(self, allocated, outside) -> tuple:
+        """(required, reserved, total) for an allocated peak: the caching allocator reserves beyond what
+        is allocated while the device has room, and at the device's limit frees its cached segments and
+        retries before it raises OOM (c10/cuda/CUDACachingAllocator.cpp DeviceCachingAllocator::malloc:
+        release_available_cached_blocks, release_cached_blocks): the reserve grows up to the memory
+        left, and a fit needs the allocated peak."""
+        reserved = np.maximum(np.minimum(reserved_bytes(allocated, self.coef), self.capacity - outside), allocated)
+        return allocated + outside, reserved, reserved + outside
+
+    def moment(self, phase: int, key: str, i=None):
+        """'allocated', 'required', 'reserved' or 'total' (as RANK_COLUMNS) as if moment `phase` (an
+        index into PHASES) were the peak, for every candidate (i None) or candidate i. Only the reported
+        records ask (api.layout_record's memory.phases): the search reads the peak's alone."""
+        allocated = self.moments[phase] if i is None else self.moments[phase].flat[i]
+        outside = self.outside if i is None else np.broadcast_to(self.outside, self.phase.shape).flat[i]
+        if key == "allocated":
+            return allocated
+        return dict(zip(("required", "reserved", "total"), self._held(allocated, outside)))[key]
+
+    def part(self, key: str, i=None, phase=None):
+        """One breakdown part at moment `phase` (an index into PHASES; None: the peak), for every
+        candidate (i None) or candidate i."""
         def get(src, k):
             return src[k] if i is None else src.at(k, i)
 
-        phase = self.phase if i is None else self.phase.flat[i]
+        at = phase
+        phase = (self.phase if i is None else self.phase.flat[i]) if at is None else at
 
         def by_phase(fwd, step, reduce):
             return np.select([phase == 1, phase == 2], [step, reduce], fwd)
@@ -771,8 +787,8 @@ class _Stage:
             return by_phase(fwd, get(self.states, "step_buffers"),
                             get(self.states, "reduce_buffers"))
         assert key == "overhead", key
-        return self.total - sum(self.part(k) for k in BREAKDOWN_KEYS[:-1]) if i is None else \
-            self.total.flat[i] - sum(self.part(k, i) for k in BREAKDOWN_KEYS[:-1])
+        total = self.moment(at, "total", i) if at is not None else self.total if i is None else self.total.flat[i]
+        return total - sum(self.part(k, i, at) for k in BREAKDOWN_KEYS[:-1])
 
 
 def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, stage=None):
@@ -792,10 +808,16 @@ def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
                 s.states.at(key, i) + ranks * s.acts.at("host", i)
         return getattr(s, key) if i is None else getattr(s, key).flat[i]
 
+    def at_phase(s: _Stage, key: str, i):  # PHASE_COLUMNS: 'forward/backward:activations' etc.
+        name, column = key.split(":")
+        p = PHASES.index(name)
+        return s.part(column, i, p) if column in BREAKDOWN_KEYS else s.moment(p, column, i)
+
     if stage is not None:
         one = _Stage(model, cluster, training, lay, stage, None)
         return Lazy({**{k: (lambda i, k=k: column(one, k, i)) for k in RANK_COLUMNS},
-                     **{k: (lambda i, k=k: one.part(k, i)) for k in BREAKDOWN_KEYS}})
+                     **{k: (lambda i, k=k: one.part(k, i)) for k in BREAKDOWN_KEYS},
+                     **{k: (lambda i, k=k: at_phase(one, k, i)) for k in PHASE_COLUMNS}})
     codes = lay.codes()
     # with dense-first blocks the first all-routed stage may hold the most (first_routed_stage); where
     # the first and last stage give blocks up to the embedding and the loss, the second may
@@ -811,13 +833,20 @@ def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
         return np.choose(pick, np.broadcast_arrays(*values)) if len(values) > 2 else np.where(pick == 1, *values[::-1])
 
     return Lazy({**{k: (lambda i, k=k: choose(lambda s: column(s, k, i), i)) for k in RANK_COLUMNS},
-                 **{k: (lambda i, k=k: choose(lambda s: s.part(k, i), i)) for k in BREAKDOWN_KEYS}})
+                 **{k: (lambda i, k=k: choose(lambda s: s.part(k, i), i)) for k in BREAKDOWN_KEYS},
+                 **{k: (lambda i, k=k: choose(lambda s: at_phase(s, k, i), i)) for k in PHASE_COLUMNS}})
 
 
 RANK_COLUMNS = ("total", "required", "allocated", "reserved", "phase", "cpu_per_node")
 """The whole-rank figures rank_memory returns beside the breakdown: `total` what the device holds at
 the peak (the allocator's reserve, up to the device's memory, plus the CUDA context and NCCL's
 buffers), `required` what must fit (the allocated peak plus those; _Stage)."""
+PHASE_COLUMNS = tuple(f"{name}:{key}" for name in PHASES
+                      for key in ("total", "required", "allocated", "reserved") + BREAKDOWN_KEYS)
+"""rank_memory's figures at every moment of PHASES, 'forward/backward:activations' and so on: each
+as if that moment were the peak, of the same rank (the stage whose peak is largest). Computed only
+where read (the reported records): the search reads the peak's alone. A moment whose 'allocated' is
+0 is not modelled for that candidate (the gradient reduction, where no engine copy is made)."""
 
 
 def per_stage(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> list[dict]:

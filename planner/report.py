@@ -106,13 +106,24 @@ def estimate_text(e) -> str:
     lines = [assumed_text(e.defaults, e.layout), describe(e.model, e.cluster, e.training), "", memory_table(mem),
              f"peak rank total {gib(mem['gpu_bytes'])} GiB at the {mem['peak_phase']} peak"
              f"; CPU per node {gib(mem['cpu_bytes_per_node'])} GiB -> {'fits' if mem['fits'] else 'DOES NOT FIT'}",
-             verdict_text(mem, e.cluster), "",
+             verdict_text(mem, e.cluster)] + other_moment_lines(mem) + ["",
              time_text(e.record)]
     if e.time_to_train:
         lines.append(train_time_text(e.time_to_train))
     if e.deepspeed_estimator:
         lines.append(ds_estimator_text(e.deepspeed_estimator))
     return "\n".join(lines)
+
+
+def other_moment_lines(mem: dict) -> list:
+    """Where the peak is not forward/backward, that moment's total and activations: the table above
+    shows the peak's parts, where activations are 0 because they are freed by then, not unmodelled."""
+    fwd = mem.get("phases", {}).get("forward/backward")
+    if fwd is None or mem["peak_phase"] == "forward/backward":
+        return []
+    b = fwd["breakdown"]
+    return [f"forward/backward: {gib(fwd['gpu_bytes'])} GiB, activations {gib(b['activations'])} GiB, "
+            f"logits {gib(b['logits'])} GiB (the table shows the {mem['peak_phase']} peak, when they are freed)"]
 
 
 def verdict_text(mem: dict, cluster) -> str:

@@ -154,7 +154,7 @@ def test_a_profile_costs_no_heavy_import(tmp_path):
 
 
 def test_the_shipped_cpu_profile_still_matches_the_planner():
-    """data/calibration/cpu-gloo.json holds real runs (python -m calibrate run cpu-gloo --gpu cpu);
+    """data/calibration/cpu-gloo.json holds real runs (python -m calibrate run cpu-gloo --gpu cpu --update-shipped);
     every memory case measured there is predicted again by today's planner and must still match
     the measured bytes (up to the optimizers' 0-d scalars)."""
     pytest.importorskip("torch")

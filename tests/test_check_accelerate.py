@@ -226,3 +226,16 @@ def test_plugin_fields_beside_a_deepspeed_config_file(tmp_path, monkeypatch, sec
     assert code in (0, 1), err
     errors = [f for f in json.loads(out)["findings"] if "DeepSpeedPlugin refuses" in f["message"]]
     assert [f["severity"] for f in errors] == (["error"] if refused else [])
+
+
+def test_a_group_setting_zero_does_not_have_is_not_sent_to_a_boolean():
+    """DeepSpeed 0.19.8's DeepSpeedZeroConfig has no process-group field beside sub_group_size (a
+    parameter-count chunk) and zero_hpz_partition_size; reduce_scatter, the nearest name, is a boolean."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from planner.ds_config import config_findings
+
+    fields = DeepSpeedZeroConfig.model_fields
+    assert fields["reduce_scatter"].annotation is bool and "reduce_scatter_groups" not in fields
+    assert [k for k in fields if "group" in k or "hpz" in k] == ["sub_group_size", "zero_hpz_partition_size"]
+    text = " ".join(f.message for f in config_findings({"zero_optimization": {"stage": 3, "reduce_scatter_groups": 2}}, 1))
+    assert "did you mean 'reduce_scatter'" not in text and "zero_hpz_partition_size" in text

@@ -163,3 +163,23 @@ def test_closest_better_lists_every_changed_layout_field(monkeypatch):
 
     monkeypatch.setattr(api, "recommend", lambda *a, **k: Overlap)
     assert doctor.closest_better(est, "llama-2-7b", H200, {"seq_len": 4096}, {})["changes"] == ["overlap_comm false -> true"]
+
+
+def test_activation_checkpointing_section_alone_recomputes_nothing():
+    """DeepSpeed 0.19.8's engine never reads activation_checkpointing (only deepspeed.checkpointing.
+    configure does: its _configure_using_config_file); a Hugging Face model recomputes only through
+    transformers' own switch, which exists on every PreTrainedModel."""
+    import inspect
+
+    import deepspeed.runtime.engine as engine
+    from transformers import PreTrainedModel, TrainingArguments
+
+    assert "activation_checkpointing" not in inspect.getsource(engine.DeepSpeedEngine)
+    assert hasattr(PreTrainedModel, "gradient_checkpointing_enable")
+    assert "gradient_checkpointing" in inspect.signature(TrainingArguments).parameters
+    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+          "zero_optimization": {"stage": 2}, "activation_checkpointing": {"partition_activations": True}}
+    said = [f.message for f in doctor.check(ds, "llama-3-8b", {"gpus": 8}, deepspeed=False).findings]
+    assert any("does not turn recomputation on" in m for m in said)
+    told = doctor.check(ds, "llama-3-8b", {"gpus": 8}, layout={"recompute": "full"}, deepspeed=False).findings
+    assert not any("does not turn recomputation on" in f.message for f in told)

@@ -5,7 +5,12 @@ Each case starts 2 gloo ranks of calibrate/_selftest_worker.py (an all-reduce, o
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +47,40 @@ def test_a_hung_rank_times_out_and_leaves_no_process():
     o = launch("calibrate._selftest_worker", ["hang"], nproc=2, timeout_s=20)
     assert o.status == "timeout" and o.returncode is None and o.ranks == []
     assert not _alive("_selftest_worker hang")  # launcher and both ranks are gone
+
+
+DRIVER = """import sys
+from calibrate import cli, record
+# `calibrate run` whose one case is the self-test worker hanging under DeepSpeed's launcher
+cli.collect = lambda *a: [record.Case("selftest/hang", "memory", {}, dict, lambda ranks: {},
+    module="calibrate._selftest_worker", args=["hang", sys.argv[2]], launcher="deepspeed", timeout_s=120)]
+sys.exit(cli.main(["run", sys.argv[1], "--gpu", "cpu"]))
+"""
+
+
+def test_sigterm_to_calibrate_run_leaves_no_process(tmp_path):
+    """SIGTERM (a scheduler's cancel, `timeout`) reaches only `calibrate run`: its handler kills the
+    DeepSpeed launcher and both ranks, in a session of their own, and exits 128 + 15."""
+    tag = f"sigterm-{os.getpid()}"  # ours alone, whatever else runs the self-test now
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, str(driver), str(tmp_path / "p.json"), tag], cwd=root, text=True,
+                            env={**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(root)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while len(_alive(f"hang {tag}")) < 4:  # the runner, its launch.py, two ranks
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and "calibrate: terminated" in err, err
+    deadline = time.monotonic() + 5  # a rank signalled with its group may take a moment to exit
+    while _alive(f"hang {tag}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(f"hang {tag}")
+    assert not (tmp_path / "p.json").exists()  # the case never finished: nothing recorded
