@@ -158,7 +158,7 @@ def deepspeed_config(model: ModelSpec, cluster: Cluster, training: Training, row
     bf16 = {"enabled": training.precision in ("bf16", "bf16-pure")}
     if training.precision == "bf16-pure" and stage >= 1:
         # no fp32 master copy: bf16 master weights/grads and bf16 Adam moments. DeepSpeed's
-        # _do_error_check allows both only with ZeRO 1-3 (at stage 0 plain bf16 is the nearest).
+        # _do_error_check allows both only with ZeRO 1-3 (rules.py pure_bf16_needs_zero refuses stage 0)
         bf16["bf16_master_weights_and_grads"] = True
         bf16["bf16_optimizer_states"] = True
     cfg["bf16"] = bf16

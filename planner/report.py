@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 from planner.memory import BREAKDOWN_KEYS
@@ -81,13 +82,14 @@ def ds_estimator_text(rows: dict) -> str:
     return "\n".join(lines)
 
 
-def assumed_text(defaults: dict, layout: dict) -> str:
-    """estimate's inputs the user did not give, with the values used, on one wrapped line; an
-    engine chosen from the layout (api.default_engine) says which axis chose it."""
+def assumed_text(defaults: dict, layout: dict | None) -> str:
+    """The inputs the user did not give, with the values used, on one line wrapped at 100 columns;
+    under estimate (a layout given) an engine chosen from the layout (api.default_engine) says which
+    axis chose it."""
     from planner.inputs import DEFAULTS
 
     def shown(key, value):
-        if key == "engine" and value != DEFAULTS["engine"]:
+        if key == "engine" and layout is not None and value != DEFAULTS["engine"]:
             axes = [f"--{k} {layout[k]}" for k in ("tp", "cp", "vpp") if layout.get(k, 1) > 1]
             axes += ["--sequence-parallel"] * (not axes and bool(layout.get("sequence_parallel")))
             return f"engine {value} (for {' '.join(axes) or 'the layout'}: DeepSpeed alone has none)" \
@@ -100,19 +102,98 @@ def assumed_text(defaults: dict, layout: dict) -> str:
     return textwrap.fill(text, 100, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False)
 
 
+WIDTH = 120
+"""recommend's and estimate's lines stay within this many columns (the assumed line wraps at 100)."""
+
+
+def fold(line: str, width: int = WIDTH, indent: str = "    ") -> str:
+    """A line longer than `width` wrapped at spaces, its continuation lines indented; a line
+    within it as it is (a word longer than the width stays whole)."""
+    if len(line) <= width:
+        return line
+    lead = line[:len(line) - len(line.lstrip(" "))]
+    return textwrap.fill(line, width, initial_indent="", subsequent_indent=lead + indent, break_on_hyphens=False,
+                         break_long_words=False, drop_whitespace=True)
+
+
+def answer_line(prefix: str, rec: dict, extra: str = "") -> str:
+    """The first line: the layout, its tokens/s, MFU and step time, then its memory verdict with
+    the margin (GiB free of capacity, or over it); the verdict on a line of its own where one line
+    would pass WIDTH."""
+    mem, th = rec["memory"], rec["throughput"]
+    cap, margin = mem["capacity_bytes"], mem["fit_margin_bytes"]
+    room = f"{gib(margin)} GiB free of {gib(cap)} GiB" if margin >= 0 else f"{gib(-margin)} GiB over {gib(cap)} GiB"
+    verdict = {"oom": "DOES NOT FIT"}.get(mem["verdict"], mem["verdict"])
+    head = (f"{prefix} {short(rec['layout'])}: {th['tokens_per_s']:,.0f} tokens/s, MFU {th['mfu']:.1%}, "
+            f"step {rec['time']['step_s']:.2f} s")
+    one = f"{head}; {verdict}, {room}{extra}"
+    return one if len(one) <= WIDTH else "\n".join([fold(head), fold(f"  memory: {verdict}, {room} per GPU{extra}")])
+
+
+LEGEND_AXES = (("tp", "tensor"), ("pp", "pipeline"), ("cp", "context"), ("ep", "expert"), ("etp", "expert-tensor"),
+               ("dp", "data"))
+LEGEND = (  # (token pattern in a label, what it means: None where the tokens found say it)
+    (r"vpp\d+", "vppN virtual stages per pipeline rank"),
+    (r"z[0-3]", "zN ZeRO stage"),
+    (r"mbs\d+x\d+", "mbsMxG M sequences a micro-batch x G micro-batches a step"),
+    (r"(?:ful|sel)-rc", None),
+    (r"rc-layers\d+", "rc-layersN N layers a chunk recomputed"),
+    (r"rc-groups\d+", "rc-groupsN recompute in groups of N layers"),
+    (r"sp", "sp sequence parallel"),
+    (r"pp-inner", "pp-inner pipelines inside nodes (tp-cp-pp-dp)"),
+    (r"gpipe|zb-h1", None),
+    (r"off-(?:opt|par):(?:cpu|nvme)", None),
+)
+
+
+def label_tokens(text: str, pattern: str) -> list:
+    """The tokens of layout labels in `text` matching `pattern`, in order, each once."""
+    found = re.findall(rf"(?<![\w:-])(?:{pattern})(?![\w-])", text)
+    return list(dict.fromkeys(found))
+
+
+def legend_text(text: str) -> str | None:
+    """One line (folded at WIDTH) explaining each abbreviation of the layout labels (search.short)
+    that appears in `text`; None where none does."""
+    parts = []
+    axes = [(a, w) for a, w in LEGEND_AXES if label_tokens(text, a + r"\d+")]
+    if axes:
+        parts.append(f"{'/'.join(a for a, _ in axes)}N {'/'.join(w for _, w in axes)} parallel")
+    for pattern, words in LEGEND:
+        kinds = label_tokens(text, pattern)
+        if not kinds:
+            continue
+        if words is None and kinds[0].endswith("-rc"):
+            kinds = sorted(kinds)
+            words = f"{'/'.join(kinds)} {'/'.join({'ful-rc': 'full', 'sel-rc': 'selective'}[k] for k in kinds)} recompute"
+        elif words is None and kinds[0].startswith("off-"):
+            whats = sorted({k.split(":")[0] for k in kinds}, key=["off-opt", "off-par"].index)
+            devices = sorted({k.split(":")[1] for k in kinds})
+            names = {"off-opt": "optimizer", "off-par": "parameters"}
+            words = (f"{'/'.join(whats)}:{'/'.join(devices)} {'/'.join(names[w] for w in whats)} offloaded to "
+                     f"{' or '.join(devices)}")
+        elif words is None:
+            words = f"{'/'.join(sorted(kinds))} pipeline schedule"
+        parts.append(words)
+    return fold("legend: " + "; ".join(parts)) if parts else None
+
+
 def estimate_text(e) -> str:
-    """`planner estimate` without --json."""
+    """`planner estimate` without --json: first the answer (the layout's tokens/s, MFU, step time
+    and memory verdict), then what it assumed, the model and cluster, the memory and time (the
+    verdict and step lines whole, as the dashboard and `check` quote them), the legend of the label."""
     mem = e.memory
-    lines = [assumed_text(e.defaults, e.layout), describe(e.model, e.cluster, e.training), "", memory_table(mem),
+    lines = [answer_line("layout", e.record), assumed_text(e.defaults, e.layout),
+             *map(fold, describe(e.model, e.cluster, e.training).splitlines()), "", memory_table(mem),
              f"peak rank total {gib(mem['gpu_bytes'])} GiB at the {mem['peak_phase']} peak"
              f"; CPU per node {gib(mem['cpu_bytes_per_node'])} GiB -> {'fits' if mem['fits'] else 'DOES NOT FIT'}",
-             verdict_text(mem, e.cluster)] + other_moment_lines(mem) + ["",
-             time_text(e.record)]
+             verdict_text(mem, e.cluster)] + other_moment_lines(mem) + ["", time_text(e.record)]
     if e.time_to_train:
         lines.append(train_time_text(e.time_to_train))
     if e.deepspeed_estimator:
         lines.append(ds_estimator_text(e.deepspeed_estimator))
-    return "\n".join(lines)
+    legend = legend_text(lines[0])
+    return "\n".join(lines + ([legend] if legend else []))
 
 
 def other_moment_lines(mem: dict) -> list:
@@ -156,35 +237,109 @@ def batch_text(r) -> list:
 
 
 def recommend_text(r) -> str:
-    """`planner recommend` without --json. Its first line says what the answer changed from the
-    question (another engine than the default) or, where the batch is why nothing fits, so."""
+    """`planner recommend` without --json. Where the answer changed the question (another engine
+    than the default) or the batch is why nothing fits, that comes first; then the answer: the
+    layout to launch (the one --emit writes) with its speed and memory verdict, and the best other
+    engine; then what was assumed, the table of the fastest layouts, and a legend of their labels."""
     lead = list(r.notes)
     if not r.layouts and r.batch_note:
         lead.append(f"nothing fits {r.training.engine.name}: {r.batch_note}")
-    lines = lead + batch_text(r) + ["assumed: " + ", ".join(f"{k} {v}" for k, v in r.assumptions.items()),
-                                    describe(r.model, r.cluster, r.training), ""]
+    lines = lead + [fold(x) for x in batch_text(r)]
+    if r.layouts:
+        lines += answer_lines(r)
+    lines += [assumed_text(r.assumptions, None), *map(fold, describe(r.model, r.cluster, r.training).splitlines()), ""]
     if not r.layouts:
         fits_elsewhere = [e for e in r.engines if e["layout"] is not None]
-        return "\n".join(lines + ["nothing fits. " + "; ".join(r.suggestions), rejections_text(r)]
-                         + ([engines_text(fits_elsewhere)] if fits_elsewhere else []))
-    head = ["#", "layout", "GiB/GPU", "free", "fit", "step s", "tokens/s", "MFU", "binding constraint"]
-    rows = []
-    for k, rec in enumerate(r.layouts, 1):
-        mem, th = rec["memory"], rec["throughput"]
-        rows.append([str(k), short(rec["layout"]), gib(mem["gpu_bytes"]), gib(mem["headroom_bytes"]), mem["verdict"],
-                     f"{rec['time']['step_s']:.2f}", f"{th['tokens_per_s']:,.0f}", f"{th['mfu']:.1%}",
-                     rec["binding_constraint"]])
-    lines.append(table(head, rows))
+        lines += [fold("nothing fits. " + "; ".join(r.suggestions)), fold(rejections_text(r))]
+        lines += [fold(x) for x in engines_text(fits_elsewhere).splitlines()] if fits_elsewhere else []
+        legend = legend_text("\n".join(lines[len(lead):]))
+        return "\n".join(lines + ([legend] if legend else []))
+    lines += layouts_table(r.layouts)
+    lines.append(binding_text(r))
+    legend = legend_text("\n".join(lines[len(lead):]) + "\n" + engines_text(r.engines) + "\n"
+                         + (clear_fit_text(r.layouts[0]["memory"], r.clear_fit) if r.clear_fit else ""))
+    lines += [legend] if legend else []
     if len(r.layouts) > 1:
         gap = 1 - r.layouts[1]["throughput"]["tokens_per_s"] / r.layouts[0]["throughput"]["tokens_per_s"]
         lines.append(f"runner-up is {gap:.1%} slower")
     if r.layouts[0]["memory"]["verdict"] != "fits":
-        lines.append(clear_fit_text(r.layouts[0]["memory"], r.clear_fit))
-    lines.append(engines_text(r.engines))
+        lines.append(fold(clear_fit_text(r.layouts[0]["memory"], r.clear_fit)))
+    lines += [fold(x) for x in engines_text(r.engines).splitlines()]
     if r.layouts[0].get("time_to_train"):
-        lines.append("#1 " + train_time_text(r.layouts[0]["time_to_train"]))
-    lines.append(rejections_text(r))
+        lines.append(fold("#1 " + train_time_text(r.layouts[0]["time_to_train"])))
+    lines.append(fold(rejections_text(r)))
     return "\n".join(lines)
+
+
+def answer_lines(r) -> list:
+    """The layout to launch (the clear fit under a borderline #1, as --emit writes) and the best
+    other engine against #1."""
+    chosen = r.clear_fit or r.layouts[0]
+    where = "" if chosen is r.layouts[0] else (
+        f" (#{chosen['rank']}: #1 is borderline and {1 / chosen['relative_speed'] - 1:.1%} faster)" if chosen["rank"]
+        else f" (not in the table: #1 is borderline and {1 / chosen['relative_speed'] - 1:.1%} faster)")
+    lines = answer_line("launch", chosen, extra=where).splitlines()
+    fitting = [e for e in r.engines if e["layout"] is not None and e["relative_speed"] is not None]
+    if fitting:
+        e = max(fitting, key=lambda e: e["relative_speed"])
+        lines.append(fold(f"best other engine: {e['engine']}, {ratio_text(e['relative_speed'])} than #1 "
+                          f"({e['tokens_per_s']:,.0f} tokens/s): {short(e['layout'])}"))
+    elif r.engines:
+        lines.append("best other engine: none fits (see other engines below)")
+    return lines
+
+
+def ratio_text(rel: float) -> str:
+    return f"{rel:.2f}x faster" if rel > 1.005 else f"{1 / rel:.2f}x slower" if rel < 0.995 else "as fast"
+
+
+def binding_code(text: str) -> str:
+    """A binding constraint (search.binding_constraint) as a table cell: 'memory +6%' where a faster
+    variant does not fit, '<overhead> 12%' for the largest overhead's share of the step."""
+    m = re.fullmatch(r"memory: .* would be (\S+) faster but needs \S+ GiB", text)
+    if m:
+        return f"memory +{m.group(1)}"
+    m = re.fullmatch(r"(\S+) \((\S+) of step\)", text)
+    if m:
+        return f"{m.group(1)} {m.group(2)}"
+    return text if len(text) <= 16 else text[:15] + "~"
+
+
+def layouts_table(layouts: list, width: int = WIDTH) -> list:
+    """The fastest layouts, one row each; the label last, left-aligned, wrapped where the row would
+    pass `width`. The step time is not a column: every row steps the same tokens (step s = tokens per
+    step / tokens/s; #1's is on the first line, each one in --json)."""
+    head = ["#", "tokens/s", "MFU", "GiB/GPU", "free", "fit", "binding", "layout"]
+    rows = []
+    for k, rec in enumerate(layouts, 1):
+        mem, th = rec["memory"], rec["throughput"]
+        rows.append([str(k), f"{th['tokens_per_s']:,.0f}", f"{th['mfu']:.1%}", gib(mem["gpu_bytes"]),
+                     gib(mem["headroom_bytes"]), mem["verdict"], binding_code(rec["binding_constraint"]),
+                     short(rec["layout"])])
+    widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(head)]
+    left = sum(widths[:-1]) + 2 * (len(head) - 1)  # where the label starts
+    room = max(width - left, 24)
+    widths[-1] = min(widths[-1], room)
+
+    def cells(r):
+        label = textwrap.wrap(r[-1], room, break_on_hyphens=False, break_long_words=False) or [""]
+        first = "  ".join([*(c.rjust(w) for c, w in zip(r[:-1], widths)), label[0]]).rstrip()
+        return [first] + [" " * left + x for x in label[1:]]
+
+    lines = cells(head) + ["  ".join("-" * w for w in widths)]
+    for r in rows:
+        lines += cells(r)
+    return lines
+
+
+def binding_text(r) -> str:
+    """Under the table: #1's binding constraint in full (and the launched layout's where that is
+    another row; every row's is in --json)."""
+    text = "#1 is bound by " + r.layouts[0]["binding_constraint"]
+    rank = (r.clear_fit or {}).get("rank")
+    if rank and rank != 1:
+        text += f"; #{rank} by " + r.layouts[rank - 1]["binding_constraint"]
+    return fold(text)
 
 
 def clear_fit_text(first: dict, clear: dict | None) -> str:
@@ -211,8 +366,7 @@ def engines_text(engines: list) -> str:
             lines.append(f"  {e['engine']:{width}s}  {e['note']}")
             continue
         rel = e["relative_speed"]
-        how = ("" if rel is None else ", " + (f"{rel:.2f}x faster" if rel > 1.005 else
-                                              f"{1 / rel:.2f}x slower" if rel < 0.995 else "as fast"))
+        how = "" if rel is None else ", " + ratio_text(rel)
         flags = settings_flags(e.get("settings", {}))
         chosen = f" ({flags})" if flags else ""
         lines.append(f"  {e['engine']:{width}s}  {short(e['layout'])}{chosen}: {e['tokens_per_s']:,.0f} tokens/s{how}")

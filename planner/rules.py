@@ -175,12 +175,17 @@ RULES: tuple[Rule, ...] = (
          & (tr.optimizer is not Optimizer.ADAMW),
          lambda m, cl, tr: f"--offload-optimizer: --engine {tr.engine.name} offloads AdamW only (megatron-core's "
                            f"--use-precision-aware-optimizer asserts adam); use --optimizer adamw"),
-    # megatron-core 0.16.1 optimizer_config.py __post_init__: use_precision_aware_optimizer asserts
-    # use_distributed_optimizer (Engine.precision_aware_optimizer)
-    Rule("precision_aware_needs_zero", ENGINE_RULE,
-         lambda m, cl, tr, l: (l.zero == 0) & tr.engine.precision_aware_optimizer & (tr.precision == Precision.BF16_PURE),
-         lambda m, cl, tr: f"--precision bf16-pure: --engine {tr.engine.name} keeps bf16 states with its "
-                           "precision-aware optimizer, which needs the distributed optimizer: use --zero 1"),
+    # 16-bit states without an fp32 master need sharded optimizers: megatron-core 0.16.1
+    # optimizer_config.py __post_init__ (use_precision_aware_optimizer asserts use_distributed_optimizer;
+    # Engine.precision_aware_optimizer) and DeepSpeed 0.19.8 runtime/config.py _do_error_check
+    # (bf16_master_weights_and_grads and bf16_optimizer_states "only supported with ZeRO Stage 1, 2, or 3")
+    Rule("pure_bf16_needs_zero", ENGINE_RULE,
+         lambda m, cl, tr, l: (l.zero == 0) & (tr.engine.precision_aware_optimizer or tr.engine.deepspeed)
+         & (tr.precision == Precision.BF16_PURE),
+         lambda m, cl, tr: f"--precision bf16-pure: --engine {tr.engine.name} keeps bf16 states only in a sharded "
+                           "optimizer (" + ("its precision-aware optimizer needs the distributed optimizer"
+                                            if tr.engine.precision_aware_optimizer else "DeepSpeed's "
+                                            "bf16_master_weights_and_grads needs ZeRO 1-3") + "): use --zero 1"),
     Rule("sp_needs_tp", ENGINE_RULE, lambda m, cl, tr, l: (l.sequence_parallel > 0) & (l.tp < 2),
          lambda m, cl, tr: "--sequence-parallel: needs --tp > 1"),
     Rule("recompute_layers_full", ENGINE_RULE,

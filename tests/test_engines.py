@@ -278,3 +278,24 @@ def test_megatron_bf16_states_are_its_precision_aware_optimizer(tmp_path):
         assert flag in args, flag
     with pytest.raises(InputError, match="--precision bf16-pure.*--zero 1"):
         api.estimate("llama-3-8b", {"gpus": 8}, {"engine": "megatron", "precision": "bf16-pure"}, {"zero": 0})
+
+
+def test_deepspeed_pure_bf16_needs_zero_as_deepspeed_asserts():
+    """DeepSpeed's own DeepSpeedConfig refuses bf16 master weights and optimizer states at ZeRO stage 0
+    and accepts them at 1; the planner refuses --precision bf16-pure at --zero 0 for its DeepSpeed
+    engines (a stage-0 run would keep BF16_Optimizer's fp32 master) and still plans it under FSDP."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    from planner import api
+
+    cfg = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8,
+           "bf16": {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}}
+    with pytest.raises(AssertionError, match="ZeRO Stage 1, 2, or 3"):
+        DeepSpeedConfig({**cfg, "zero_optimization": {"stage": 0}})
+    DeepSpeedConfig({**cfg, "zero_optimization": {"stage": 1}})
+    for engine in ("deepspeed", "megatron-deepspeed"):
+        with pytest.raises(InputError, match="--precision bf16-pure.*--zero 1"):
+            api.estimate("llama-3-8b", {"gpus": 8}, {"engine": engine, "precision": "bf16-pure", "gbs": 8}, {"zero": 0})
+        api.estimate("llama-3-8b", {"gpus": 8}, {"engine": engine, "precision": "bf16-pure", "gbs": 8}, {"zero": 1})
+    api.estimate("llama-3-8b", {"gpus": 8}, {"engine": "fsdp", "precision": "bf16-pure", "gbs": 8}, {"zero": 0})

@@ -112,6 +112,8 @@ def deepspeed_grid():
         # rules.py: offload needs ZeRO (params ZeRO-3), and DeepSpeed swaps to NVMe under ZeRO-3 only
         if (oo != "none" and zero == 0) or (op != "none" and zero != 3) or (oo == "nvme" and zero < 3):
             continue
+        if prec == "bf16-pure" and zero == 0:  # runtime/config.py _do_error_check: bf16 master weights need ZeRO 1-3
+            continue
         mbs, gas, dp = batches[i % len(batches)]
         cases.append(dict(engine="deepspeed", precision=prec, optimizer=optimizers[i % len(optimizers)],
                           row=dict(dp=dp, zero=zero, offload_optimizer=oo, offload_params=op, mbs=mbs,

@@ -179,13 +179,15 @@ def test_estimate_batch_rounds_to_a_multiple_of_mbs_dp():
 def test_estimate_text_says_what_it_assumed():
     code, text = run("estimate", "--model", "llama-3-70b", "--gpus", "64", "--tp", "8", "--zero", "1")
     assert code == 0
-    head = text.split("\nmodel ")[0]
+    answer, head = text.split("\nmodel ")[0].split("\nassumed: ", 1)  # the answer first (test_answer_first.py)
+    head = "assumed: " + head
+    assert answer.startswith("layout ") and "tokens/s" in answer.splitlines()[0]
     assert head.startswith("assumed: ") and all(len(line) <= 100 for line in head.splitlines())
     flat = " ".join(head.split())
     assert "gbs 1024" in flat and "engine megatron-deepspeed" in flat and "--tp 8" in flat
     code, text = run("estimate", "--model", "llama-3-70b", "--gpus", "64", "--gbs", "1024", "--engine", "deepspeed",
                      "--seq-len", "4096")
-    flat = " ".join(text.split("\nmodel ")[0].split())
+    flat = " ".join(text.split("\nmodel ")[0].split("\nassumed: ", 1)[1].split())
     assert "gbs" not in flat and "engine" not in flat and "seq_len" not in flat
 
 
