@@ -109,8 +109,12 @@ def training_fields(t: Training) -> dict:
 
 def locate(config: str) -> tuple[Plan | None, str | None]:
     """(plan, DeepSpeed or Accelerate config) for `--config PATH`: a directory `--emit` wrote (its
-    plan.json, and its ds_config.json where there is one), or a config file with the plan beside it."""
+    plan.json, and its ds_config.json where there is one), any other file it wrote there (launch.sh,
+    megatron_args.txt) standing for that directory, or a config file with the plan beside it."""
     p = Path(config).expanduser()
+    other = p.is_file() and p.suffix.lower() not in (".json", ".yaml", ".yml") and (p.parent / PLAN).is_file()
+    if other:  # another file --emit wrote (launch.sh, megatron_args.txt): the directory it is in
+        p = p.parent
     if p.is_dir() or p.name == PLAN:  # the directory, or its plan.json named itself
         plan = read(p) if p.name == PLAN else read(p / PLAN) if (p / PLAN).is_file() else None
         p = p.parent if p.name == PLAN else p

@@ -139,7 +139,7 @@ def test_every_way_of_naming_the_directory_agrees(tmp_path):
                        "--recompute", "full", "--emit", str(tmp_path), "--json")
     assert code == 0
     planned = figures(json.loads(out))
-    for name in ("ds_config.json", "accelerate_config.yaml", "plan.json"):
+    for name in ("ds_config.json", "accelerate_config.yaml", "plan.json", "launch.sh"):
         code, out, err = run("check", "--config", str(tmp_path / name), "--no-deepspeed", "--json")
         assert code == 0, err
         assert figures(json.loads(out)["estimate"]) == planned, name
