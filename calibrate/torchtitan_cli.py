@@ -3,7 +3,8 @@
     pip install torchtitan==0.3.0 && python -m calibrate.torchtitan_cli [--out PATH]
 
 For a set of layouts (ZeRO 0/2/3, TP with and without SP, every pipeline schedule, 2 and 4 stages
-per rank, CP, EP, CPU offload, fp32 and pure bf16, each recompute policy), the overrides are handed
+per rank, CP, EP, CPU offload, fp32 and pure bf16, each recompute policy, FP8 linears through the config
+module --emit writes), the overrides are handed
 to torchtitan.config.manager.ConfigManager.parse_args with the registry entry planner chose, and the
 resulting Trainer.Config fields are recorded beside the arguments in
 data/references/torchtitan_cli.json (atomically), read by tests/test_export.py. A layout torchtitan
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sys
+import tempfile
 from pathlib import Path
 
 from calibrate.torchtitan_sac import _stub_triton_kernels, run_cli
 from planner import layout
 from planner.export import _normalise_row
-from planner.export_torchtitan import CONFIGS, torchtitan_args
+from planner.export_torchtitan import CONFIGS, FP8_CONFIG, FP8_MODULE, fp8_module, torchtitan_args
 from planner.model import lookup
 
 OUT = Path(__file__).resolve().parent.parent / "data" / "references" / "torchtitan_cli.json"
@@ -40,22 +43,40 @@ CASES = [  # (catalog model, precision, row changes)
     ("llama-3-8b", "bf16", {"cp": 4, "dp": 2, "mbs": 1}),
     ("llama-3-8b", "bf16", {"offload_optimizer": "cpu", "offload_params": "cpu"}),
     ("qwen3-30b-a3b", "bf16", {"ep": 8, "dp": 8}),
+    ("llama-3-8b", "fp8", {}),  # the emitted torchtitan_fp8.py module's config (export_torchtitan.fp8_module)
+    ("llama-3-70b", "fp8", {"tp": 8, "dp": 1, "sequence_parallel": True}),
 ]
 
 
-def parse(model_name: str, args: list[str]) -> dict:
-    """The Trainer.Config fields torchtitan's ConfigManager makes of the overrides, or its error."""
+def parse(model_name: str, args: list[str], fp8_module: str | None = None) -> dict:
+    """The Trainer.Config fields torchtitan's ConfigManager makes of the overrides, or its error;
+    with `fp8_module` (the text of export_torchtitan.fp8_module), that module's config, importable
+    from a temporary directory as launch.sh's PYTHONPATH makes it, and its block linears' types."""
     from torchtitan.config.manager import ConfigManager
 
     module, config = CONFIGS[model_name]
     err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            cfg = ConfigManager().parse_args(["--module", module, "--config", config, *" ".join(args).split()])
-    except SystemExit:
-        return {"error": " ".join(err.getvalue().split())[:400]}
+    with tempfile.TemporaryDirectory() as where:
+        if fp8_module is not None:
+            Path(where, FP8_MODULE + ".py").write_text(fp8_module)
+            sys.path.insert(0, where)
+            module, config = FP8_MODULE, FP8_CONFIG
+        try:
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                cfg = ConfigManager().parse_args(["--module", module, "--config", config, *" ".join(args).split()])
+        except SystemExit:
+            return {"error": " ".join(err.getvalue().split())[:400]}
+        finally:
+            if fp8_module is not None:
+                sys.path.remove(where)
+                sys.modules.pop(FP8_MODULE, None)
     par, train = cfg.parallelism, cfg.training
-    return {"parallelism": {k: getattr(par, k) for k in (
+    model, layer = cfg.model_spec.model, cfg.model_spec.model.layers[0]
+    linears = {"lm_head": model.lm_head, "attention.wqkv": layer.attention.qkv_linear.wqkv, "attention.wo": layer.attention.wo}
+    if layer.feed_forward is not None:  # a dense block (an MoE block's experts are not linears)
+        linears.update({"feed_forward.w1": layer.feed_forward.w1, "feed_forward.w2": layer.feed_forward.w2})
+    return {"linears": {name: type(c).__qualname__ + _scaling(c) for name, c in linears.items()},
+            "parallelism": {k: getattr(par, k) for k in (
                 "data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
                 "tensor_parallel_degree", "enable_sequence_parallel", "pipeline_parallel_degree",
                 "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size", "pipeline_parallel_layers_per_stage",
@@ -66,13 +87,30 @@ def parse(model_name: str, args: list[str]) -> dict:
             "activation_checkpoint": type(cfg.activation_checkpoint).__qualname__}
 
 
+def _scaling(config) -> str:
+    """' (rowwise)' / ' (tensorwise)' for a Float8Linear config: its input cast's scaling granularity."""
+    ao = getattr(config, "_torchao_config", None)
+    if ao is None:
+        return ""
+    granularity = str(ao.cast_config_input.scaling_granularity).lower()
+    return " (rowwise)" if "axiswise" in granularity else " (tensorwise)"
+
+
 def measure() -> list[dict]:
     _stub_triton_kernels()
+    # torchtitan 0.3.0 components/quantization/float8.py: the converter refuses to build on a GPU
+    # without FP8 (SM89); the config is what is parsed here, not a model
+    import torchtitan.components.quantization.float8 as float8
+
+    float8.has_cuda_capability = lambda *args: True
     rows = []
     for name, precision, change in CASES:
         row = _normalise_row({**BASE, **change})
-        args = torchtitan_args(lookup(name), layout.Training(seq_len=4096, precision=precision, engine="torchtitan"), row)
-        rows.append({"model": name, "precision": precision, "row": row, "args": args, "parsed": parse(name, args)})
+        training = layout.Training(seq_len=4096, precision=precision, engine="torchtitan")
+        args = torchtitan_args(lookup(name), training, row)
+        module = fp8_module(lookup(name), training)
+        rows.append({"model": name, "precision": precision, "row": row, "args": args, "fp8_module": module,
+                     "parsed": parse(name, args, module)})
         print(rows[-1], flush=True)
     return rows
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner import fp8
 from planner.engines import Buffers, MoeCapacity, Modules, SelectivePolicy
 from planner.errors import InputError
 from planner.layout import Layouts, Training
@@ -44,6 +45,10 @@ class Saved:
     """TP or SP."""
     core: bool = False
     """Attention-core internals that selective recompute drops (Korthikanti section 5)."""
+    gemm_input: str = ""
+    """A block linear layer's input, which Transformer Engine's FP8 layers keep as FP8
+    (planner/fp8.py saved_input_scale): 'own' where the linear layer alone keeps it, 'shared' where
+    another op keeps the same 16-bit tensor too."""
 
 
 def saved_tensors(model: ModelSpec, training: Training, seq: float, routed, mbs) -> list[Saved]:
@@ -78,7 +83,8 @@ def hf_rms_norm_saved(e: float, h: int, where: str, split: str = SP, rows: int =
 def hf_swiglu_mlp_saved(e: float, f: int, where: str) -> list[Saved]:
     """LlamaMLP.forward down_proj(act_fn(gate_proj(x)) * up_proj(x)) beyond its input (Qwen2MoeMLP,
     DeepseekV3MLP and Glm4MoeMLP are copies): gate and up outputs, act(gate) and down's input."""
-    return [Saved(f"{where}{name}", e * f, TP) for name in ("gate output", "up output", "act(gate)", "down input")]
+    return [Saved(f"{where}{name}", e * f, TP, gemm_input="own" if name == "down input" else "")
+            for name in ("gate output", "up output", "act(gate)", "down input")]
 
 
 def hf_attention_core_saved(model: ModelSpec, training: Training, seq: float, v: Saved, q_from_cat: bool,
@@ -110,10 +116,11 @@ def hf_attention_core_saved(model: ModelSpec, training: Training, seq: float, v:
                 Saved("o_proj input (contiguous copy)", e * o, TP)]
     if training.flash_attention:
         out = [Saved("q after rotary", e * q, TP), Saved("k after rotary", e * kv, TP), v,
-               Saved("attention output" + ("" if q_from_cat else " (o_proj input)"), e * o, TP),
+               Saved("attention output" + ("" if q_from_cat else " (o_proj input)"), e * o, TP,
+                     gemm_input="" if q_from_cat else "shared"),
                Saved("flash log-sum-exp (fp32)", 4.0 * a, TP, core=True)]
         if q_from_cat:
-            out.append(Saved("o_proj input (contiguous copy)", e * o, TP))
+            out.append(Saved("o_proj input (contiguous copy)", e * o, TP, gemm_input="own"))
         return out
     out = [Saved("q after rotary", e * q, TP), Saved("k repeated to every head", e * q, TP),
            Saved("v repeated to every head", e * o, TP)]
@@ -123,7 +130,7 @@ def hf_attention_core_saved(model: ModelSpec, training: Training, seq: float, v:
             out.append(Saved("softmax output, 16-bit", e * a * seq, TP, core=True))
     else:
         out.append(Saved("softmax output", e * a * seq, TP, core=True))
-    return out + [Saved("o_proj input (contiguous)", e * o, TP)]
+    return out + [Saved("o_proj input (contiguous)", e * o, TP, gemm_input="own")]
 
 
 def hf_llama_attention_saved(model: ModelSpec, training: Training, seq: float, q_from_cat: bool = False,
@@ -132,7 +139,7 @@ def hf_llama_attention_saved(model: ModelSpec, training: Training, seq: float, q
     attention, o_proj's input; Qwen3's per-head q_norm/k_norm): hf_llama_saved's first half."""
     e = training.precision.element_bytes
     h, kv = model.hidden, model.kv_width
-    out = hf_rms_norm_saved(e, h, "attention") + [Saved("q/k/v input (norm output)", e * h, SP)]
+    out = hf_rms_norm_saved(e, h, "attention") + [Saved("q/k/v input (norm output)", e * h, SP, gemm_input="own")]
     if model.qk_norm:  # Qwen3RMSNorm on q and k per head, eager like LlamaRMSNorm: one rstd per head
         out += hf_qk_norms_saved(model, e, weight=True)
     return out + hf_attention_core_saved(model, training, seq, Saved("v", e * kv, TP), q_from_cat, fp32_softmax,
@@ -151,7 +158,8 @@ def hf_llama_mlp_saved(model: ModelSpec, training: Training) -> list[Saved]:
     """LlamaDecoderLayer's post_attention_layernorm and its MLP (LlamaMLP, or the sparse MoE block of
     hf_moe_mlp_saved where experts > 1): hf_llama_saved's second half."""
     e = training.precision.element_bytes
-    out = hf_rms_norm_saved(e, model.hidden, "mlp") + [Saved("gate/up input (norm output)", e * model.hidden, SP)]
+    out = hf_rms_norm_saved(e, model.hidden, "mlp") + [Saved("gate/up input (norm output)", e * model.hidden, SP,
+                                                             gemm_input="own")]
     if model.experts > 1 and model.architecture == "llama4":  # Llama4TextMoe in place of Llama4TextMLP
         return out + hf_llama4_moe_saved(model, training)
     if model.experts > 1:  # the sparse MoE block in place of LlamaMLP
@@ -544,17 +552,17 @@ def llm_foundry_mpt_saved(model: ModelSpec, training: Training) -> list[Saved]:
     w = model.mlp_width_per_token
     out = [Saved("norm_1 input (autocast copy)", e * h, SP),
            Saved("norm_1 mean and rstd, fp32", LAYER_NORM_STATS_BYTES_PER_TOKEN, SP),
-           Saved("Wqkv input (norm_1 output)", e * h, SP),
+           Saved("Wqkv input (norm_1 output)", e * h, SP, gemm_input="own"),
            Saved("Wqkv output (q, k, v views)", e * (q + 2 * kv), TP)]
     if model.kv_heads < model.heads:  # repeat_kv_for_gqa: k and v copied to every head
         out.append(Saved("k and v repeated to every head", e * 2 * q, TP))
-    return out + [Saved("attention output (out_proj input)", e * q, TP),
+    return out + [Saved("attention output (out_proj input)", e * q, TP, gemm_input="shared"),
                   Saved("flash log-sum-exp (fp32)", 4.0 * a, TP, core=True),
                   Saved("norm_2 input (autocast copy)", e * h, SP),
                   Saved("norm_2 mean and rstd, fp32", LAYER_NORM_STATS_BYTES_PER_TOKEN, SP),
-                  Saved("up_proj input (norm_2 output)", e * h, SP),
+                  Saved("up_proj input (norm_2 output)", e * h, SP, gemm_input="own"),
                   Saved("GELU input (up_proj output)", e * w, TP),
-                  Saved("down_proj input (GELU output)", e * w, TP)]
+                  Saved("down_proj input (GELU output)", e * w, TP, gemm_input="own")]
 
 
 def llm_foundry_block_input_scale(model: ModelSpec, training: Training) -> float:
@@ -580,7 +588,7 @@ def megatron_saved(model: ModelSpec, training: Training, seq: float, routed) -> 
     dropout = model.dropout
     out = [
         Saved("attention norm input", e * h, SP),
-        Saved("qkv input", e * h, SP),
+        Saved("qkv input", e * h, SP, gemm_input="own"),
         Saved("q", e * q, TP), Saved("k", e * kv, TP), Saved("v", e * model.v_width, TP),
     ]
     if not training.flash_attention and model.kv_heads < model.heads and not model.kv_lora_rank:
@@ -611,17 +619,17 @@ def megatron_saved(model: ModelSpec, training: Training, seq: float, routed) -> 
         if dropout:
             out += [Saved("attention dropout mask", 1.0 * a * seq, TP, core=True),
                     Saved("attention dropout output", e * a * seq, TP, core=True)]
-    out.append(Saved("output-projection input", e * model.attention_out_width, TP))
+    out.append(Saved("output-projection input", e * model.attention_out_width, TP, gemm_input="shared"))
     if dropout:
         out.append(Saved("attention-output dropout mask", 1.0 * h, SP))
-    out += [Saved("mlp norm input", e * h, SP), Saved("mlp input", e * h, SP)]
+    out += [Saved("mlp norm input", e * h, SP), Saved("mlp input", e * h, SP, gemm_input="own")]
     if model.experts > 1:
         out += megatron_moe_routing_saved(model, training, routed)
     w = model.mlp_width(routed)  # each token's rows in the routed experts (padding included) and a shared one
     if model.ffn_kind == "swiglu":
-        out += [Saved("fc1 output [gate|up]", e * 2 * w, TP), Saved("fc2 input", e * w, TP)]
+        out += [Saved("fc1 output [gate|up]", e * 2 * w, TP), Saved("fc2 input", e * w, TP, gemm_input="own")]
     else:
-        out += [Saved("activation input", e * w, TP), Saved("fc2 input", e * w, TP)]
+        out += [Saved("activation input", e * w, TP), Saved("fc2 input", e * w, TP, gemm_input="own")]
     if dropout:
         out.append(Saved("mlp dropout mask", 1.0 * h, SP))
     return out
@@ -829,8 +837,9 @@ def layer_bytes(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
     sp = np.where(lay.sequence_parallel > 0, t, 1.0)
     rows_split = t / expert_tp(training, lay)
     whole, stored = 0.0, 0.0
+    fp8_input = {"": 1.0, "own": fp8.saved_input_scale(training, False), "shared": fp8.saved_input_scale(training, True)}
     for x in saved_tensors(model, training, s, routed_per_token(model, training, lay, tokens), lay.mbs):
-        part = tokens * x.bytes_per_token / {TP: t, SP: sp, WHOLE: 1.0, ROWS: rows_split}[x.split]
+        part = tokens * x.bytes_per_token / {TP: t, SP: sp, WHOLE: 1.0, ROWS: rows_split}[x.split] * fp8_input[x.gemm_input]
         whole = whole + part
         stored = stored + (0.0 if x.core else part)
     whole = whole + cp_gathered_kv_bytes(model, training, lay)

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from planner import memory, rules, search
+from planner import fp8, memory, rules, search
 from planner.calibration import clears_band, prior_band, verdict
-from planner.engines import NAMES as ENGINE_NAMES
+from planner.engines import ENGINES, NAMES as ENGINE_NAMES
 from planner.errors import InputError
-from planner.hardware import Cluster
+from planner.hardware import Cluster, lookup_gpu
 from planner.inputs import (DEFAULTS, ClusterInput, LayoutInput, ModelInput, TrainingInput, coerce, model_input,
                             resolve_model, with_gpus)
 from planner.layout import Layouts, Training, ZeroConfig, single
@@ -123,13 +123,18 @@ class Recommendation:
 # ---------------------------------------------------------------------------------------------
 
 
-def default_engine(tp: int = 1, cp: int = 1, vpp: int = 1, sequence_parallel: bool = False) -> str:
+def default_engine(tp: int = 1, cp: int = 1, vpp: int = 1, sequence_parallel: bool = False, fp8: bool = False) -> str:
     """The engine without --engine, for the layout estimate takes or the axes recommend is pinned to:
-    megatron when interleaving, megatron-deepspeed with TP, CP or sequence parallelism (DeepSpeed
+    megatron when interleaving or with FP8 GEMMs (neither DeepSpeed engine has an FP8 path; NVIDIA's
+    FP8 recipes are Megatron's), megatron-deepspeed with TP, CP or sequence parallelism (DeepSpeed
     alone has none), else deepspeed."""
-    if vpp > 1:
+    if vpp > 1 or fp8:
         return "megatron"
     return "megatron-deepspeed" if max(tp, cp) > 1 or sequence_parallel else DEFAULTS["engine"]
+
+
+def _wants_fp8(tin: TrainingInput) -> bool:
+    return str(tin.precision).strip().lower() == "fp8" or tin.fp8_recipe is not None
 
 
 def default_gbs(tin: TrainingInput, unit: int = 1) -> int:
@@ -172,12 +177,12 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
             defaults["tokens_per_step"] = DEFAULTS["tokens_per_step"]
     spec = resolve_model(model)
     defaults.update(_model_defaults(model))
-    engine = tin.engine or default_engine(lin.tp, lin.cp, lin.vpp, bool(lin.sequence_parallel))
+    engine = tin.engine or default_engine(lin.tp, lin.cp, lin.vpp, bool(lin.sequence_parallel), _wants_fp8(tin))
     if tin.engine is None:
         defaults["engine"] = engine
     train = tin.resolve(gbs, engine)
     defaults.update(_training_defaults(tin, cin, train, spec))
-    clus = cin.resolve(train.precision, world)
+    clus = cin.resolve(train.gemm_dtype if train.fp8_recipe else train.precision, world)
     lay = single(tp=tp, pp=pp, dp=dp, cp=cp, ep=lin.ep, etp=lin.etp, vpp=lin.vpp, zero=lin.zero,
                  offload_optimizer=lin.offload_optimizer, offload_params=lin.offload_params, mbs=mbs,
                  gas=gbs // (mbs * dp), recompute=lin.recompute, recompute_layers=lin.recompute_layers,
@@ -225,6 +230,9 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
 
     cin = coerce(cluster, ClusterInput, "--gpus")
     tin = coerce(training, TrainingInput, "--engine")
+    if str(tin.precision).strip().lower() == "auto":
+        return _recommend_either_precision(model, cin, tin, dict(top=top, memory_headroom=memory_headroom,
+                                                                 max_mbs=max_mbs, pinned=pinned, landscape=landscape))
     given = {"top": top, "memory_headroom": memory_headroom, "max_mbs": max_mbs}
     defaults = {k: DEFAULTS[k] for k, v in given.items() if v is None}
     top, headroom, max_mbs = (check(k, DEFAULTS[k] if v is None else v) for k, v in given.items())
@@ -238,10 +246,10 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
             defaults["tokens_per_step"] = tokens
     if cin.gpus is None:
         raise InputError("--gpus: required for recommend (total GPUs, e.g. --gpus 16)")
-    clus = cin.resolve(tin.precision or DEFAULTS["precision"], cin.gpus)
+    clus = cin.resolve(tin.precision or ("fp8" if tin.fp8_recipe else DEFAULTS["precision"]), cin.gpus)
     pins = _pin_codes(pinned or {}, clus.num_gpus)
     train = tin.resolve(gbs, tin.engine or default_engine(pins.get("tp", 1), pins.get("cp", 1), pins.get("vpp", 1),
-                                                          bool(pins.get("sequence_parallel", 0))))
+                                                          bool(pins.get("sequence_parallel", 0)), _wants_fp8(tin)))
     if tin.engine is None:
         defaults["engine"] = train.engine.name
     defaults.update(_training_defaults(tin, cin, train, spec))
@@ -269,7 +277,9 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     assumptions = {
         "gpu": clus.gpu.name, "gpus_per_node": clus.gpus_per_node, "pod_gpus": clus.pod_gpus,
         "oversubscription": clus.oversubscription, "seq_len": train.seq_len, "gbs": gbs,
-        "tokens_per_step": gbs * train.seq_len, "engine": train.engine.name, "precision": str(train.precision),
+        "tokens_per_step": gbs * train.seq_len, "engine": train.engine.name,
+        "precision": "fp8" if train.fp8_recipe else str(train.precision),
+        **({"fp8_recipe": str(train.fp8_recipe)} if train.fp8_recipe else {}),
         "optimizer": str(train.optimizer), "flash_attention": train.flash_attention, "compile": train.compile,
         "modules": word_of(block_modules(spec, train)), "memory_headroom": headroom, "pp_edge_layers": train.pipeline_edge_layers,
         "calibration": clus.calibration.name if clus.calibration else None,
@@ -494,6 +504,36 @@ def _search_offload_share(spec, clus, train: Training, headroom: float, result: 
     return (lean, again) if _faster(again, result) else (train, result)
 
 
+def _recommend_either_precision(model, cin: ClusterInput, tin: TrainingInput, options: dict) -> Recommendation:
+    """recommend --precision auto: bf16 mixed precision, and FP8 GEMMs where the GPU has FP8 tensor
+    cores and the engine (without --engine: Megatron, for both) an FP8 path; the faster answer, its
+    note naming how much faster than the other's fastest layout."""
+    gpu = lookup_gpu(cin.gpu or DEFAULTS["gpu"])
+    engine = ENGINES.get(tin.engine or "megatron")
+    fp8_too = bool(gpu.peak_flops_per_s.get("fp8")) and engine is not None and bool(engine.fp8_recipes)
+    chosen_engine = fp8_too and tin.engine is None
+    if chosen_engine:  # one engine for both: the one FP8 takes without --engine (default_engine)
+        tin = replace(tin, engine=engine.name)
+    answers = {"bf16": recommend(model, cin, replace(tin, precision="bf16"), **options)}
+    if fp8_too:
+        answers["fp8"] = recommend(model, cin, replace(tin, precision="fp8"), **options)
+
+    def speed(rec):
+        return rec.layouts[0]["throughput"]["tokens_per_s"] if rec.layouts else 0.0
+
+    chosen = max(answers, key=lambda k: speed(answers[k]))
+    best = answers[chosen]
+    if fp8_too:
+        other = answers["bf16" if chosen == "fp8" else "fp8"]
+        ratio = f"{speed(best) / speed(other):.2f}x" if speed(other) else "where nothing fits"
+        note = f"--precision auto: {chosen}, {ratio} the fastest {'bf16' if chosen == 'fp8' else 'fp8'} layout"
+    else:
+        note = f"--precision auto: bf16 ({gpu.name} has no FP8 tensor cores)" if not gpu.peak_flops_per_s.get("fp8") \
+            else f"--precision auto: bf16 (--engine {tin.engine} has no FP8 path)"
+    defaults = {**best.defaults, "precision": chosen, **({"engine": engine.name} if chosen_engine else {})}
+    return replace(best, notes=[*best.notes, note], defaults=defaults)
+
+
 def _engine_best(spec, clus, training: Training, engine: str, headroom: float, max_mbs: int, pins: dict,
                  best_tokens_per_s: float | None, free_edges: bool, free_knobs: bool, free_share: bool,
                  free_overlap: bool) -> dict:
@@ -519,7 +559,9 @@ def _engine_best(spec, clus, training: Training, engine: str, headroom: float, m
     searched, start = _searched_settings(train), _searched_settings(first)
     return {"engine": engine, "layout": result["valid"].row(i), "tokens_per_s": speed,
             "relative_speed": None if best_tokens_per_s is None else speed / best_tokens_per_s, "note": None,
-            "settings": {k: v for k, v in searched.items() if v != start[k]}}
+            "settings": {k: v for k, v in searched.items() if v != start[k]},
+            # an engine without the FP8 path the question asked for answers in bf16 (Training.for_engine)
+            "precision": "fp8" if train.fp8_recipe else str(train.precision)}
 
 
 def _search_overlap_comm(spec, clus, train: Training, headroom: float, result: dict) -> tuple:
@@ -616,10 +658,14 @@ def _training_defaults(tin: TrainingInput, cin: ClusterInput, train: Training, s
     from planner.engines import Buffers, Modules
 
     out = {}
-    for key, value in (("gpu", cin.gpu), ("seq_len", tin.seq_len), ("precision", tin.precision),
+    for key, value in (("gpu", cin.gpu), ("seq_len", tin.seq_len), ("precision", tin.precision or tin.fp8_recipe),
                        ("optimizer", tin.optimizer)):
         if value is None:
             out[key] = DEFAULTS[key]
+    if train.fp8_recipe is not None:
+        fp8.check_gpu(lookup_gpu(cin.gpu or DEFAULTS["gpu"]), train.fp8_recipe)
+        if tin.fp8_recipe is None:
+            out["fp8_recipe"] = str(train.fp8_recipe)
     modules = block_modules(spec, train)
     if tin.modules is None:  # the engine's users' modules for this model (planner/modules.py)
         out["modules"] = word_of(modules)
@@ -734,7 +780,7 @@ def deepspeed_estimator_rows(model: ModelSpec, cluster: Cluster) -> dict:
     from planner import deepspeed_estimator as D
 
     rows = {}
-    kw = dict(num_gpus_per_node=cluster.gpus_per_node, num_nodes=cluster.num_nodes)
+    kw = dict(num_gpus_per_node=cluster.gpus_per_host, num_nodes=cluster.num_hosts)  # DeepSpeed's node is a host
     for off in (False, True):
         g, c = D.zero2_model_states_bytes(model.params, cpu_offload=off, **kw)
         rows[f"zero2_offload_{str(off).lower()}"] = {"gpu_bytes": int(g), "cpu_bytes_per_node": int(c)}

@@ -137,7 +137,15 @@ def add_cluster_flags(p):
 def add_training_flags(p):
     g = p.add_argument_group("training")
     g.add_argument("--gbs", type=positive_int, help=_h("global batch in sequences", "gbs"))
-    g.add_argument("--precision", help="bf16, fp16, fp32, bf16-pure (default bf16)")
+    g.add_argument("--precision", help="bf16, fp16, fp32, bf16-pure, fp8 (bf16 weights, FP8 block GEMMs; default bf16)")
+    g.add_argument("--fp8-recipe", default=None,
+                   help="FP8 scaling: delayed, tensorwise (megatron: TE; torchtitan 0.2: torchao), rowwise "
+                        "(torchtitan), mxfp8 (Blackwell) (default: the engine's; implies --precision fp8)")
+    g.add_argument("--fp8-param-gather", dest="fp8_param_gather", action="store_true", default=None,
+                   help="megatron: FP8 parameters, all-gathered at 1 B each by the distributed optimizer "
+                        "(the default with --precision fp8 and --zero 1, as NeMo's FP8 recipes run)")
+    g.add_argument("--no-fp8-param-gather", dest="fp8_param_gather", action="store_false",
+                   help="megatron: bf16 parameters, TE's FP8 copy and transpose of each weight cached beside them")
     g.add_argument("--optimizer", help="adamw, sgd, adafactor, adam8bit (default adamw)")
     g.add_argument("--no-flash-attention", action="store_true")
     from planner.engines import NAMES
@@ -329,6 +337,7 @@ def training_input(args):
 
     return TrainingInput(seq_len=args.seq_len, gbs=args.gbs, tokens_per_step=getattr(args, "tokens_per_step", None),
                          precision=args.precision, optimizer=args.optimizer,
+                         fp8_recipe=args.fp8_recipe, fp8_param_gather=args.fp8_param_gather,
                          flash_attention=not args.no_flash_attention, engine=args.engine,
                          overlap_comm=args.overlap_comm, contiguous_gradients=False if args.no_contiguous_gradients else None,
                          fp32_grad_accum=args.fp32_grad_accum, tp_comm_overlap=args.tp_comm_overlap,

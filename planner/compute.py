@@ -17,21 +17,42 @@ from planner.layout import Layouts, Training
 from planner.model import ModelSpec
 from planner.modules import autocasts_fp32_params, block_modules
 from planner.moe import routed_per_token
-from planner.options import Recompute
+from planner.options import Fp8Recipe, Recompute
 
 
 def peak_flops_per_s(cluster: Cluster, training: Training) -> float:
-    """Dense peak of the GEMM dtype (bf16-pure computes in bf16; fp32 without TF32, PyTorch default)."""
-    return cluster.gpu.peak_flops_per_s[training.precision.gemm_dtype]
+    """Dense peak of the block GEMMs' dtype, MFU's denominator (bf16-pure computes in bf16; fp32
+    without TF32, PyTorch default; fp8 under an FP8 recipe, as llm-foundry's benchmark tables divide
+    their amp_fp8 runs)."""
+    return cluster.gpu.peak_flops_per_s[training.gemm_dtype]
+
+
+def sustained_fraction(cluster: Cluster, c: dict) -> float:
+    """The share of the datasheet peak the GPU keeps through a training run, where
+    data/coefficients.json has one for the GPU (`<gpu>_sustained_compute_fraction`, fitted on
+    published runs: h100_sxm_...), else 1."""
+    return float(c.get(cluster.gpu.name.replace("-", "_") + "_sustained_compute_fraction", 1.0))
 
 
 def compute_flops_per_s(cluster: Cluster, training: Training, c: dict) -> float:
-    """The dense rate kernels are timed against: the datasheet peak of the GEMM dtype times the share
-    of it the GPU keeps through a training run, where data/coefficients.json has one for the GPU
-    (`<gpu>_sustained_compute_fraction`, fitted on published runs: h100_sxm_...), else 1. MFU and HFU
-    stay against the datasheet peak (peak_flops_per_s), as every source reports them."""
-    key = cluster.gpu.name.replace("-", "_") + "_sustained_compute_fraction"
-    return peak_flops_per_s(cluster, training) * float(c.get(key, 1.0))
+    """The dense rate 16-bit kernels are timed against (attention, the output layer, and the blocks'
+    GEMMs without FP8): the datasheet peak of the training dtype times the sustained fraction. MFU
+    and HFU stay against the datasheet peak (peak_flops_per_s), as every source reports them."""
+    return cluster.gpu.peak_flops_per_s[training.precision.gemm_dtype] * sustained_fraction(cluster, c)
+
+
+def block_gemm_rate(cluster: Cluster, training: Training, c: dict) -> tuple:
+    """(rate, coefficients) the blocks' linear GEMMs run at. Under an FP8 recipe: the FP8 peak with
+    FP8's own large-GEMM efficiency (`fp8_gemm_efficiency_max`, or the rowwise kernels'
+    `fp8_rowwise_gemm_efficiency_max`), and the same fixed seconds per GEMM as in 16 bits (its
+    half-efficiency FLOPs scaled by the peaks' ratio: launch and tile ramp-up do not speed up)."""
+    rate = compute_flops_per_s(cluster, training, c)
+    if training.fp8_recipe is None:
+        return rate, c
+    fp8_rate = cluster.gpu.peak_flops_per_s["fp8"] * sustained_fraction(cluster, c)
+    key = "fp8_rowwise_gemm_efficiency_max" if training.fp8_recipe is Fp8Recipe.ROWWISE else "fp8_gemm_efficiency_max"
+    return fp8_rate, dict(c, gemm_efficiency_max=c[key],
+                          gemm_half_efficiency_flops=c["gemm_half_efficiency_flops"] * fp8_rate / rate)
 
 
 def hbm_bytes_per_s(cluster: Cluster, c: dict) -> float:
@@ -108,7 +129,11 @@ def gemm_fwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layo
     the router; each local expert runs its own GEMMs on T k ep/E routed tokens (Lepikhin et al.
     2020, GShard), i.e. T k FLOPs-worth in total; T k C padded to an expert capacity
     (planner/moe.py routed_per_token). A grouped GEMM (Engine.grouped_experts) is one kernel over
-    the local experts' rows: one fall-off for their summed FLOPs."""
+    the local experts' rows: one fall-off for their summed FLOPs. Under FP8 (block_gemm_rate) the
+    router stays 16-bit (a plain linear in every engine), and so do torchao's grouped experts
+    (torchtitan 0.3.0's Float8LinearConverter converts Linear layers; its experts take a converter
+    of their own, Float8GroupedExpertsConverter, off by default)."""
+    fp8_peak, fp8_c = block_gemm_rate(cluster, training, c)
     peak = compute_flops_per_s(cluster, training, c)
     T, t = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64)
     expert_kernels = 1 if training.engine.grouped_experts else np.maximum(model.experts // lay.ep, 1)
@@ -116,7 +141,8 @@ def gemm_fwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layo
     seconds = 0.0
     for g in model.gemms(fused=training.engine.fused_gemms):
         flops = T * g.flops_per_token * (routed if g.expert else 1) / (t if g.tp_split else 1.0)
-        seconds = seconds + gemm_s(flops, peak, c, expert_kernels if g.expert else 1)
+        fp8 = g.tp_split and not (g.expert and training.engine.fp8_library == "torchao")
+        seconds = seconds + gemm_s(flops, fp8_peak if fp8 else peak, fp8_c if fp8 else c, expert_kernels if g.expert else 1)
     return seconds
 
 
@@ -125,12 +151,12 @@ def op_sac_recompute_s(model: ModelSpec, cluster: Cluster, training: Training, l
     matmuls it does not keep (planner/activations.py op_sac_matmuls: wo and w3) and the elementwise
     forward (norms, rotary, SiLU and the gate product); the attention and the kept matmuls are not
     rerun."""
-    peak = compute_flops_per_s(cluster, training, c)
+    peak, gemm_c = block_gemm_rate(cluster, training, c)
     T, t = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64)
     seconds = elementwise_fwd_s(model, cluster, training, lay, c)
     for _, n_in, n_out, _, kept in op_sac_matmuls(model):
         if not kept:
-            seconds = seconds + gemm_s(T * 2.0 * n_in * n_out / t, peak, c)  # 2 FLOPs per multiply-add
+            seconds = seconds + gemm_s(T * 2.0 * n_in * n_out / t, peak, gemm_c)  # 2 FLOPs per multiply-add
     return seconds
 
 

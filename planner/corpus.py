@@ -354,7 +354,8 @@ def summary(rows: list[dict], scored: list[dict]) -> dict:
 
 def fitted_coefficients() -> list[dict]:
     """Coefficients of data/coefficients.json declared `"fitted_to": "corpus"`: {section, name,
-    value, low, high}; the range is the entry's `fit_range`, else half to twice its value. The
+    value, low, high, rows}; the range is the entry's `fit_range`, else half to twice its value;
+    `fit_rows` 'fp8' fits it to the rows with FP8 GEMMs alone (the others do not read it). The
     refit reaches a value through a calibration override (planner/calibration.py), so it must be
     a `memory` or `time` coefficient the model reads through memory.coefficients."""
     out = []
@@ -362,7 +363,8 @@ def fitted_coefficients() -> list[dict]:
         for name, entry in (entries.items() if isinstance(entries, dict) and not section.startswith("_") else ()):
             if isinstance(entry, dict) and entry.get("fitted_to") == "corpus":
                 low, high = entry.get("fit_range") or (entry["value"] / 2, entry["value"] * 2)
-                out.append({"section": section, "name": name, "value": entry["value"], "low": low, "high": high})
+                out.append({"section": section, "name": name, "value": entry["value"], "low": low, "high": high,
+                            "rows": entry.get("fit_rows", "all")})
     return out
 
 
@@ -418,10 +420,11 @@ def validate(rows: list[dict] | None = None) -> dict:
         ans = ask(reading) if reading.reason is None else Answer(reading)
         pairs.append((score(row, ans), ans))
     scored = [s for s, _ in pairs]
-    timed = [(s, a) for s, a in pairs
-             if s["source"] not in LOW_TRUST and any(f["metric"] != MEMORY_METRIC for f in s["figures"])]
+    timed_all = [(s, a) for s, a in pairs
+                 if s["source"] not in LOW_TRUST and any(f["metric"] != MEMORY_METRIC for f in s["figures"])]
     fits = []
     for c in fitted_coefficients():
+        timed = [(s, a) for s, a in timed_all if c["rows"] != "fp8" or a.setup[2].fp8_recipe is not None]
         if len({s["source"] for s, _ in timed}) < 2:
             fits.append({**c, "note": "leave-one-source-out needs two trusted sources with throughput"})
             continue

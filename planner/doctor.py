@@ -463,7 +463,7 @@ def _setting_changes(mine, my_zero: int, theirs, their_zero: int) -> list:
 
 
 def cluster_host_bytes(est) -> float:
-    return float(est.cluster.gpu.host_ram_bytes_per_node)
+    return float(est.cluster.host_ram_bytes_per_host)
 
 
 def closest_better(est, model, cluster: dict, train: dict, lay: dict) -> dict | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from planner.options import Offload, Schedule, Word
+from planner.options import Fp8Recipe, Offload, Schedule, Word
 
 
 class GradBuckets(Word):
@@ -343,6 +343,20 @@ class Engine:
     per rank and torch copies each through a flat buffer, right after a device sync (DeepSpeed
     0.3.13 to 0.5.0 as read; timing.zero3_rank_copies_s), rather than one flat call per submodule
     and bucket."""
+    fp8_recipes: tuple = ()
+    """FP8 GEMM recipes its users run (planner/options.py Fp8Recipe), the default first; () has no
+    FP8 path (--precision fp8 is refused and names the engines that have one)."""
+    fp8_library: str = ""
+    """Whose FP8 linear layers it runs: 'transformer_engine' (te.Linear and its fused LayerNorm/MLP
+    modules) or 'torchao' (Float8Linear); planner/fp8.py reads what each saves and caches."""
+    fp8_weight_cache: bool = False
+    """Its FP8 layers keep each weight's FP8 copies across the micro-batches of a step (Megatron
+    passes TE's is_first_microbatch: planner/fp8.py weight_cache_bytes) rather than casting it in
+    every pass."""
+    fp8_param_gather: bool = False
+    """Its users keep FP8 parameters where the optimizer is distributed (Megatron --fp8-param-gather:
+    NeMo 2.4 recipes/precision/mixed_precision.py bf16_with_fp8_mixed and Megatron-Bridge's FP8
+    recipes set fp8_param_gather=True); the default of Training.fp8_param_gather."""
 
     @property
     def pipeline(self) -> bool:
@@ -508,6 +522,10 @@ MEGATRON = Engine(
     sequence_parallel_with_tp=True,
     grad_reduce_bf16_choice=True,
     dp_sync_per_chunk=True,  # with --overlap-grad-reduce / --overlap-param-gather, as export.py launches it
+    # Megatron-LM d98e8a6 core/transformer/transformer_config.py fp8_recipe: 'delayed' by default,
+    # 'tensorwise' (current scaling), 'mxfp8' (Blackwell), all through Transformer Engine
+    fp8_recipes=(Fp8Recipe.DELAYED, Fp8Recipe.TENSORWISE, Fp8Recipe.MXFP8), fp8_library="transformer_engine",
+    fp8_weight_cache=True, fp8_param_gather=True,
 )
 
 FSDP = Engine(
@@ -565,6 +583,10 @@ FSDP = Engine(
     partial_recompute=True, recompute_every_n=True,  # model.activation_checkpointing_enable(every_n_layers=k)
     loss_chunks=1,
     launcher=Launcher.FSDP,
+    # Accelerate 1.16 mixed_precision fp8 with its default TE backend (utils/transformer_engine.py
+    # convert_model: nn.Linear -> te.Linear; te.recipe.DelayedScaling), as Composer's amp_fp8 runs
+    # (composer/core/precision.py get_precision_context: te.fp8_autocast with DelayedScaling)
+    fp8_recipes=(Fp8Recipe.DELAYED,), fp8_library="transformer_engine",
 )
 
 # torchtitan runs the same FSDP2 (fully_shard over dp_shard x cp, MixedPrecisionPolicy bf16/fp32 in
@@ -599,6 +621,11 @@ TORCHTITAN = replace(
     launcher=Launcher.TORCHTITAN,
     cp_gathers_kv=True,  # its models' FlexAttention under CP (models/*/parallelize.py apply_cp_to_forward)
     moe_counts=MoeCounts.EP_ALL_TO_ALL,
+    # torchtitan 0.3.0 components/quantization/float8.py Float8LinearConverter.Config: torchao
+    # Float8Linear with recipe_name 'rowwise' (the default and only per-tensor-free choice); tensorwise
+    # is 0.2.2 and earlier (config/job_config.py Float8Linear.recipe_name None: Float8LinearConfig());
+    # mx.py's MX converter (mxfp8) on Blackwell
+    fp8_recipes=(Fp8Recipe.ROWWISE, Fp8Recipe.TENSORWISE, Fp8Recipe.MXFP8), fp8_library="torchao",
 )
 
 # DeepSpeed of spring 2021 (0.3.13 of 2021-03-16, or 0.3.14 of 2021-04-08, is what Narayanan et al. 2021,

@@ -114,7 +114,9 @@ def render(model: ModelSpec, cluster: Cluster, training: Training, layout_row: d
         from planner import export_torchtitan
 
         script = export_torchtitan.launch_script(model, cluster, training, row, opts["master_port"])
-        return [] if check_only else [(LAUNCH, script, 0o755)]
+        fp8_config = export_torchtitan.fp8_module(model, training)
+        extra_files = [] if fp8_config is None else [(export_torchtitan.FP8_MODULE + ".py", fp8_config, 0o644)]
+        return [] if check_only else [(LAUNCH, script, 0o755), *extra_files]
     if check_only:
         return []
     ds_path = Path(DS_CONFIG) if directory is None else directory / DS_CONFIG
@@ -273,8 +275,8 @@ def _deep_merge(base: dict, over: dict) -> None:
 def accelerate_config(model: ModelSpec, cluster: Cluster, training: Training, row: dict,
                       ds_config_path) -> dict:
     """The accelerate_config.yaml content as a dict (ClusterConfig fields)."""
-    nodes = cluster.num_nodes
-    mixed = {"bf16": "bf16", "bf16-pure": "bf16", "fp16": "fp16", "fp32": "no"}[training.precision]
+    nodes = cluster.num_hosts  # Accelerate's machines are hosts (an NVL72 rack: 18 of 4 GPUs)
+    mixed = "fp8" if training.fp8_recipe else {"bf16": "bf16", "bf16-pure": "bf16", "fp16": "fp16", "fp32": "no"}[training.precision]
     cfg: dict = {"compute_environment": "LOCAL_MACHINE", "debug": False}
     if training.engine.deepspeed:
         cfg["distributed_type"] = "DEEPSPEED"
@@ -308,6 +310,11 @@ def accelerate_config(model: ModelSpec, cluster: Cluster, training: Training, ro
                 "parallelism_config_cp_size": row["cp"],
             }
         cfg["mixed_precision"] = mixed
+        if training.fp8_recipe is not None:
+            # accelerate 1.16 commands/launch.py --fp8_backend te (fp8_config keys gain the fp8_ prefix):
+            # utils/transformer_engine.py convert_model swaps nn.Linear for te.Linear, TERecipeKwargs
+            # builds DelayedScaling (fp8_format HYBRID by default)
+            cfg["fp8_config"] = {"backend": "TE", "fp8_format": "HYBRID"}
     else:  # megatron
         cfg["distributed_type"] = "MEGATRON_LM"
         # accelerate/commands/launch.py "Megatron-LM Arguments" (megatron_lm_* names)
@@ -548,6 +555,12 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
         a.append("--bf16")
     elif training.precision == "fp16":
         a.append("--fp16")
+    if training.fp8_recipe is not None:
+        # Megatron-LM d98e8a6 transformer_config.py: fp8 (--fp8-format) has no default and switches FP8
+        # on; 'hybrid' is e4m3 forward and e5m2 gradients, what NeMo's FP8 recipes run
+        a += ["--fp8-format hybrid", f"--fp8-recipe {training.fp8_recipe}"]
+        if training.fp8_param_gather and row["zero"] >= 1:  # arguments.py: only with the distributed optimizer
+            a.append("--fp8-param-gather")
     if training.flash_attention:
         a.append("--use-flash-attn")
     return a
@@ -585,8 +598,8 @@ def accelerate_drives(training: Training, row: dict) -> bool:
 def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: dict,
                   opts: dict | None = None) -> str:
     opts = {**EXTRA_DEFAULTS, **(opts or {})}
-    nodes = cluster.num_nodes
-    per_node = min(cluster.num_gpus, cluster.gpus_per_node)
+    # launcher nodes are hosts: an NVL72 rack is 18 hosts of 4 GPUs (Cluster.gpus_per_host)
+    nodes, per_node = cluster.num_hosts, cluster.gpus_per_host
     # the Megatron launch lines need a Megatron engine; for an FSDP layout with tp/cp > 1
     # megatron_args.txt only records the equivalent Megatron arguments
     megatron = training.engine.megatron

@@ -16,7 +16,7 @@ from planner.errors import InputError
 from planner.hardware import Cluster
 from planner.layout import Training
 from planner.model import ModelSpec
-from planner.options import Precision
+from planner.options import Fp8Recipe, Precision
 
 CONFIGS = {  # catalog name -> torchtitan 0.3.0 (--module, --config) of the same shape
     "llama-3-8b": ("llama3", "llama3_8b"), "llama-3.1-8b": ("llama3", "llama3_8b"),
@@ -27,6 +27,10 @@ CONFIGS = {  # catalog name -> torchtitan 0.3.0 (--module, --config) of the same
 SCHEDULES = {  # planner schedule -> ParallelismConfig.pipeline_parallel_schedule (torch.distributed.pipelining)
     "1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B", "zb-h1": "InterleavedZeroBubble"}
 EDGE_WEIGHTS = 2  # pipeline_parallel_first/last_stage_less_layers: the embedding and the output count as a layer each
+FLAVORS = {"llama3_8b": "8B", "llama3_70b": "70B", "llama3_405b": "405B"}  # registry config -> model_registry flavor
+FP8_MODULE, FP8_CONFIG = "torchtitan_fp8", "planned_fp8"
+"""The config module --emit writes beside launch.sh for FP8 linears (torchtitan 0.3.0 turns them on in
+a config_registry function, not by an override; config/manager.py imports a fully qualified --module)."""
 
 
 def torchtitan_args(model: ModelSpec, training: Training, row: dict) -> list[str]:
@@ -77,6 +81,35 @@ def _precision_args(precision: Precision) -> list[str]:
     raise InputError(f"--precision: torchtitan trains in bf16, bf16-pure or fp32, not {precision}")
 
 
+def fp8_module(model: ModelSpec, training: Training) -> str | None:
+    """torchtitan_fp8.py: the registry config of `model` with torchao's Float8Linear on every block
+    linear, lm_head left in bf16, as torchtitan 0.3.0's own llama3_405b config does
+    (models/llama3/config_registry.py: model_registry(flavor, converters=[Float8LinearConverter.Config(
+    filter_fqns=['lm_head'], model_compile_enabled=...)])); None without FP8."""
+    if training.fp8_recipe is None:
+        return None
+    if training.fp8_recipe is not Fp8Recipe.ROWWISE:
+        raise InputError(f"--fp8-recipe {training.fp8_recipe}: the torchtitan export writes torchtitan 0.3.0, whose "
+                         "float8 converter is rowwise (tensorwise is 0.2.2's; mxfp8 is its llama3_8b_mxfp8 config)")
+    module, config = CONFIGS.get(model.name.lower(), (None, None))
+    if config not in FLAVORS:
+        raise InputError(f"--precision fp8: the torchtitan export turns FP8 on for Llama 3 8B, 70B and 405B; add "
+                         f"Float8LinearConverter.Config(filter_fqns=['lm_head']) to the converters of your "
+                         f"model's registry config")
+    return "\n".join([
+        f'"""torchtitan 0.3.0 config {config} with FP8 linears (torchao rowwise), written by planner.export."""',
+        "from torchtitan.components.quantization import Float8LinearConverter",
+        f"from torchtitan.models.{module} import model_registry",
+        f"from torchtitan.models.{module}.config_registry import {config}",
+        "", "",
+        f"def {FP8_CONFIG}():",
+        f"    config = {config}()",
+        '    compiled = config.compile.enable and "model" in config.compile.components',
+        f'    config.model_spec = model_registry("{FLAVORS[config]}", converters=[',
+        '        Float8LinearConverter.Config(filter_fqns=["lm_head"], model_compile_enabled=compiled)])',
+        "    return config", ""])
+
+
 def _layers_per_stage(layers: int, pp: int, vpp: int) -> int:
     """pipeline_parallel_layers_per_stage giving vpp stages per rank: num_virtual_stages =
     ceil((layers + first and last weights) / layers_per_stage) must be pp x vpp; the smallest such
@@ -87,9 +120,10 @@ def _layers_per_stage(layers: int, pp: int, vpp: int) -> int:
 def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: dict, master_port: int) -> str:
     """launch.sh: torchrun -m torchtitan.train with the model's registry entry (or the user's, through
     TORCHTITAN_MODULE / TORCHTITAN_CONFIG where the catalog has none) and the layout's overrides."""
-    per_node = min(cluster.gpus_per_node, cluster.num_gpus)
-    nodes = cluster.num_gpus // per_node
+    per_node, nodes = cluster.gpus_per_host, cluster.num_hosts  # torchrun runs per host
     module, config = CONFIGS.get(model.name.lower(), (None, None))
+    if fp8_module(model, training) is not None:
+        module, config = FP8_MODULE, FP8_CONFIG
     lines = ["#!/usr/bin/env bash",
              "# torchtitan launch written by planner.export (torchtitan 0.3.0 trainer overrides).",
              f"# model: {' '.join(model.name.split())} (L={model.layers} h={model.hidden} heads={model.heads})",
@@ -98,6 +132,8 @@ def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: d
              "set -euo pipefail",
              'NODE_RANK="${NODE_RANK:-0}"', 'MASTER_ADDR="${MASTER_ADDR:-localhost}"',
              f'MASTER_PORT="${{MASTER_PORT:-{int(master_port)}}}"']
+    if module == FP8_MODULE:  # the config module written beside this script
+        lines.append('export PYTHONPATH="$(cd "$(dirname "$0")" && pwd)${PYTHONPATH:+:$PYTHONPATH}"')
     if module:
         lines += [f'TORCHTITAN_MODULE="${{TORCHTITAN_MODULE:-{module}}}"', f'TORCHTITAN_CONFIG="${{TORCHTITAN_CONFIG:-{config}}}"']
     else:

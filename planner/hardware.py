@@ -44,12 +44,25 @@ class GPU:
     """CUDA compute capability major.minor (0: not a CUDA device): 9.0 on brings CUDA multicast."""
     source: str = ""
     """Datasheets and assumptions behind the numbers."""
+    gpus_per_host: int = 0
+    """GPUs under one operating-system host of this type's node: its CPUs, host RAM and NVMe, and one
+    launcher (torchrun --nproc-per-node). 0: the whole node (an 8-GPU server). A GB200/GB300 NVL72
+    node (the 72-GPU NVLink domain) is 18 compute trays of 4 GPUs each (host_ram_bytes_per_node and
+    nvme_bytes_per_s_per_node are the node's total, spread evenly over its hosts)."""
 
     def __post_init__(self):
         for key in ("memory_bytes", "hbm_bytes_per_s", "intra_node_bytes_per_s", "inter_node_bytes_per_s",
                     "pcie_bytes_per_s", "gpus_per_node", "host_ram_bytes_per_node", "nvme_bytes_per_s_per_node"):
             if not getattr(self, key) > 0:
                 raise InputError(f"--{key.replace('_', '-')}: must be positive, got {getattr(self, key)!r}")
+        if self.gpus_per_host < 0 or (self.gpus_per_host and self.gpus_per_node % self.gpus_per_host):
+            raise InputError(f"{self.name}: gpus_per_host {self.gpus_per_host!r} must divide gpus_per_node "
+                             f"{self.gpus_per_node} (0: one host per node)")
+
+    @property
+    def host_gpus(self) -> int:
+        """GPUs of one host (gpus_per_host, or the whole node)."""
+        return self.gpus_per_host or self.gpus_per_node
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,28 @@ class Cluster:
     def num_nodes(self) -> int:
         return max(1, self.num_gpus // self.gpus_per_node)
 
+    @property
+    def gpus_per_host(self) -> int:
+        """The job's GPUs on one host (one launcher's processes, sharing its CPUs, RAM and NVMe): the
+        node's on an 8-GPU server, a 4-GPU compute tray's on an NVL72 rack, fewer for a smaller job."""
+        return max(1, min(self.gpu.gpus_per_host or self.gpus_per_node, self.gpus_per_node, self.num_gpus))
+
+    @property
+    def num_hosts(self) -> int:
+        """Hosts the job runs on (launcher nodes: torchrun --nnodes)."""
+        return max(1, -(-self.num_gpus // self.gpus_per_host))
+
+    @property
+    def host_ram_bytes_per_host(self) -> int:
+        """CPU memory of one whole host: the node's, or its share of an NVL72 rack's (a job's ranks on
+        a host share all of it, whether or not the job fills the host)."""
+        return int(self.gpu.host_ram_bytes_per_node * self.gpu.host_gpus / self.gpu.gpus_per_node)
+
+    @property
+    def nvme_bytes_per_s_per_host(self) -> float:
+        """Aggregate NVMe bandwidth of one whole host (as host_ram_bytes_per_host)."""
+        return self.gpu.nvme_bytes_per_s_per_node * self.gpu.host_gpus / self.gpu.gpus_per_node
+
 
 def load_gpus() -> dict[str, GPU]:
     """GPU catalog from data/gpus.json, keyed by name and every alias (lower case)."""
@@ -112,6 +147,7 @@ def load_gpus() -> dict[str, GPU]:
             sm_count=int(e.get("sm_count", 0)),
             compute_capability=float(e.get("compute_capability", 0.0)),
             source=e["source"],
+            gpus_per_host=int(e.get("gpus_per_host", 0)),
         )
         for key in [e["name"], *e.get("aliases", [])]:
             catalog[key.lower()] = gpu

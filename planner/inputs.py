@@ -173,7 +173,8 @@ class ClusterInput:
         gpu = H.lookup_gpu(self.gpu or DEFAULTS["gpu"])
         peak = dict(gpu.peak_flops_per_s)
         if self.peak_tflops:
-            peak[Precision.parse(precision, "--precision").gemm_dtype] = self.peak_tflops * 1e12
+            fp8 = str(precision).strip().lower() == "fp8"
+            peak["fp8" if fp8 else Precision.parse(precision, "--precision").gemm_dtype] = self.peak_tflops * 1e12
 
         def scaled(value, unit):
             return None if value is None else value * unit
@@ -207,6 +208,11 @@ class TrainingInput:
     tokens_per_step: float | None = None
     """Global batch in tokens (recommend; default DEFAULTS['tokens_per_step'])."""
     precision: str | None = None
+    """--precision word (bf16, fp16, fp32, bf16-pure, fp8; default bf16)."""
+    fp8_recipe: str | None = None
+    """--fp8-recipe word (planner/options.py Fp8Recipe; default the engine's, with --precision fp8)."""
+    fp8_param_gather: bool | None = None
+    """Megatron --fp8-param-gather (default: the engine's under FP8; Training.fp8_param_gather)."""
     optimizer: str | None = None
     flash_attention: bool = True
     engine: str | None = None
@@ -275,6 +281,7 @@ class TrainingInput:
         _boolean(self.partition_activations, "activation_checkpointing.partition_activations")
         _boolean(self.cpu_checkpointing, "activation_checkpointing.cpu_checkpointing")
         _boolean(self.moe_pad_to_capacity, "--moe-pad-to-capacity")
+        _boolean(self.fp8_param_gather, "--fp8-param-gather")
         if self.gbs is not None and self.tokens_per_step is not None:
             raise InputError("--gbs and --tokens-per-step: give one of them, not both")
 
@@ -284,7 +291,7 @@ class TrainingInput:
         zero = {k: getattr(self, k) for k in (*ZERO_FIELDS, *NVME_FIELDS, "overlap_comm", "contiguous_gradients", "fp32_grad_accum",
                                               "partition_activations", "cpu_checkpointing")}
         return Training(seq_len=self.seq_len or DEFAULTS["seq_len"], gbs=gbs,
-                        precision=self.precision or DEFAULTS["precision"],
+                        precision=self.precision or ("fp8" if self.fp8_recipe else DEFAULTS["precision"]),
                         optimizer=self.optimizer or DEFAULTS["optimizer"], flash_attention=self.flash_attention,
                         engine=engine, zero_config=ZeroConfig(**{k: v for k, v in zero.items() if v is not None}),
                         tp_comm_overlap=bool(self.tp_comm_overlap), compile=bool(self.compile), modules=self.modules,
@@ -293,6 +300,7 @@ class TrainingInput:
                         moe_capacity_factor=self.moe_capacity_factor,
                         overlap_p2p=self.overlap_p2p is not False, pipeline_edge_layers=self.pipeline_edge_layers,
                         loss_chunks=self.loss_chunks, moe_pad_to_capacity=bool(self.moe_pad_to_capacity),
+                        fp8_recipe=self.fp8_recipe, fp8_param_gather=self.fp8_param_gather,
                         optimizer_offload_fraction=1.0 if self.optimizer_offload_fraction is None
                         else self.optimizer_offload_fraction)
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 from planner.bounds import check
-from planner.engines import Engine, Modules, MoeCapacity, lookup as engine_lookup
+from planner.engines import ENGINES, Engine, Modules, MoeCapacity, lookup as engine_lookup
 from planner.errors import InputError
 from planner.modules import FSDP_MIXED_PRECISION, check as modules_check, choices as modules_choices, parse as modules_parse, word_of as modules_word
-from planner.options import Offload, Optimizer, Precision, RankOrder, Recompute, RecomputeMethod, Schedule
+from planner.options import Fp8Recipe, Offload, Optimizer, Precision, RankOrder, Recompute, RecomputeMethod, Schedule
 
 
 def among(values, choices) -> np.ndarray:
@@ -142,14 +142,27 @@ class Training:
     """Whose transformer block the job trains (--modules; planner/modules.py): None, the engine's
     users' own (modules.block_modules resolves it per model); an engine drives only those it can
     (modules.choices)."""
+    fp8_recipe: Fp8Recipe | None = None
+    """The block GEMMs' FP8 recipe (--fp8-recipe; --precision fp8 takes the engine's default,
+    Engine.fp8_recipes[0]); weights, gradients and everything else stay in `precision` (bf16). None:
+    16-bit GEMMs."""
+    fp8_param_gather: bool | None = None
+    """FP8 parameters, all-gathered as such by the distributed optimizer (Megatron --fp8-param-gather;
+    planner/fp8.py param_gather). None: the engine's users' choice (Engine.fp8_param_gather) under
+    an FP8 recipe."""
 
     def __post_init__(self):
         check("seq_len", self.seq_len)
         if self.gbs != 0:
             check("gbs", self.gbs)
-        object.__setattr__(self, "precision", Precision.parse(self.precision, "--precision"))
+        fp8 = str(self.precision).strip().lower() == "fp8"
+        if not fp8 and str(self.precision).strip().lower() not in Precision.words():
+            raise InputError(f"--precision: must be one of {', '.join(Precision.words())}, fp8 (recommend also takes "
+                             f"auto: the faster of bf16 and fp8), got {self.precision!r}")
+        object.__setattr__(self, "precision", Precision.BF16 if fp8 else Precision.parse(self.precision, "--precision"))
         object.__setattr__(self, "optimizer", Optimizer.parse(self.optimizer, "--optimizer"))
         object.__setattr__(self, "engine", engine_lookup(self.engine))
+        self._check_fp8(fp8)
         if not isinstance(self.flash_attention, bool):
             raise InputError(f"--no-flash-attention: must be true or false, got {self.flash_attention!r}")
         if not isinstance(self.overlap_p2p, bool):
@@ -189,6 +202,41 @@ class Training:
         elif edge != self.engine.pipeline_edge_layers and not self.engine.pipeline_edge_choice:
             raise InputError(f"--pp-edge-layers: --engine {self.engine.name} splits blocks evenly over its stages "
                              "(--engine megatron or torchtitan take 0 or 1)")
+
+    def _check_fp8(self, asked: bool) -> None:
+        """--precision fp8 / --fp8-recipe: a recipe the engine runs, over bf16 mixed precision."""
+        recipe = self.fp8_recipe
+        if recipe is None and not asked:
+            if self.fp8_param_gather:
+                raise InputError("--fp8-param-gather: needs FP8 GEMMs (--precision fp8)")
+            object.__setattr__(self, "fp8_param_gather", False)
+            return
+        flag = "--fp8-recipe" if recipe is not None else "--precision"
+        if not self.engine.fp8_recipes:
+            names = [n for n, e in ENGINES.items() if e.fp8_recipes]
+            have = ", ".join(names[:-1]) + " or " + names[-1]
+            raise InputError(f"{flag}: --engine {self.engine.name} has no FP8 training path; --engine {have} has one")
+        if self.precision is not Precision.BF16:
+            raise InputError(f"--fp8-recipe: FP8 GEMMs run under bf16 mixed precision (--precision fp8), "
+                             f"not --precision {self.precision}")
+        recipe = self.engine.fp8_recipes[0] if recipe is None else Fp8Recipe.parse(recipe, "--fp8-recipe")
+        if recipe not in self.engine.fp8_recipes:
+            raise InputError(f"--fp8-recipe: --engine {self.engine.name} runs "
+                             f"{', '.join(map(str, self.engine.fp8_recipes))}, got {recipe}")
+        object.__setattr__(self, "fp8_recipe", recipe)
+        gather = self.fp8_param_gather
+        if gather is None:
+            object.__setattr__(self, "fp8_param_gather", self.engine.fp8_param_gather)
+        elif not isinstance(gather, bool):
+            raise InputError(f"--fp8-param-gather: must be true or false, got {gather!r}")
+        elif gather and not self.engine.fp8_param_gather:
+            raise InputError(f"--fp8-param-gather: Megatron's (--engine megatron); --engine {self.engine.name} "
+                             "gathers 16-bit parameters")
+
+    @property
+    def gemm_dtype(self) -> str:
+        """The GPU catalog's peak key of the block GEMMs: fp8 under an FP8 recipe."""
+        return "fp8" if self.fp8_recipe is not None else self.precision.gemm_dtype
 
     def _check_loss_chunks(self) -> None:
         chunks = self.loss_chunks
@@ -230,6 +278,9 @@ class Training:
                        pipeline_edge_layers=self.pipeline_edge_layers if other.pipeline_edge_choice
                        and self.pipeline_edge_layers != self.engine.pipeline_edge_layers else None,
                        loss_chunks=self.loss_chunks if other.loss_chunks > 1 and self.engine.loss_chunks > 1 else None,
+                       fp8_recipe=None if self.fp8_recipe is None or not other.fp8_recipes else
+                       self.fp8_recipe if self.fp8_recipe in other.fp8_recipes else other.fp8_recipes[0],
+                       fp8_param_gather=None,
                        moe_capacity_factor=None if other.moe_capacity is MoeCapacity.DROPLESS else self.moe_capacity_factor,
                        moe_pad_to_capacity=self.moe_pad_to_capacity and other.moe_capacity is MoeCapacity.MEGATRON,
                        optimizer_offload_fraction=self.optimizer_offload_fraction if other.offload_hybrid_optimizer else 1.0)
@@ -252,7 +303,8 @@ class Training:
         from dataclasses import asdict
 
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["precision"], out["optimizer"] = str(self.precision), str(self.optimizer)
+        out["precision"], out["optimizer"] = "fp8" if self.fp8_recipe else str(self.precision), str(self.optimizer)
+        out["fp8_recipe"] = None if self.fp8_recipe is None else str(self.fp8_recipe)
         out["engine"] = self.engine.name
         out["modules"] = None if self.modules is None else modules_word(self.modules)
         out["zero_config"] = asdict(self.zero_config)

@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from planner import activations as A
+from planner import activations as A, fp8
 from planner.engines import Buffers, Modules
 from planner.grouping import Lazy, grouped
 from planner.hardware import Cluster
@@ -641,7 +641,9 @@ def _stage(where, model: ModelSpec, training: Training, lay: Layouts):
 def _states_part(model, cluster, training, lay, where) -> dict:
     stage = _stage(where, model, training, lay)
     fwd, step = engine_buffers(model, training, lay, stage)
-    parts = {"params": weight_bytes(model, training, lay, stage), "grads": grad_bytes(model, training, lay, stage),
+    # Transformer Engine's FP8 weight copies sit beside the 16-bit weights all step (planner/fp8.py)
+    weights = weight_bytes(model, training, lay, stage) + fp8.weight_cache_bytes(model, training, lay, stage)
+    parts = {"params": weights, "grads": grad_bytes(model, training, lay, stage),
              "step_grads": grad_bytes(model, training, lay, stage, at_step=True),
              "optimizer": optimizer_bytes(model, training, lay, stage), "fwd_buffers": fwd, "step_buffers": step}
     parts["reduce_grads"], parts["reduce_buffers"] = reduction_copy_bytes(model, training, lay, stage)
@@ -662,7 +664,8 @@ def _states_part(model, cluster, training, lay, where) -> dict:
             "step_states": held + parts["step_grads"] + parts["step_buffers"],
             "reduce_states": np.where(parts["reduce_grads"] > 0, held + parts["reduce_grads"] + parts["reduce_buffers"], 0.0),
             "fixed_overhead": coef["cuda_context_bytes"] + coef["nccl_bytes_per_group"] * process_groups(lay),
-            "cpu_per_node": host_bytes(model, training, lay, stage) * min(cluster.gpus_per_node, cluster.num_gpus)}
+            # one host's ranks share its RAM: a DGX node, or an NVL72 compute tray (Cluster.gpus_per_host)
+            "cpu_per_node": host_bytes(model, training, lay, stage) * cluster.gpus_per_host}
 
 
 def loss_bytes_per_logit(model: ModelSpec, training: Training, coef: dict) -> float:
@@ -802,8 +805,8 @@ def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
     and 'reserved' (the peaks torch.cuda.max_memory_allocated / max_memory_reserved report),
     'cpu_per_node', 'phase' (an index into PHASES), and each of BREAKDOWN_KEYS on demand."""
     def column(s: _Stage, key: str, i):
-        if key == "cpu_per_node":  # model states and cpu-checkpointed activations of the node's ranks
-            ranks = min(cluster.gpus_per_node, cluster.num_gpus)
+        if key == "cpu_per_node":  # model states and cpu-checkpointed activations of one host's ranks
+            ranks = cluster.gpus_per_host
             return s.states[key] + ranks * s.acts["host"] if i is None else \
                 s.states.at(key, i) + ranks * s.acts.at("host", i)
         return getattr(s, key) if i is None else getattr(s, key).flat[i]

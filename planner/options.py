@@ -129,6 +129,23 @@ class Precision(Word):
         return self in (Precision.BF16, Precision.FP16)
 
 
+class Fp8Recipe(Word):
+    """How a job's FP8 GEMMs scale their operands (--fp8-recipe; planner/fp8.py holds what each keeps
+    and costs). The words are the engines' own where they have one."""
+
+    DELAYED = "delayed"
+    """Transformer Engine DelayedScaling: one scale per tensor from an amax history of earlier steps
+    (Megatron-LM --fp8-recipe delayed, NeMo's FP8 recipes, Composer's amp_fp8, Accelerate's TE backend)."""
+    TENSORWISE = "tensorwise"
+    """One scale per tensor from its own amax in this step (current scaling): Megatron-LM
+    --fp8-recipe tensorwise (TE Float8CurrentScaling), torchao/torchtitan Float8LinearConfig 'tensorwise'."""
+    ROWWISE = "rowwise"
+    """torchao/torchtitan Float8LinearConfig 'rowwise': a scale per row of each operand."""
+    MXFP8 = "mxfp8"
+    """OCP microscaling: an 8-bit power-of-two scale per 32 elements (Blackwell's tensor cores:
+    Megatron-LM --fp8-recipe mxfp8, TE MXFP8BlockScaling; torchtitan's MX converter)."""
+
+
 class Optimizer(Word):
     """'adamw', 'sgd' (with momentum), 'adafactor' (factored, no momentum), 'adam8bit'."""
 

@@ -37,7 +37,8 @@ def describe(model, cluster, training) -> str:
     return (f"model {model.name}: {model.params:,} params, L={model.layers} h={model.hidden} a={model.heads} "
             f"kv={model.kv_heads} ffn={model.ffn} ({model.ffn_kind}) V={model.vocab}{moe}\n"
             f"cluster {cluster.num_gpus} x {cluster.gpu.name} ({cluster.gpus_per_node} per node, "
-            f"{cluster.gpu.memory_bytes / 2**30:.1f} GiB each{pod_text(cluster)}); seq {training.seq_len}, {training.precision}, "
+            f"{cluster.gpu.memory_bytes / 2**30:.1f} GiB each{pod_text(cluster)}); seq {training.seq_len}, "
+            f"{f'fp8 GEMMs ({training.fp8_recipe}) over bf16' if training.fp8_recipe else training.precision}, "
             f"{training.optimizer}, engine {training.engine.name}, "
             f"flash attention {'on' if training.flash_attention else 'off'}{', torch.compile' if training.compile else ''}"
             f"{', TP comm overlap (TransformerEngine)' if training.tp_comm_overlap else ''}")
@@ -251,12 +252,12 @@ def recommend_text(r) -> str:
     if not r.layouts:
         fits_elsewhere = [e for e in r.engines if e["layout"] is not None]
         lines += [fold("nothing fits. " + "; ".join(r.suggestions)), fold(rejections_text(r))]
-        lines += [fold(x) for x in engines_text(fits_elsewhere).splitlines()] if fits_elsewhere else []
+        lines += [fold(x) for x in engines_text(fits_elsewhere, r.assumptions).splitlines()] if fits_elsewhere else []
         legend = legend_text("\n".join(lines[len(lead):]))
         return "\n".join(lines + ([legend] if legend else []))
     lines += layouts_table(r.layouts)
     lines.append(binding_text(r))
-    legend = legend_text("\n".join(lines[len(lead):]) + "\n" + engines_text(r.engines) + "\n"
+    legend = legend_text("\n".join(lines[len(lead):]) + "\n" + engines_text(r.engines, r.assumptions) + "\n"
                          + (clear_fit_text(r.layouts[0]["memory"], r.clear_fit) if r.clear_fit else ""))
     lines += [legend] if legend else []
     if len(r.layouts) > 1:
@@ -264,7 +265,7 @@ def recommend_text(r) -> str:
         lines.append(f"runner-up is {gap:.1%} slower")
     if r.layouts[0]["memory"]["verdict"] != "fits":
         lines.append(fold(clear_fit_text(r.layouts[0]["memory"], r.clear_fit)))
-    lines += [fold(x) for x in engines_text(r.engines).splitlines()]
+    lines += [fold(x) for x in engines_text(r.engines, r.assumptions).splitlines()]
     if r.layouts[0].get("time_to_train"):
         lines.append(fold("#1 " + train_time_text(r.layouts[0]["time_to_train"])))
     lines.append(fold(rejections_text(r)))
@@ -282,8 +283,8 @@ def answer_lines(r) -> list:
     fitting = [e for e in r.engines if e["layout"] is not None and e["relative_speed"] is not None]
     if fitting:
         e = max(fitting, key=lambda e: e["relative_speed"])
-        lines.append(fold(f"best other engine: {e['engine']}, {ratio_text(e['relative_speed'])} than #1 "
-                          f"({e['tokens_per_s']:,.0f} tokens/s): {short(e['layout'])}"))
+        lines.append(fold(f"best other engine: {e['engine']}{in_precision(e, r.assumptions)}, "
+                          f"{ratio_text(e['relative_speed'])} than #1 ({e['tokens_per_s']:,.0f} tokens/s): {short(e['layout'])}"))
     elif r.engines:
         lines.append("best other engine: none fits (see other engines below)")
     return lines
@@ -357,7 +358,13 @@ def settings_flags(settings: dict) -> str:
     return " ".join("--" + k.replace("_", "-") + ("" if v is True else f" {v}") for k, v in settings.items())
 
 
-def engines_text(engines: list) -> str:
+def in_precision(entry: dict, assumptions: dict) -> str:
+    """' in bf16' where another engine answers in another precision than the question's (no FP8 path)."""
+    other = entry.get("precision")
+    return f" in {other}" if other and other != assumptions.get("precision") else ""
+
+
+def engines_text(engines: list, assumptions: dict) -> str:
     """The fastest layout under each other engine, against the recommended one."""
     lines = ["other engines (the fastest layout of each that fits; speed against #1):"]
     width = max((len(e["engine"]) for e in engines), default=0)
@@ -369,7 +376,8 @@ def engines_text(engines: list) -> str:
         how = "" if rel is None else ", " + ratio_text(rel)
         flags = settings_flags(e.get("settings", {}))
         chosen = f" ({flags})" if flags else ""
-        lines.append(f"  {e['engine']:{width}s}  {short(e['layout'])}{chosen}: {e['tokens_per_s']:,.0f} tokens/s{how}")
+        lines.append(f"  {e['engine']:{width}s}  {short(e['layout'])}{chosen}{in_precision(e, assumptions)}: "
+                     f"{e['tokens_per_s']:,.0f} tokens/s{how}")
     return "\n".join(lines)
 
 

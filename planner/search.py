@@ -44,7 +44,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, training: Training, lay: Layout
     `headroom`) and its node's host memory."""
     mem = memory.rank_memory(model, cluster, training, lay)
     capacity = cluster.gpu.memory_bytes * (1.0 - headroom)
-    cpu_ok = mem["cpu_per_node"] <= cluster.gpu.host_ram_bytes_per_node
+    cpu_ok = mem["cpu_per_node"] <= cluster.host_ram_bytes_per_host
     fits = (mem["required"] <= capacity) & cpu_ok
     return {"memory": mem, "time": timing.step_time(model, cluster, training, lay), "fits": fits, "cpu_fits": cpu_ok}
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner import compute as C
+from planner import compute as C, fp8
+from planner.moe import routed_per_token
 from planner.activations import checkpoint_copies_block, checkpoint_partitions, recomputed_layers
 from planner.collectives import (group_collective_s, members_per_pod, p2p_bytes_per_s, p2p_message_s, p2p_pod_share,
                                   ranks_per_node, ring_pod_share)
@@ -109,7 +110,7 @@ def ub_pass_exposed_s(block: ModelSpec, cluster: Cluster, training: Training, la
     slower GEMMs on fewer SMs and the small-matrix cost of the chunks (compute.gemm_s). Not
     modelled: HBM contention between the copies and the GEMMs. MLA's projections (buffers TE lacks)
     switch Megatron's overlap off: tp_pass_exposed_s."""
-    peak, t = C.compute_flops_per_s(cluster, training, c), lay.tp.astype(np.float64)
+    (peak, c), t = C.block_gemm_rate(cluster, training, c), lay.tp.astype(np.float64)
     sms = cluster.gpu.sm_count
     fewer_sms = sms / (sms - UB_COMM_SMS) if sms > UB_COMM_SMS else 1.0  # same work on the SMs left
     T = tokens_per_microbatch(training, lay)
@@ -241,8 +242,10 @@ def block_s(block: ModelSpec, cluster: Cluster, training: Training, lay: Layouts
     hf = block_modules(block, training) is Modules.HUGGING_FACE
     host_fwd, host_bwd = C.eager_host_s(block, training, c) if hf else (0.0, 0.0)
     cast_fwd, cast_bwd = C.autocast_weight_traffic_s(block, cluster, training, lay, c)
-    gpu_fwd = gemm + core_fwd + C.elementwise_fwd_s(block, cluster, training, lay, c) + cast_fwd
-    gpu_bwd = 2.0 * gemm + core_bwd + C.elementwise_bwd_s(block, cluster, training, lay, c) + cast_bwd  # dgrad + wgrad
+    q_fwd, q_bwd = fp8.cast_s(block, training, lay, routed_per_token(block, training, lay, tokens_per_microbatch(training, lay)),
+                              C.hbm_bytes_per_s(cluster, c))  # FP8 quantize kernels
+    gpu_fwd = gemm + core_fwd + C.elementwise_fwd_s(block, cluster, training, lay, c) + cast_fwd + q_fwd
+    gpu_bwd = 2.0 * gemm + core_bwd + C.elementwise_bwd_s(block, cluster, training, lay, c) + cast_bwd + q_bwd  # dgrad + wgrad
     out = {"fwd": np.maximum(gpu_fwd, host_fwd), "bwd": np.maximum(gpu_bwd, host_bwd),
            "gpu_fwd": gpu_fwd, "gpu_bwd": gpu_bwd, "host_fwd": host_fwd + 0.0 * gpu_fwd, "host_bwd": host_bwd + 0.0 * gpu_bwd,
            "gemm": gemm, "tp_fwd": tp_pass_exposed_s(block, cluster, training, lay, c, tp_ar, units),
@@ -443,7 +446,9 @@ def param_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     updated 16-bit parameters after the step; DeepSpeed 0.19 runtime/utils.py all_gather_dp_groups
     makes one call per parameter group, Megatron one per DDP bucket."""
     dense, expert = _held_params(model, training, lay)
-    w = state_bytes(training).weights
+    # FP8 parameters (Megatron --fp8-param-gather) gather 1 B each; the few 16-bit ones (embedding,
+    # norms) are counted at that rate too
+    w = np.where(fp8.param_gather(training, lay), 1.0, state_bytes(training).weights)
     calls = np.ceil((dense + expert) / grad_bucket_elements(model, training, lay)) \
         if training.engine.param_gather_per_bucket else 1.0
     gather = dp_collective_s(cluster, training, lay, c, "all_gather", dense * w / calls, expert * w / calls, calls)
@@ -707,9 +712,9 @@ def cpu_adam_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layo
     (Engine.optimizer_step_copy: foreach on CUDA; FSDP2's CPUOffloadPolicy steps it on CPU
     DTensors) runs the single-tensor loop there (torch 2.13 optim/optimizer.py
     _default_to_fused_or_foreach: foreach only on cuda/xpu/mtia), a pass per operator."""
-    node_gpus = min(cluster.gpus_per_node, cluster.num_gpus)
+    # the cores are one host's: a DGX node's, or an NVL72 compute tray's (Cluster.gpus_per_host)
     rate = c["cpu_adam_unfused_params_per_s" if training.engine.optimizer_step_copy else "cpu_adam_params_per_s"]
-    return _partition_params(model, training, lay) * node_gpus / rate
+    return _partition_params(model, training, lay) * cluster.gpus_per_host / rate
 
 
 def optimizer_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
@@ -760,7 +765,7 @@ def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
         hidden, up_bytes = 0.0, 4.0
     traffic = np.where(offload_opt, training.optimizer_offload_fraction
                        * ((1 - hidden) * grads_down / pcie + partition * up_bytes / pcie), 0.0)
-    nvme_bw = gpu.nvme_bytes_per_s_per_node / min(cluster.gpus_per_node, cluster.num_gpus)
+    nvme_bw = cluster.nvme_bytes_per_s_per_host / cluster.gpus_per_host
     # ZeRO-Infinity (DeepSpeed 0.19.8 stage3.py step, _swap_out_offload_fp32_gradients): the fp32
     # gradient partition is written at the accumulation boundary; each sub-group then reads its fp32
     # master, states and gradient, steps and writes master and states back. The default

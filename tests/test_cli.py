@@ -233,6 +233,9 @@ for command in ("estimate", "recommend", "check"):
 # torchtitan's loss chunks, 1 for its releases before the chunked loss
 for command in ("estimate", "recommend"):
     FROZEN[command] = FROZEN[command] + ["--loss-chunks"]
+# FP8 GEMMs: the recipe, and Megatron's FP8 parameters
+for command in ("estimate", "recommend"):
+    FROZEN[command] = FROZEN[command] + ["--fp8-recipe", "--fp8-param-gather", "--no-fp8-param-gather"]
 FROZEN = {command: sorted(flags) for command, flags in FROZEN.items()}
 
 

@@ -568,12 +568,15 @@ TORCHTITAN_CLI = json.loads((Path(__file__).resolve().parent.parent / "data/refe
 @pytest.mark.parametrize("case", TORCHTITAN_CLI["rows"], ids=lambda c: f"{c['model']}-{c['precision']}-"
                          + "-".join(f"{k}{c['row'][k]}" for k in ("tp", "pp", "vpp", "cp", "ep", "zero")))
 def test_torchtitan_overrides_parse_into_the_layout(case):
+    from planner import export_torchtitan
     from planner.export_torchtitan import torchtitan_args
     from planner.model import lookup
 
     row, parsed = case["row"], case["parsed"]
     training = Training(seq_len=4096, precision=case["precision"], engine="torchtitan")
     assert torchtitan_args(lookup(case["model"]), training, row) == case["args"]  # what was parsed is what we write
+    assert export_torchtitan.fp8_module(lookup(case["model"]), training) == case["fp8_module"]
+    assert "error" not in parsed and len(parsed["linears"]) >= 3, parsed
     assert "error" not in parsed, parsed
     par, train = parsed["parallelism"], parsed["training"]
     replicate, shard = (row["dp"], 1) if row["zero"] == 0 else (1, row["dp"])
@@ -597,7 +600,12 @@ def test_torchtitan_overrides_parse_into_the_layout(case):
     assert train["disable_cuda_graphs"] == (row["pp"] > 1 or row["ep"] > 1)
     assert train["enable_cpu_offload"] == (row["offload_optimizer"] != "none")
     assert (train["dtype"], train["mixed_precision_param"]) == {
-        "bf16": ("float32", "bfloat16"), "fp32": ("float32", "float32"), "bf16-pure": ("bfloat16", "bfloat16")}[case["precision"]]
+        "bf16": ("float32", "bfloat16"), "fp32": ("float32", "float32"), "bf16-pure": ("bfloat16", "bfloat16"),
+        "fp8": ("float32", "bfloat16")}[case["precision"]]
+    # FP8 (the torchtitan_fp8.py module --emit writes): every block linear torchao's rowwise
+    # Float8Linear, the output layer bf16 (planner/fp8.py: only the blocks' GEMMs run FP8)
+    block = "Float8Linear.Config (rowwise)" if case["precision"] == "fp8" else "Linear.Config"
+    assert parsed["linears"] == {name: "Linear.Config" if name == "lm_head" else block for name in parsed["linears"]}
     assert parsed["activation_checkpoint"] == {"none": "NoneType", "selective": "SelectiveAC.Config",
                                                "full": "FullAC.Config"}[row["recompute"]]
 

@@ -55,6 +55,9 @@ ESTIMATES = [
     ("megatron", ["--tp", "2", "--pp", "2", "--vpp", "2", "--zero", "1", "--recompute", "selective", "--gbs", "64"]),
     ("fsdp", ["--zero", "3", "--recompute", "full", "--recompute-layers", "16", "--mbs", "2", "--gbs", "64"]),
     ("torchtitan", ["--zero", "3", "--recompute", "full", "--mbs", "2", "--gbs", "64"]),
+    # FP8 GEMMs: the recipe and Megatron's FP8 parameters are in the plan, not in a DeepSpeed config
+    ("megatron", ["--zero", "0", "--precision", "fp8", "--fp8-recipe", "tensorwise", "--recompute", "full", "--gbs", "64"]),
+    ("torchtitan", ["--zero", "3", "--precision", "fp8", "--recompute", "full", "--mbs", "2", "--gbs", "64"]),
 ]
 
 
