@@ -8,21 +8,26 @@ no formula of its own.
 
 from __future__ import annotations
 
+import json
+import queue
+import threading
 import traceback
+from collections import OrderedDict
+from concurrent.futures import Future
 
 import altair as alt
 import pandas as pd
 import streamlit as st
 
 from planner import api, export, report
-from planner.calibration import known_profiles
+from planner.calibration import known_profiles, read_profile
 from planner.data import parse_json
 from planner.activations import offloads_checkpoints
 from planner.engines import ENGINES as ENGINE_SPECS
 from planner.engines import NAMES as ENGINES
 from planner.errors import InputError
 from planner.hardware import load_gpus
-from planner.memory import BREAKDOWN_KEYS, PHASES
+from planner.memory import PHASES
 from planner.model import load_catalog
 from planner.options import Optimizer, Precision, Schedule
 from planner.search import PINNABLE, short
@@ -35,6 +40,20 @@ PIN_CHOICES = {"tp": (1, 2, 4, 8), "pp": (1, 2, 4, 8, 16), "cp": (1, 2, 4, 8), "
                "zero": (0, 1, 2, 3), "offload_optimizer": ("none", "cpu", "nvme"), "offload_params": ("none", "cpu", "nvme"),
                "mbs": (1, 2, 4, 8), "recompute": ("none", "selective", "full"), "sequence_parallel": (False, True),
                "rank_order": ("tp-cp-dp-pp", "tp-cp-pp-dp")}
+MODES = ("auto", "manual", "check my config")
+VERDICT_COLOURS = {"fits": "green", "borderline": "orange", "oom": "red"}
+# a colour per component, by its place in the answer's full list of components (every record lists
+# them all, zeros included), so a component keeps its colour whichever ones a layout has; no red,
+# which marks capacity and OOM
+MEMORY_COLOURS = ("#4c78a8", "#72b7b2", "#54a24b", "#f58518", "#eeca3b", "#b279a2", "#9d755d", "#bab0ac",
+                  "#9ecae9", "#ffbf79")
+TIME_COLOURS = ("#4c78a8", "#9ecae9", "#f58518", "#ffbf79", "#54a24b", "#88d27a", "#b279a2", "#9d755d", "#eeca3b",
+                "#bab0ac", "#72b7b2", "#d6a5c9")
+# drawn as SVG (Streamlit's choice is a canvas): crisp text, and a legend the browser test can measure
+SVG = {"embedOptions": {"renderer": "svg"}}
+SEARCHING = "searching the other engines"
+POLL_S = 0.3  # how often the page looks whether the other engines' comparison is done
+FUTURES_KEPT = 64  # engine comparisons remembered by their inputs, as the answers' caches keep 64
 
 
 # ---------------------------------------------------------------------------------------------
@@ -43,10 +62,95 @@ PIN_CHOICES = {"tp": (1, 2, 4, 8), "pp": (1, 2, 4, 8, 16), "cp": (1, 2, 4, 8), "
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def recommend_answer(model, cluster: dict, training: dict, top: int, headroom: float, pinned: dict) -> dict:
+    """`recommend` without its comparison with the other engines (engines_search brings that): the
+    comparison is five more searches, most of the time an input change takes, and the layouts of the
+    engine asked for do not depend on it. 'engines' is None here."""
+    # recommend takes the other engines' answers already searched; standing in for them skips their
+    # searches and leaves every other part of the answer as it is
+    pending = {name: {"engine": name, "layout": None, "tokens_per_s": None, "relative_speed": None, "note": SEARCHING,
+                      "settings": {}} for name in ENGINES}
     r = api.recommend(model, cluster, training, top=top, memory_headroom=headroom, pinned=pinned,
-                      landscape=LANDSCAPE_POINTS)
-    return {**r.to_json(), "landscape": r.landscape, "describe": report.describe(r.model, r.cluster, r.training),
-            "gbs": r.training.gbs, "engine": r.training.engine.name}
+                      landscape=LANDSCAPE_POINTS, _engines=pending)
+    return {**r.to_json(), "engines": None, "landscape": r.landscape,
+            "describe": report.describe(r.model, r.cluster, r.training), "gbs": r.training.gbs,
+            "engine": r.training.engine.name}
+
+
+def engines_answer(model, cluster: dict, training: dict, top: int, headroom: float, pinned: dict) -> list:
+    """The other engines' fastest fitting layouts against #1: the whole `recommend`, as the CLI asks it."""
+    return api.recommend(model, cluster, training, top=top, memory_headroom=headroom, pinned=pinned).engines
+
+
+@st.cache_resource
+def background() -> dict:
+    """The engine comparisons: one worker thread for every session (two searches at once would only
+    share the same cores), newest request first (the inputs on someone's page now), daemon so that
+    stopping the server does not wait for searches nobody will read; and the requests so far, by
+    their inputs."""
+    jobs = queue.LifoQueue()
+
+    def work() -> None:
+        while True:
+            fut, fn, args = jobs.get()
+            if fut.set_running_or_notify_cancel():  # False: cancelled while it waited
+                try:
+                    fut.set_result(fn(*args))
+                except Exception as exc:  # raised where the page reads it
+                    fut.set_exception(exc)
+
+    threading.Thread(target=work, name="planner-engines", daemon=True).start()
+    return {"jobs": jobs, "futures": OrderedDict(), "lock": threading.Lock()}
+
+
+def inputs_key(inputs: tuple) -> str:
+    """recommend_answer's inputs (plain values) as one string, to remember answers by."""
+    return json.dumps(inputs, sort_keys=True, default=str)
+
+
+def engines_found(inputs: tuple) -> Future | None:
+    """The other engines' comparison for recommend_answer's `inputs`, where it has been asked for."""
+    bg = background()
+    with bg["lock"]:
+        return bg["futures"].get(inputs_key(inputs))
+
+
+def engines_search(inputs: tuple) -> None:
+    """Asks for the other engines' comparison for `inputs` on the worker thread. The page calls it
+    once it has drawn the first answer: the search holds the interpreter lock for much of its time,
+    and would slow the drawing as much as it is slowed."""
+    key = inputs_key(inputs)
+    bg = background()
+    with bg["lock"]:
+        fut = bg["futures"].get(key)
+        if fut is None or fut.cancelled():
+            fut = Future()
+            bg["jobs"].put((fut, engines_answer, inputs))
+            bg["futures"][key] = fut
+            while len(bg["futures"]) > FUTURES_KEPT:
+                bg["futures"].popitem(last=False)
+        bg["futures"].move_to_end(key)
+    previous = st.session_state.get("engines_future")
+    if previous is not None and previous is not fut:
+        previous.cancel()  # not yet started: this session has left those inputs
+    st.session_state["engines_future"] = fut
+
+
+def engines_done(fut: Future | None) -> list | None:
+    """The comparison's answer, or None while it is searched; its InputError or bug raised here."""
+    if fut is None or not fut.done() or fut.cancelled():
+        return None
+    return fut.result()
+
+
+@st.fragment(run_every=POLL_S)
+def engines_pending(inputs: tuple) -> None:
+    """Stands in for the best other engine until its search is done, then reruns the page with it."""
+    fut = engines_found(inputs)
+    if fut is not None and fut.cancelled():
+        engines_search(inputs)  # another session asked for the same inputs, and has left them
+    elif fut is not None and fut.done():
+        st.rerun()
+    st.markdown(f"**Best other engine**: {SEARCHING}…")
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -77,9 +181,27 @@ def check_answer(config_text: str, model, cluster: dict, training: dict, layout:
     return out
 
 
+@st.cache_data(max_entries=16, show_spinner=False)
+def profile_hardware(found: tuple) -> dict:
+    """{name: the GPU its runs were measured on (hardware.gpu), None where it cannot be read} for
+    (name, path, mtime) triples of known profiles (the mtime renews the answer after a new run)."""
+    out = {}
+    for name, path, _ in found:
+        try:
+            out[name] = read_profile(path, check_fit=False)["hardware"]["gpu"]
+        except InputError:
+            out[name] = None  # offered: choosing it says what is wrong with it
+    return out
+
+
 def layout_input(row: dict) -> dict:
     """A recommended layout row as estimate's layout input (gas and gbs follow from the training)."""
     return {k: row[k] for k in (*PINNABLE, "schedule")}
+
+
+def one_line(text: str) -> str:
+    """A report line folded for a terminal (report.fold), unfolded for the page."""
+    return " ".join(text.split())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,11 +252,27 @@ def cluster_from_sidebar() -> dict:
         cluster["pod_gpus"] = pod
         cluster["oversubscription"] = float(st.sidebar.number_input("Oversubscription above a pod (7 for 1:7)", 1.0,
                                                                     1024.0, 1.0, key="oversubscription"))
-    profiles = ["none", *known_profiles()]  # the shipped ones and the user's (calibrate run NAME)
-    profile = st.sidebar.selectbox("Calibration profile", profiles, key="calibration")
+    profiles, foreign = calibration_choices(cluster["gpu"])
+    if st.session_state.get("calibration", "none") not in profiles:  # measured on the GPU chosen before
+        st.session_state["calibration"] = "none"
+    profile = st.sidebar.selectbox("Calibration profile", profiles, key="calibration",
+                                   help="profiles measured on this GPU: the shipped ones and yours "
+                                        "(python -m calibrate run NAME)")
+    if foreign:
+        st.sidebar.caption("Measured on other hardware, not offered: " +
+                           ", ".join(f"{name} ({gpu})" for name, gpu in foreign.items()))
     if profile != "none":
         cluster["calibration"] = profile
     return cluster
+
+
+def calibration_choices(gpu: str) -> tuple[list, dict]:
+    """(['none', the profiles measured on `gpu`], {profile: GPU} of those measured on other hardware):
+    the planner refuses a profile of other hardware (calibration.load), so it is not offered."""
+    found = tuple((name, str(path), path.stat().st_mtime_ns) for name, path in known_profiles().items())
+    measured_on = profile_hardware(found)
+    foreign = {name: on for name, on in measured_on.items() if on is not None and on != gpu}
+    return ["none", *(name for name in measured_on if name not in foreign)], foreign
 
 
 def training_from_sidebar() -> dict:
@@ -248,32 +386,54 @@ def moment_title(est: dict, moment: str) -> str:
         ", ".join(f"stage {k}: {p}" for k, p in enumerate(peaks)) + ")"
 
 
+def component_colour(components: list, palette: tuple, shown: list, columns: int) -> alt.Color:
+    """The colour encoding of a chart's component field: every component of the answer in the scale
+    (fixed colours from run to run), only the ones drawn in the legend, which sits under the chart in
+    `columns` columns so that it fits half a 1280-pixel page."""
+    return alt.Color("component:N", sort=list(components),
+                     scale=alt.Scale(domain=list(components), range=list(palette[:len(components)])),
+                     legend=alt.Legend(orient="bottom", columns=columns, title=None, values=list(shown),
+                                       symbolType="square", labelLimit=0))
+
+
 def memory_chart(est: dict, moment: str = PEAK) -> alt.LayerChart:
     """Memory per component per pipeline stage (stacked) at `moment` (PEAK or one of PHASES; a stage
     that does not model that moment is left out), the capacity line and the error band; the title
     names the moment."""
     mem = est["memory"]
+    components = list(mem["breakdown"])  # every component, zeros included
     stages = [(s["stage"], s if moment == PEAK else s["phases"][moment]) for s in mem["per_stage"]
               if moment == PEAK or moment in s.get("phases", {})]
     rows = [{"stage": f"stage {k}", "component": c, "GiB": s["breakdown"][c] / GiB}
-            for k, s in stages for c in BREAKDOWN_KEYS if s["breakdown"][c]]
+            for k, s in stages for c in components if s["breakdown"][c]]
+    shown = [c for c in components if any(r["component"] == c for r in rows)]
     totals = pd.DataFrame([{"stage": f"stage {k}", "low": s["gpu_bytes"] * (1 - mem["error_band"]) / GiB,
                             "high": s["gpu_bytes"] * (1 + mem["error_band"]) / GiB} for k, s in stages])
     bars = alt.Chart(pd.DataFrame(rows)).mark_bar().encode(
         x=alt.X("stage:N", title=None, sort=None), y=alt.Y("sum(GiB):Q", title="GiB per GPU"),
-        color=alt.Color("component:N", sort=list(BREAKDOWN_KEYS)), tooltip=["stage", "component", alt.Tooltip("GiB:Q", format=".2f")])
+        color=component_colour(components, MEMORY_COLOURS, shown, 4),
+        order=alt.Order("order:Q"),
+        tooltip=[alt.Tooltip("stage:N"), alt.Tooltip("component:N"), alt.Tooltip("GiB:Q", format=".2f")]).transform_calculate(
+        order=f"indexof({json.dumps(components)}, datum.component)")
     band = alt.Chart(totals).mark_errorbar(color="black", ticks=True).encode(
-        x="stage:N", y=alt.Y("low:Q", title="GiB per GPU"), y2="high:Q")
+        x=alt.X("stage:N"), y=alt.Y("low:Q", title="GiB per GPU"), y2=alt.Y2("high:Q"))
     capacity = alt.Chart(pd.DataFrame({"capacity": [mem["capacity_bytes"] / GiB]})).mark_rule(
-        color="red", strokeDash=[6, 3]).encode(y="capacity:Q", tooltip=[alt.Tooltip("capacity:Q", format=".1f")])
-    return alt.layer(bars, band, capacity).properties(height=340, title=moment_title(est, moment))
+        color="red", strokeDash=[6, 3]).encode(y=alt.Y("capacity:Q"), tooltip=[alt.Tooltip("capacity:Q", format=".1f")])
+    # the title names the moment, in a size that keeps it whole in half a 1280-pixel page
+    return alt.layer(bars, band, capacity).properties(height=380, title=moment_title(est, moment), usermeta=SVG) \
+        .configure_title(fontSize=12, anchor="start")
 
 
 def time_chart(est: dict) -> alt.Chart:
-    parts = [{"step": "step", "part": k, "s": v} for k, v in est["time"]["breakdown"].items() if v > 0]
+    """The step's exposed seconds per part, stacked in one bar."""
+    components = list(est["time"]["breakdown"])  # every part, zeros included
+    parts = [{"step": "step", "component": k, "s": v} for k, v in est["time"]["breakdown"].items() if v > 0]
     return alt.Chart(pd.DataFrame(parts)).mark_bar().encode(
-        x=alt.X("sum(s):Q", title="seconds per step"), y=alt.Y("step:N", title=None), color="part:N",
-        tooltip=["part", alt.Tooltip("s:Q", format=".3f")]).properties(height=110)
+        x=alt.X("sum(s):Q", title="seconds per step"), y=alt.Y("step:N", title=None, axis=None),
+        color=component_colour(components, TIME_COLOURS, [p["component"] for p in parts], 4),
+        order=alt.Order("order:Q"),
+        tooltip=[alt.Tooltip("component:N"), alt.Tooltip("s:Q", format=".3f")]).transform_calculate(
+        order=f"indexof({json.dumps(components)}, datum.component)").properties(height=210, usermeta=SVG)
 
 
 def landscape_chart(points: dict, chosen_label: str) -> alt.LayerChart:
@@ -282,17 +442,61 @@ def landscape_chart(points: dict, chosen_label: str) -> alt.LayerChart:
     df["chosen"] = df["layout"] == chosen_label
     dots = alt.Chart(df).mark_circle(size=36, opacity=0.5).encode(
         x=alt.X("GiB:Q", title="peak GiB per GPU"), y=alt.Y("tokens/s:Q"),
-        color=alt.Color("Pareto front:N", scale=alt.Scale(domain=[False, True], range=["#4c78a8", "#f58518"])),
-        tooltip=["layout", alt.Tooltip("GiB:Q", format=".2f"), alt.Tooltip("tokens/s:Q", format=",.0f")])
+        color=alt.Color("Pareto front:N", scale=alt.Scale(domain=[False, True], range=["#4c78a8", "#f58518"]),
+                        legend=alt.Legend(orient="bottom")),
+        tooltip=[alt.Tooltip("layout:N"), alt.Tooltip("GiB:Q", format=".2f"), alt.Tooltip("tokens/s:Q", format=",.0f")])
     front = alt.Chart(df[df["Pareto front"]]).mark_line(point=True, color="orange").encode(
-        x="GiB:Q", y="tokens/s:Q", order="GiB:Q")
+        x=alt.X("GiB:Q"), y=alt.Y("tokens/s:Q"), order=alt.Order("GiB:Q"))
     chosen = alt.Chart(df[df["chosen"]]).mark_point(size=220, shape="diamond", color="red", filled=True).encode(
-        x="GiB:Q", y="tokens/s:Q", tooltip=["layout"])
-    return alt.layer(dots, front, chosen).properties(height=340)
+        x=alt.X("GiB:Q"), y=alt.Y("tokens/s:Q"), tooltip=[alt.Tooltip("layout:N")])
+    return alt.layer(dots, front, chosen).properties(height=340, usermeta=SVG)
 
 
 # ---------------------------------------------------------------------------------------------
 # sections of the page
+
+
+def show_headline(box, title: str, est: dict, aside=None) -> None:
+    """The answer before anything else: the layout, its memory verdict in its colour (words, not a
+    metric's delta: a delta draws an up or down arrow), tokens/s, MFU, step time and peak memory, then
+    `aside()` (the best other engine, or the suggested config)."""
+    mem, th, t = est["memory"], est["throughput"], est["time"]
+    verdict = mem["verdict"]
+    with box:
+        st.markdown(f"{title}  \n#### `{short(est['layout'])}` &nbsp; :{VERDICT_COLOURS[verdict]}-badge[{verdict}]")
+        row = st.container(horizontal=True, gap="large")  # each figure as wide as it is, none cut short
+        row.metric("Tokens/s", f"{th['tokens_per_s']:,.0f}", width="content")
+        row.metric("MFU", f"{th['mfu']:.1%}", width="content")
+        row.metric("Step time (s)", f"{t['step_s']:.2f}", help=f"error band ±{t['error_band']:.0%}", width="content")
+        row.metric("Peak GiB per GPU", f"{mem['gpu_bytes'] / GiB:.2f}", help=est["verdict_text"], width="content")
+        if aside is not None:
+            aside()
+
+
+def best_engine_text(engines: list) -> str:
+    """The best other engine against #1, as `recommend`'s second line says it (report.answer_lines)."""
+    fitting = [e for e in engines if e["layout"] is not None and e["relative_speed"] is not None]
+    if not fitting:
+        return "**Best other engine**: " + ("none fits" if engines else "there is no other engine")
+    e = max(fitting, key=lambda e: e["relative_speed"])
+    ratio = report.ratio_text(e["relative_speed"])
+    return (f"**Best other engine**: {e['engine']}, {ratio} {'as' if ratio == 'as fast' else 'than'} #1 "
+            f"({e['tokens_per_s']:,.0f} tokens/s): `{short(e['layout'])}`")
+
+
+def show_legend(labels: list) -> None:
+    """report's legend of the layout abbreviations (as the CLI prints it) for the labels on the page."""
+    legend = report.legend_text("\n".join(labels))
+    if legend:
+        st.caption(one_line(legend))
+
+
+def show_assumptions(describe: str, defaults: dict, layout: dict | None = None, shared: dict | None = None) -> None:
+    with st.expander("Assumptions: the inputs the planner filled in"):
+        st.markdown(describe.replace("\n", "  \n"))
+        st.caption(one_line(report.assumed_text(defaults, layout)))
+        if shared:
+            st.caption("every layout shares: " + ", ".join(f"{k} {v}" for k, v in shared.items()))
 
 
 def ranked_table(rec: dict) -> pd.DataFrame:
@@ -309,10 +513,25 @@ def _select_from_table():
         st.session_state["chosen"] = rows[0] + 1
 
 
-def show_recommendation(rec: dict) -> int:
-    """The ranked layouts; returns the chosen one's index (0-based)."""
+def launch_rank(rec: dict) -> int:
+    """The row `recommend` says to launch (its first line, what --emit writes): #1, or under a
+    borderline #1 the fastest row whose peak clears the error band."""
+    clear = rec["clear_fit"]
+    return clear["rank"] if clear and clear["rank"] else 1
+
+
+def chosen_rank(rec: dict, answer_id: str) -> int:
+    """The chosen row (1-based): the one to launch for a new answer, else the one picked."""
+    n = len(rec["layouts"])
+    if st.session_state.get("answer_id") != answer_id or not 1 <= st.session_state.get("chosen", 0) <= n:
+        st.session_state["chosen"] = launch_rank(rec)
+        st.session_state["answer_id"] = answer_id
+    return st.session_state["chosen"]
+
+
+def show_recommendation(rec: dict, engines: list | None) -> None:
+    """The ranked layouts, the other engines and the chosen row's picker."""
     st.subheader("Fastest layouts that fit")
-    st.caption(", ".join(f"{k} {v}" for k, v in rec["assumptions"].items()))
     st.dataframe(ranked_table(rec), hide_index=True, on_select=_select_from_table, selection_mode="single-row",
                  key="ranked", column_config={"GiB/GPU": st.column_config.NumberColumn(format="%.2f"),
                                               "free GiB": st.column_config.NumberColumn(format="%.2f"),
@@ -324,32 +543,30 @@ def show_recommendation(rec: dict) -> int:
                "Click a row (or pick its number) to make it the chosen layout.")
     if rec["layouts"][0]["memory"]["verdict"] != "fits":
         st.warning(report.clear_fit_text(rec["layouts"][0]["memory"], rec["clear_fit"]))
-    if rec["engines"]:
-        st.markdown("**Other engines**: the fastest layout of each that fits, against #1")
+    st.markdown("**Other engines**: the fastest layout of each that fits, against #1")
+    if engines is None:
+        st.caption(SEARCHING + "…")
+    elif engines:
         st.dataframe(pd.DataFrame([{"engine": e["engine"], "layout": short(e["layout"]) if e["layout"] else e["note"],
                                     "settings": report.settings_flags(e["settings"]),
                                     "tokens/s": e["tokens_per_s"],
                                     "speed vs #1": None if e["relative_speed"] is None else f"{e['relative_speed']:.2f}x"}
-                                   for e in rec["engines"]]), hide_index=True,
+                                   for e in engines]), hide_index=True,
                      column_config={"tokens/s": st.column_config.NumberColumn(format="%.0f")})
-    n = len(rec["layouts"])
-    if st.session_state.get("chosen", 1) > n:
-        st.session_state["chosen"] = 1
-    return st.selectbox("Chosen layout", range(1, n + 1), key="chosen") - 1
+    st.selectbox("Chosen layout", range(1, len(rec["layouts"]) + 1), key="chosen")
 
 
-def show_layout(est: dict) -> None:
-    mem, th, t = est["memory"], est["throughput"], est["time"]
-    st.subheader(f"Chosen layout: {short(est['layout'])}")
-    cols = st.columns(5)
-    cols[0].metric("Peak GiB per GPU", f"{mem['gpu_bytes'] / GiB:.2f}", f"{mem['verdict']}", delta_color="off")
-    cols[1].metric("Step time (s)", f"{t['step_s']:.3f}", f"±{t['error_band']:.0%}", delta_color="off")
-    cols[2].metric("Tokens/s", f"{th['tokens_per_s']:,.0f}")
-    cols[3].metric("MFU", f"{th['mfu']:.1%}")
-    tt = est.get("time_to_train")
-    cols[4].metric("Time to train", f"{tt['days']:.1f} days" if tt else "—",
-                   None if not tt or tt.get("cost") is None else f"cost {tt['cost']:,.0f}", delta_color="off")
+def show_layout(est: dict, heading: str) -> None:
+    """The layout's memory per stage and step time (its headline figures are at the top)."""
+    st.subheader(heading)
     st.caption(est["verdict_text"])
+    tt = est.get("time_to_train")
+    if tt:
+        cols = st.columns(4)
+        cols[0].metric("Time to train", f"{tt['days']:.1f} days")
+        cols[1].metric("GPU-hours", f"{tt['gpu_hours']:,.0f}")
+        if tt.get("cost") is not None:
+            cols[2].metric("Cost", f"{tt['cost']:,.0f}")
     left, right = st.columns(2)
     # the peak by default; the other moments show what the peak's parts leave out (an optimizer-step
     # peak holds no activations: they are freed by then, not unmodelled)
@@ -360,25 +577,32 @@ def show_layout(est: dict) -> None:
     left.altair_chart(memory_chart(est, moment), width="stretch")
     left.caption("red: capacity; whiskers: error band")
     right.markdown("**Step time**")
-    right.altair_chart(time_chart(est), width="stretch")
     right.markdown(report.time_text(est).replace("\n", "  \n"))
+    right.altair_chart(time_chart(est), width="stretch")
 
 
-def show_downloads(est: dict) -> None:
+def show_downloads(page: dict, oom: bool) -> None:
+    """The launch files; for a layout that will not fit only behind a warning and a tick."""
     st.subheader("Launch files")
-    if est["export_error"]:
-        st.info(est["export_error"])
+    if page["export_error"]:
+        st.info(page["export_error"])
         return
-    cols = st.columns(len(est["files"]))
-    for col, (name, text) in zip(cols, est["files"]):
+    if oom:
+        st.warning("This layout will not fit in GPU memory: its launch files would stop with an out-of-memory "
+                   f"error ({page['verdict_text']}).")
+        if not st.checkbox("Show the files anyway", key="download_anyway"):
+            return
+    cols = st.columns(len(page["files"]))
+    for col, (name, text) in zip(cols, page["files"]):
         col.download_button(name, text, file_name=name, key=f"download_{name}")
-    for name, text in est["files"]:
+    for name, text in page["files"]:
         if name == export.MEGATRON_ARGS:
             with st.expander("Megatron arguments"):
                 st.code(text, language="bash")
 
 
-def show_comparison(rec: dict, training: dict, model, cluster: dict, chosen: int) -> None:
+def show_comparison(rec: dict, chosen: int) -> None:
+    """Two of the ranked layouts side by side (their records as recommend gives them)."""
     n = len(rec["layouts"])
     if n < 2:
         return
@@ -387,14 +611,67 @@ def show_comparison(rec: dict, training: dict, model, cluster: dict, chosen: int
                          key="compare") - 1
     rows = {}
     for k in (chosen, other):
-        est = estimate_answer(model, cluster, training, layout_input(rec["layouts"][k]["layout"]))
-        m, th = est["memory"], est["throughput"]
-        rows[f"#{k + 1} {short(est['layout'])}"] = {
+        r = rec["layouts"][k]
+        m, th = r["memory"], r["throughput"]
+        rows[f"#{k + 1} {short(r['layout'])}"] = {
             "peak GiB/GPU": round(m["gpu_bytes"] / GiB, 2), "reserved GiB": round(m["reserved_bytes"] / GiB, 2),
-            "fit": m["verdict"], "step s": round(est["time"]["step_s"], 3),
+            "fit": m["verdict"], "step s": round(r["time"]["step_s"], 3),
             "tokens/s": round(th["tokens_per_s"]), "MFU": f"{th['mfu']:.1%}",
-            **{f"{p} s": round(v, 3) for p, v in est["time"]["breakdown"].items() if v > 0}}
+            **{f"{p} s": round(v, 3) for p, v in r["time"]["breakdown"].items() if v > 0}}
     st.dataframe(pd.DataFrame(rows).astype(str))
+
+
+def show_auto(headline, model, cluster: dict, training: dict) -> None:
+    """`recommend`: the chosen layout in the headline, the ranked layouts, the chosen one's charts,
+    every fitting layout's speed against memory, two side by side, its launch files."""
+    pins = pins_from_sidebar()
+    top = int(st.sidebar.number_input("Layouts shown", 1, 50, 10, key="top"))
+    headroom = st.sidebar.slider("Memory headroom kept free", 0.0, 0.5, 0.05, 0.01, key="headroom")
+    inputs = (model, cluster, training, top, headroom, pins)
+    rec = recommend_answer(*inputs)
+    if not rec["layouts"]:
+        show_assumptions(rec["describe"], rec["defaults"], shared=rec["assumptions"])
+        st.error("Nothing fits. " + "; ".join(rec["suggestions"]))
+        return
+    engines = engines_done(engines_found(inputs))
+    chosen = chosen_rank(rec, inputs_key(inputs)) - 1
+    # estimate takes the recommended global batch and engine, so its numbers are the row's
+    # and the pipeline split, ZeRO-3 knobs, offloaded share, TP overlap and overlap_comm it chose
+    fixed = {**{k: v for k, v in training.items() if k != "tokens_per_step"}, "gbs": rec["gbs"],
+             "engine": rec["engine"], "pipeline_edge_layers": rec["assumptions"]["pp_edge_layers"],
+             **{k: rec["assumptions"][k] for k in ("stage3_max_live_parameters", "stage3_max_reuse_distance",
+                                                   "optimizer_offload_fraction", "tp_comm_overlap", "overlap_comm")
+                if k in rec["assumptions"]}}
+    est = estimate_answer(model, cluster, fixed, layout_input(rec["layouts"][chosen]["layout"]))
+    aside = (lambda: st.markdown(best_engine_text(engines))) if engines is not None else (lambda: engines_pending(inputs))
+    show_headline(headline, f"Chosen layout: #{chosen + 1} of {len(rec['layouts'])}, {rec['engine']}", est, aside)
+    labels = [short(r["layout"]) for r in rec["layouts"]] + [short(e["layout"]) for e in engines or [] if e["layout"]]
+    show_legend(labels + ([short(rec["clear_fit"]["layout"])] if rec["clear_fit"] else []))
+    show_assumptions(rec["describe"], rec["defaults"], shared=rec["assumptions"])
+    try:
+        show_recommendation(rec, engines)
+        show_layout(est, "Memory and step time of the chosen layout")
+        st.subheader("All fitting layouts: speed against memory")
+        st.caption(f"{len(rec['landscape']['label']):,} of {rec['landscape']['fitting']:,} fitting layouts "
+                   "drawn; the line is the Pareto front, the diamond the chosen layout")
+        st.altair_chart(landscape_chart(rec["landscape"], short(est["layout"])), width="stretch")
+        show_comparison(rec, chosen)
+        show_downloads(est, est["memory"]["verdict"] == "oom")
+    finally:  # the page is drawn (or stopped: a newer request of this session cancels this one)
+        if engines is None:
+            engines_search(inputs)
+
+
+def show_manual(headline, model, cluster: dict, training: dict) -> None:
+    """`estimate` of a layout given knob by knob."""
+    if "tokens_per_step" in training:  # estimate takes the batch in sequences
+        training["gbs"] = max(1, round(training.pop("tokens_per_step") / training["seq_len"]))
+    est = estimate_answer(model, cluster, training, manual_layout_from_sidebar(training["engine"]))
+    show_headline(headline, f"Your layout, {est['training']['engine']}", est)
+    show_legend([short(est["layout"])])
+    show_assumptions(est["describe"], est["defaults"], est["layout"])
+    show_layout(est, "Memory and step time")
+    show_downloads(est, est["memory"]["verdict"] == "oom")
 
 
 EXAMPLE_CONFIG = """{
@@ -406,9 +683,18 @@ EXAMPLE_CONFIG = """{
 SEVERITY = {"error": st.error, "warning": st.warning, "info": st.info}
 
 
-def show_check(model, cluster: dict, training: dict) -> None:
-    """`planner check` on a pasted ds_config.json: the findings, worst first, then the prediction
-    and the closest better config's launch files."""
+def suggested_text(better: dict | None) -> str:
+    """The closest better config `check` found, against yours."""
+    if better is None:
+        return "none: the search found no faster config that fits"
+    speed = f"{better['gain']:.2f}x your tokens/s" if better["gain"] is not None else \
+        f"fits, {better['tokens_per_s']:,.0f} tokens/s"
+    return f"`{better['label']}`, {speed}"
+
+
+def show_check(headline, model, cluster: dict, training: dict) -> None:
+    """`planner check` on a pasted ds_config.json: your config in the headline, the findings worst
+    first, its charts, then the closest better config the search suggests and its launch files."""
     st.subheader("Check your DeepSpeed config")
     text = st.text_area("ds_config.json", EXAMPLE_CONFIG, height=220, key="check_config")
     sb = st.sidebar
@@ -419,20 +705,32 @@ def show_check(model, cluster: dict, training: dict) -> None:
     mbs = int(sb.number_input("Per-device batch, for an 'auto' micro-batch (0: 1)", 0, 4096, 0, key="chk_mbs")) or None
     native = sb.checkbox("Also ask DeepSpeed's own config class (about 2 s)", False, key="chk_deepspeed")
     answer = check_answer(text, model, cluster, {"seq_len": training["seq_len"]}, layout, mbs, native)
+    better, page = answer["better"], answer["page"]
+    if page is not None:
+        show_headline(headline, "Your config", page, lambda: st.markdown("**Suggested**: " + suggested_text(better)))
+        show_legend([short(page["layout"])] + ([better["label"]] if better else []))
+        show_assumptions(page["describe"], page["defaults"], page["layout"])
     order = {"error": 0, "warning": 1, "info": 2}
     for f in sorted(answer["findings"], key=lambda f: order[f["severity"]]):
         SEVERITY[f["severity"]](f"[{f['kind']}] {f['message']}")
     st.markdown(f"**Verdict: {'runs and fits' if answer['ok'] else 'will not run as configured'}**")
-    if answer["page"] is not None:
-        show_layout(answer["page"])
-        if answer["better"]:
-            st.caption(f"Launch files below are for the closest better config: {answer['better']['label']}")
-            show_downloads(answer["page"])
+    if page is None:
+        return
+    show_layout(page, "Your config")
+    st.subheader("Suggested")
+    st.markdown(suggested_text(better))
+    if better:
+        st.caption("changes: " + (", ".join(better["changes"]) or "the same layout fields"))
+        show_downloads(page, False)  # the files are the suggested config's, a layout the search found fitting
 
 
 def main() -> None:
     st.set_page_config(page_title="planner: distributed training what-if", layout="wide")
     st.title("Will it train, and how fast?")
+    # a control at the top rather than st.tabs: tabs run every tab's body on every rerun (all three
+    # modes' API calls), and each mode asks its own inputs in the sidebar
+    mode = st.radio("Mode", MODES, horizontal=True, key="mode", label_visibility="collapsed")
+    headline = st.container(key="headline", border=True)  # filled once the answer is known, above everything else
     st.sidebar.header("Inputs")
     try:
         model = model_from_sidebar()
@@ -441,42 +739,9 @@ def main() -> None:
     except InputError as exc:
         st.error(str(exc))
         return
-    mode = st.sidebar.radio("Mode", ("auto", "manual", "check my config"), horizontal=True, key="mode")
     try:
-        if mode == "auto":
-            pins = pins_from_sidebar()
-            top = int(st.sidebar.number_input("Layouts shown", 1, 50, 10, key="top"))
-            headroom = st.sidebar.slider("Memory headroom kept free", 0.0, 0.5, 0.05, 0.01, key="headroom")
-            rec = recommend_answer(model, cluster, training, top, headroom, pins)
-            st.caption(rec["describe"].replace("\n", "  \n"))
-            if not rec["layouts"]:
-                st.error("Nothing fits. " + "; ".join(rec["suggestions"]))
-                return
-            chosen = show_recommendation(rec)
-            # estimate takes the recommended global batch and engine, so its numbers are the row's
-            # and the pipeline split, ZeRO-3 knobs, offloaded share and TP overlap it chose
-            fixed = {**{k: v for k, v in training.items() if k != "tokens_per_step"}, "gbs": rec["gbs"],
-                     "engine": rec["engine"], "pipeline_edge_layers": rec["assumptions"]["pp_edge_layers"],
-                     **{k: rec["assumptions"][k] for k in ("stage3_max_live_parameters", "stage3_max_reuse_distance",
-                                                           "optimizer_offload_fraction", "tp_comm_overlap")
-                        if k in rec["assumptions"]}}
-            est = estimate_answer(model, cluster, fixed, layout_input(rec["layouts"][chosen]["layout"]))
-            show_layout(est)
-            st.subheader("All fitting layouts: speed against memory")
-            st.caption(f"{len(rec['landscape']['label']):,} of {rec['landscape']['fitting']:,} fitting layouts "
-                       "drawn; the line is the Pareto front, the diamond the chosen layout")
-            st.altair_chart(landscape_chart(rec["landscape"], short(est["layout"])), width="stretch")
-            show_comparison(rec, fixed, model, cluster, chosen)
-        elif mode == "check my config":
-            show_check(model, cluster, training)
-            return
-        else:
-            if "tokens_per_step" in training:  # estimate takes the batch in sequences
-                training["gbs"] = max(1, round(training.pop("tokens_per_step") / training["seq_len"]))
-            est = estimate_answer(model, cluster, training, manual_layout_from_sidebar(training["engine"]))
-            st.caption(est["describe"].replace("\n", "  \n"))
-            show_layout(est)
-        show_downloads(est)
+        {"auto": show_auto, "manual": show_manual, "check my config": show_check}[mode](headline, model, cluster,
+                                                                                         training)
     except InputError as exc:
         st.error(str(exc))
     except Exception as exc:  # a bug of ours: one line on the page, the traceback in the server's log

@@ -1,14 +1,19 @@
 """End to end: `streamlit run app.py` in a real headless Chromium (Debian's chromium and
-chromium-driver, driven by Selenium). Sets a model and a GPU count the way a person does, checks
-the recommended layout's text against the CLI and that the charts drew, and saves a screenshot.
+chromium-driver, driven by Selenium) on a 1280x800 screen. Sets a model and a GPU count the way a
+person does, checks the headline (layout, verdict, tokens/s, the best other engine) against the
+CLI, that the charts drew with their legends inside them, and saves a screenshot of the top of the
+page (docs/dashboard.png is a copy of it).
 
 .ci/run installs Chromium, starts the app on a free localhost port (PLANNER_APP_URL) and sets
 PLANNER_E2E_REQUIRED=1, so there a missing browser fails instead of skipping. Without
 PLANNER_APP_URL the test starts and stops the app itself."""
 
 import io
+import itertools
 import json
 import os
+import re
+import struct
 import shutil
 import socket
 import subprocess
@@ -19,12 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from planner import cli
+from planner import cli, report
 from planner.search import short
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 REQUIRED = os.environ.get("PLANNER_E2E_REQUIRED") == "1"
+SCREEN = (1280, 800)  # a laptop's page: the headline, legends and screenshot are checked at this size
 
 pytestmark = pytest.mark.slow
 
@@ -90,9 +96,12 @@ def browser():
     # the flags a closed-network root sandbox needs (no sandbox, no background connections)
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1600,2600"):
+                 "--disable-dev-shm-usage", f"--window-size={SCREEN[0]},{SCREEN[1]}"):
         opts.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    # the page's own size (a window's includes its frame)
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": SCREEN[0], "height": SCREEN[1],
+                                                                  "deviceScaleFactor": 1, "mobile": False})
     driver.set_page_load_timeout(60)
     yield driver
     driver.quit()
@@ -141,55 +150,126 @@ def _radio(driver, option: str):
                      what=f"the radio option {option!r}")
 
 
+def _headline(driver) -> dict:
+    """The headline at the top of the page as shown: title, layout label, verdict (and its colour),
+    figures, and the line under them."""
+    from selenium.webdriver.common.by import By
+
+    box = driver.find_element(By.CSS_SELECTOR, ".st-key-headline")
+    heading = box.find_element(By.TAG_NAME, "h4")
+    badge = heading.find_element(By.CSS_SELECTOR, ".stMarkdownBadge")
+    figures = {m.find_element(By.CSS_SELECTOR, '[data-testid="stMetricLabel"]').text:
+               m.find_element(By.CSS_SELECTOR, '[data-testid="stMetricValue"]').text
+               for m in box.find_elements(By.CSS_SELECTOR, '[data-testid="stMetric"]')}
+    texts = [e.text for e in box.find_elements(By.CSS_SELECTOR, '[data-testid="stMarkdown"] p')]  # not the figures'
+    rgb = [int(x) for x in re.findall(r"\d+", badge.value_of_css_property("color"))[:3]]
+    return {"title": texts[0], "label": heading.find_element(By.TAG_NAME, "code").text, "verdict": badge.text,
+            "rgb": rgb, "figures": figures, "lines": texts[1:]}
+
+
+def _headline_is(label: str):
+    def check(driver):
+        try:
+            return _headline(driver)["label"] == label
+        except Exception:  # not drawn yet, or redrawn while read
+            return False
+    return check
+
+
+def _png_size(path: Path) -> tuple:
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", head[16:24])
+
+
 def test_dashboard_in_a_real_browser(app_url, browser, tmp_path):
     from selenium.webdriver.common.by import By
 
     out = io.StringIO()
-    assert cli.main(["recommend", "--model", "llama-3-8b", "--gpus", "32", "--top", "10", "--json"], out=out) == 0
-    expected = short(json.loads(out.getvalue())["layouts"][0]["layout"])
+    argv = ["recommend", "--model", "llama-3-8b", "--gpus", "32", "--top", "10"]
+    assert cli.main([*argv, "--json"], out=out) == 0
+    answer = json.loads(out.getvalue())
+    # the CLI's answer: its first line's layout (#1, whose peak clears the band here) and best other engine
+    assert answer["clear_fit"] is None
+    first = answer["layouts"][0]
+    best = max((e for e in answer["engines"] if e["layout"]), key=lambda e: e["relative_speed"])
+    text = io.StringIO()
+    assert cli.main(argv, out=text) == 0
+    assert text.getvalue().startswith(f"launch {short(first['layout'])}: ")
 
     browser.get(app_url)
-    _wait_for(browser, lambda d: "Chosen layout:" in d.find_element(By.TAG_NAME, "body").text, what="first answer")
+    _wait_for(browser, lambda d: _headline(d)["label"], what="first answer")
     _choose(browser, "Catalog model", "llama-3-8b")
-    _wait_for(browser, lambda d: "model llama-3-8b" in d.find_element(By.TAG_NAME, "body").text, what="model change")
     _set_number(browser, "GPUs", 32)
-    _wait_for(browser, lambda d: f"Chosen layout: {expected}" in d.find_element(By.TAG_NAME, "body").text,
-              what=f"the CLI's first layout {expected!r}")
+    _wait_for(browser, _headline_is(short(first["layout"])), what=f"the CLI's layout {short(first['layout'])!r}")
+    head = _headline(browser)
+    assert head["title"] == "Chosen layout: #1 of 10, deepspeed"
+    assert head["verdict"] == first["memory"]["verdict"] == "fits"
+    assert head["rgb"][1] > max(head["rgb"][0], head["rgb"][2])  # fits in green
+    assert head["figures"]["Tokens/s"] == f"{first['throughput']['tokens_per_s']:,.0f}"
+    assert head["figures"]["MFU"] == f"{first['throughput']['mfu']:.1%}"
+    # the other engines follow the first answer
+    engine_line = (f"Best other engine: {best['engine']}, {report.ratio_text(best['relative_speed'])} than #1 "
+                   f"({best['tokens_per_s']:,.0f} tokens/s): {short(best['layout'])}")
+    _wait_for(browser, lambda d: _headline(d)["lines"] == [engine_line], what="the best other engine")
     body = browser.find_element(By.TAG_NAME, "body").text
-    assert "cluster 32 x h100-sxm" in body and "Traceback" not in body
+    assert "Traceback" not in body
+    # the CLI's legend of the layout abbreviations, for the labels on the page (table, other engines)
+    lines = text.getvalue().splitlines()
+    k = next(k for k, line in enumerate(lines) if line.startswith("legend: "))
+    folded = [lines[k], *itertools.takewhile(lambda line: line.startswith("    "), lines[k + 1:])]
+    legend = " ".join(" ".join(folded).split())
+    assert legend in [c.text for c in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stCaptionContainer"]')]
 
     # three Vega charts (memory per stage, step time, speed against memory), each drawn with a size
+    # and its legend inside it (none cut off at this width)
     def drawn(d):
-        charts = d.find_elements(By.CSS_SELECTOR, '[data-testid="stVegaLiteChart"] canvas, '
-                                                  '[data-testid="stVegaLiteChart"] svg.marks')
-        return charts if len(charts) >= 3 and all(c.size["width"] > 50 and c.size["height"] > 50 for c in charts) else False
+        charts = d.find_elements(By.CSS_SELECTOR, '[data-testid="stVegaLiteChart"]')
+        sizes = [d.execute_script(
+            "const c = arguments[0], svg = c.querySelector('svg.marks'); if (!svg) return null;"
+            "const r = c.getBoundingClientRect();"
+            "return {chart: [r.left, r.top, r.right, r.bottom], legends: [...svg.querySelectorAll('g.role-legend')]"
+            ".map(g => { const b = g.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; })};", c)
+            for c in charts]
+        ready = len(sizes) == 3 and all(x and x["legends"] and x["chart"][2] - x["chart"][0] > 50
+                                        and x["chart"][3] - x["chart"][1] > 50 for x in sizes)
+        return sizes if ready else False
 
-    charts = _wait_for(browser, drawn, what="three drawn charts")
-    assert len(charts) >= 3
-    time.sleep(1.0)  # let the charts finish their first paint before the picture
+    for chart in _wait_for(browser, drawn, what="three drawn charts with legends"):
+        left, top, right, bottom = chart["chart"]
+        for legend in chart["legends"]:
+            assert left <= legend[0] and legend[2] <= right + 0.5 and top <= legend[1] and legend[3] <= bottom + 0.5, \
+                (chart, legend)
+
+    browser.execute_script("window.scrollTo(0, 0); document.activeElement && document.activeElement.blur()")
+    time.sleep(1.0)  # let the page settle before the picture
     target = Path(os.environ.get("PLANNER_SCREENSHOT_DIR", tmp_path)) / "dashboard.png"
     target.parent.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(target))
     assert target.stat().st_size > 20_000  # a rendered page, not a blank one
+    assert _png_size(target) == SCREEN
 
     # a click on the table's second row makes it the chosen layout
-    second = short(json.loads(out.getvalue())["layouts"][1]["layout"])
+    second = short(answer["layouts"][1]["layout"])
     grid = browser.find_element(By.CSS_SELECTOR, '[data-testid="stDataFrame"]')
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", grid)
+    time.sleep(0.5)
     from selenium.webdriver.common.action_chains import ActionChains
 
     top_left = (-grid.size["width"] // 2, -grid.size["height"] // 2)  # offsets are from the element's centre
     row_px = 35  # glide-data-grid's default header and row height in Streamlit
     ActionChains(browser).move_to_element_with_offset(grid, top_left[0] + 20, top_left[1] + row_px + row_px + row_px // 2) \
         .click().perform()
-    _wait_for(browser, lambda d: f"Chosen layout: {second}" in d.find_element(By.TAG_NAME, "body").text,
-              what=f"row 2 ({second!r}) chosen by a click")
+    _wait_for(browser, _headline_is(second), what=f"row 2 ({second!r}) chosen by a click")
+    assert _headline(browser)["title"] == "Chosen layout: #2 of 10, deepspeed"
 
 
 def test_an_uploaded_config_with_nonsense_values_is_a_message(app_url, browser, tmp_path):
     from selenium.webdriver.common.by import By
 
     browser.get(app_url)
-    _wait_for(browser, lambda d: "Chosen layout:" in d.find_element(By.TAG_NAME, "body").text, what="first answer")
+    _wait_for(browser, lambda d: _headline(d)["label"], what="first answer")
     _radio(browser, "config.json").click()
     bad = tmp_path / "config.json"
     bad.write_text(json.dumps({"model_type": "llama", "hidden_size": -4096, "num_hidden_layers": 32,
@@ -202,4 +282,4 @@ def test_an_uploaded_config_with_nonsense_values_is_a_message(app_url, browser, 
     assert "Traceback" not in body and len(alert.text.strip().splitlines()) == 1
     # the page still works: back to the catalog, the answer returns
     _radio(browser, "catalog").click()
-    _wait_for(browser, lambda d: "Chosen layout:" in d.find_element(By.TAG_NAME, "body").text, what="answer again")
+    _wait_for(browser, lambda d: _headline(d)["label"], what="answer again")
