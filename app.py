@@ -65,12 +65,8 @@ def recommend_answer(model, cluster: dict, training: dict, top: int, headroom: f
     """`recommend` without its comparison with the other engines (engines_search brings that): the
     comparison is five more searches, most of the time an input change takes, and the layouts of the
     engine asked for do not depend on it. 'engines' is None here."""
-    # recommend takes the other engines' answers already searched; standing in for them skips their
-    # searches and leaves every other part of the answer as it is
-    pending = {name: {"engine": name, "layout": None, "tokens_per_s": None, "relative_speed": None, "note": SEARCHING,
-                      "settings": {}} for name in ENGINES}
     r = api.recommend(model, cluster, training, top=top, memory_headroom=headroom, pinned=pinned,
-                      landscape=LANDSCAPE_POINTS, _engines=pending)
+                      landscape=LANDSCAPE_POINTS, compare_engines=False)
     return {**r.to_json(), "engines": None, "landscape": r.landscape,
             "describe": report.describe(r.model, r.cluster, r.training), "gbs": r.training.gbs,
             "engine": r.training.engine.name}

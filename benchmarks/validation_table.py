@@ -26,8 +26,12 @@ planner's inputs and asks `planner.api` in-process, the same reading for every r
   `h100-sxm` with 95 GiB; H200, B200, MI300X by name; A100 40 GB / 80 GB (A100 without a size:
   80 GB). A GPU the planner's catalog lacks makes the row not expressible.
 - **Precision** bf16, unless the notes say pure bf16 (`bf16-pure`) or fp16 without bf16 (`fp16`).
-  A row whose id or notes name fp8 / float8 is an FP8 run: not expressible while the planner
-  refuses `--precision fp8`.
+  A row whose id or notes name fp8 / float8 is an FP8 run (`--precision fp8`) with the recipe it
+  names (tensorwise, rowwise, mxfp8), else the engine's default; torchtitan rows that name none
+  ran tensorwise, the default of torchtitan 0.2.2 and earlier.
+- **torchtitan's loss**: `--loss-chunks 1` (the whole fp32 logits held) for rows without
+  torch.compile or at a commit from before torchtitan compiled its loss (9dec370, 031f73f8),
+  else the engine's default.
 - **Engine** as stated, else from the source: MosaicML llm-foundry, FSDP and IBM rows `fsdp`,
   torchtitan rows `torchtitan`, BLOOM and DeepSpeed rows `megatron-deepspeed`, the others
   `megatron`. Where the planner refuses that engine for a row, its default engine. FSDP and

@@ -15,6 +15,8 @@ import time
 
 from calibrate.record import Case
 
+FP8 = "float8_e4m3fn"  # the FP8 GEMM bench's dtype (bench/gemm/float8_e4m3fn/N records)
+FP8_MIN_COMPUTE_CAPABILITY = 8.9  # FP8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell (10.x)
 CPU_GEMMS = (64, 128, 256, 512, 1024)
 GPU_GEMMS = (256, 512, 1024, 2048, 4096, 8192)
 CPU_COLLECTIVE_BYTES = tuple(2**k for k in range(10, 25, 2))  # 1 KiB .. 16 MiB
@@ -39,22 +41,21 @@ def gemm_run(n: int, dtype: str, repeats: int = 5) -> dict:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    a = torch.randn(n, n, dtype=getattr(torch, dtype), device=device)
-    b = torch.randn(n, n, dtype=getattr(torch, dtype), device=device)
+    gemm = _fp8_gemm(n, device) if dtype == FP8 else _gemm(n, getattr(torch, dtype), device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    torch.matmul(a, b)
+    gemm()
     times = []
     for _ in range(repeats):
         sync()
         start = time.perf_counter()
-        torch.matmul(a, b)
+        gemm()
         sync()
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
     sync()
     start = time.perf_counter()
     for _ in range(repeats):
-        torch.matmul(a, b)
+        gemm()
     sync()
     back_to_back = (time.perf_counter() - start) / repeats
     out = {"m": n, "n": n, "k": n, "dtype": dtype, "flops": 2.0 * n**3, "gemm_s": seconds,
@@ -62,9 +63,29 @@ def gemm_run(n: int, dtype: str, repeats: int = 5) -> dict:
     if device == "cuda":  # the kernels' own durations (torch.profiler's CUDA activity): no host time at all
         from calibrate.step_worker import kernel_seconds
 
-        kinds = kernel_seconds(lambda: torch.matmul(a, b), repeats)
+        kinds = kernel_seconds(gemm, repeats)
         out["kernel_s"] = sum(v for k, v in kinds.items() if k != "wall")
     return out
+
+
+def _gemm(n: int, dtype, device: str):
+    import torch
+
+    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
+    return lambda: torch.matmul(a, b)
+
+
+def _fp8_gemm(n: int, device: str):
+    """The GEMM a tensor-wise scaled FP8 linear runs: e4m3 operands with one fp32 scale each, the
+    second column-major as cuBLASLt's FP8 kernels take it, a bf16 output (torchao v0.18.0
+    torchao/float8/float8_ops.py float8_mm -> torch._scaled_mm; Transformer Engine's delayed and
+    current scaling call the same cuBLASLt FP8 GEMM)."""
+    import torch
+
+    a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()
+    scale = torch.tensor(1.0, device=device)
+    return lambda: torch._scaled_mm(a, b, scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16)
 
 
 def rank_speed_run(n: int = 8192, rounds: int = 6, matmuls: int = 40) -> dict:
@@ -317,15 +338,27 @@ def _eager_prediction() -> dict:
     return {"layer_host_s": fwd + bwd}
 
 
-def _gemm_prediction(flops: float, gpu: str | None) -> dict:
-    """The planner's time for one GEMM on the catalog GPU (no catalog peak for a CPU: none)."""
+def _gemm_prediction(flops: float, gpu: str | None, dtype: str = "bfloat16") -> dict:
+    """The planner's time for one GEMM on the catalog GPU (no catalog peak for a CPU: none); an FP8
+    one at the FP8 peak with FP8's efficiency (planner/compute.py fp8_gemm_coefficients)."""
     if gpu in (None, "cpu"):
         return {}
     from planner.calibration import coefficient_values
-    from planner.compute import gemm_s
+    from planner.compute import fp8_gemm_coefficients, gemm_s
     from planner.hardware import lookup_gpu
 
-    return {"gemm_s": float(gemm_s(flops, lookup_gpu(gpu).peak_flops_per_s["bf16"], coefficient_values("time")))}
+    peak, c = lookup_gpu(gpu).peak_flops_per_s, coefficient_values("time")
+    if dtype == FP8:
+        return {"gemm_s": float(gemm_s(flops, peak["fp8"], fp8_gemm_coefficients(c, peak["fp8"] / peak["bf16"])))}
+    return {"gemm_s": float(gemm_s(flops, peak["bf16"], c))}
+
+
+def _has_fp8(gpu: str | None) -> bool:
+    """Whether the catalog GPU has FP8 tensor cores for the FP8 GEMM bench (CUDA only: torch's
+    _scaled_mm on ROCm takes other FP8 types)."""
+    from planner.hardware import lookup_gpu
+
+    return gpu not in (None, "cpu") and lookup_gpu(gpu).compute_capability >= FP8_MIN_COMPUTE_CAPABILITY
 
 
 def _collective_rows(ranks: list) -> dict:
@@ -345,10 +378,12 @@ def cases(profile_kind: str, gpu: str | None = None) -> list:
     gpu_run = profile_kind == "gpu"
     dtype = "bfloat16" if gpu_run else "float32"
     out = []
-    for n in GPU_GEMMS if gpu_run else CPU_GEMMS:
-        out.append(Case(name=f"bench/gemm/{dtype}/{n}", kind="gemm", config={"m": n, "n": n, "k": n, "dtype": dtype},
-                        predict=lambda n=n: _gemm_prediction(2.0 * n**3, gpu), reduce=lambda r: r[0],
-                        run_inline=lambda n=n: gemm_run(n, dtype)))
+    # the FP8 sweep beside the 16-bit one where the GPU has FP8 tensor cores: fp8_gemm_efficiency_max
+    for dt in (dtype, FP8) if gpu_run and _has_fp8(gpu) else (dtype,):
+        for n in GPU_GEMMS if gpu_run else CPU_GEMMS:
+            out.append(Case(name=f"bench/gemm/{dt}/{n}", kind="gemm", config={"m": n, "n": n, "k": n, "dtype": dt},
+                            predict=lambda n=n, dt=dt: _gemm_prediction(2.0 * n**3, gpu, dt), reduce=lambda r: r[0],
+                            run_inline=lambda n=n, dt=dt: gemm_run(n, dt)))
     sizes = GPU_COLLECTIVE_BYTES if gpu_run else CPU_COLLECTIVE_BYTES
     ranks = _gpus() if gpu_run else 2
     if ranks >= 2:  # one launch measures every size; the profile keeps one record per size and op

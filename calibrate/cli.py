@@ -219,7 +219,8 @@ def references(doc: dict) -> dict:
         from planner.hardware import lookup_gpu
 
         g = lookup_gpu(gpu)
-        return {"peak_flops_per_s": g.peak_flops_per_s["bf16"], "link_bytes_per_s": g.intra_node_bytes_per_s}
+        return {"peak_flops_per_s": g.peak_flops_per_s["bf16"], "fp8_peak_flops_per_s": g.peak_flops_per_s["fp8"],
+                "link_bytes_per_s": g.intra_node_bytes_per_s}
     ok = [r for r in doc["runs"] if r.get("outcome", {}).get("status") == "ok"]
     flops = [r["measurement"]["flops"] / r["measurement"]["gemm_s"] for r in ok if r["kind"] == "gemm"]
     bus = [r["measurement"]["bus_bytes_per_s"] for r in ok

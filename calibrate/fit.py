@@ -18,12 +18,14 @@ import numpy as np
 
 from planner.calibration import coefficient_values
 from planner.collectives import nccl_time_s, p2p_message_s
-from planner.compute import attention_matmuls_s, gemm_s
+from calibrate.bench import FP8
+from planner.compute import attention_matmuls_s, fp8_gemm_coefficients, gemm_s
 from planner.memory import reserved_bytes
 
 BOUNDS = {
     ("time", "gemm_efficiency_max"): (0.01, 1.0),
     ("time", "gemm_half_efficiency_flops"): (1e3, 1e13),
+    ("time", "fp8_gemm_efficiency_max"): (0.01, 1.0),
     ("time", "bus_efficiency_intra_node"): (1e-4, 1.0),
     ("time", "collective_latency_scale"): (1e-3, 1e5),
     ("time", "cpu_adam_params_per_s"): (1e5, 1e11),
@@ -61,6 +63,9 @@ class FitGroup:
     """Which records of the kind the group takes (default: all)."""
     label: str | None = None
     """The name its errors go under (default: kind.quantity)."""
+    uses_fitted: bool = False
+    """Fitted with the coefficients earlier groups fitted, not the priors (the FP8 sweep: the 16-bit
+    sweep's fixed seconds a GEMM, which it cannot tell apart from its own efficiency)."""
 
     @property
     def name(self) -> str:
@@ -70,6 +75,18 @@ class FitGroup:
 def _gemm(records, c, ref):
     flops = np.array([r["measurement"]["flops"] for r in records], dtype=float)
     return gemm_s(flops, ref["peak_flops_per_s"], c["time"])
+
+
+def _fp8(record) -> bool:
+    return record.get("config", {}).get("dtype") == FP8
+
+
+def _fp8_gemm(records, c, ref):
+    """FP8 GEMMs as the planner times them (planner/compute.py block_gemm_rate): the FP8 peak at
+    fp8_gemm_efficiency_max, the 16-bit curve's fixed seconds a GEMM."""
+    flops = np.array([r["measurement"]["flops"] for r in records], dtype=float)
+    ratio = ref["fp8_peak_flops_per_s"] / ref["peak_flops_per_s"]
+    return gemm_s(flops, ref["fp8_peak_flops_per_s"], fp8_gemm_coefficients(c["time"], ratio))
 
 
 def _collective(records, c, ref):
@@ -201,9 +218,16 @@ def _recorded(quantity: str):
 GROUPS = (
     # a GEMM's kernel time where the bench profiled it (a training step issues its GEMMs asynchronously);
     # else a single synchronized call's, which carries the host's 30-40 us a call (bench.gemm_run)
-    FitGroup("gemm", "kernel_s", (("time", "gemm_efficiency_max"), ("time", "gemm_half_efficiency_flops")), _gemm),
+    FitGroup("gemm", "kernel_s", (("time", "gemm_efficiency_max"), ("time", "gemm_half_efficiency_flops")), _gemm,
+             where=lambda r: not _fp8(r)),
     FitGroup("gemm", "gemm_s", (("time", "gemm_efficiency_max"), ("time", "gemm_half_efficiency_flops")), _gemm,
-             where=lambda r: "kernel_s" not in r["measurement"]),
+             where=lambda r: "kernel_s" not in r["measurement"] and not _fp8(r)),
+    # the FP8 sweep (bench/gemm/float8_e4m3fn): FP8's own large-GEMM efficiency
+    FitGroup("gemm", "kernel_s", (("time", "fp8_gemm_efficiency_max"),), _fp8_gemm, where=_fp8,
+             label="gemm_fp8.kernel_s", uses_fitted=True),
+    FitGroup("gemm", "gemm_s", (("time", "fp8_gemm_efficiency_max"),), _fp8_gemm,
+             where=lambda r: "kernel_s" not in r["measurement"] and _fp8(r), label="gemm_fp8.gemm_s",
+             uses_fitted=True),
     FitGroup("collective", "collective_s", (("time", "bus_efficiency_intra_node"),
                                             ("time", "collective_latency_scale")), _collective,
              where=lambda r: not _point_to_point(r)),
@@ -335,9 +359,10 @@ def fit(records: list, ref: dict, k: int = 5) -> dict:
         # runs are then only predicted with it, and do not set the answers' band
         taken = bool(group.coefficients) and all(n in fitted.get(s, {}) for s, n in group.coefficients)
         # a group with no coefficient of its own is judged with those fitted so far (its runs fitted none)
+        base = coef if group.uses_fitted else prior
         after = np.abs(relative_errors(group, rows, coef, ref)) if taken else \
-            held_out_errors(group, rows, prior if group.coefficients else coef, ref, k)
-        values = {} if taken else fit_group(group, rows, prior, ref)
+            held_out_errors(group, rows, base if group.coefficients else coef, ref, k)
+        values = {} if taken else fit_group(group, rows, base, ref)
         coef = _with(coef, list(values), values.values())
         for (section, name), value in values.items():
             lo, hi = BOUNDS[(section, name)]

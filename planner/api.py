@@ -212,7 +212,7 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
 
 def recommend(model, cluster=None, training=None, *, top: int | None = None, memory_headroom: float | None = None,
               max_mbs: int | None = None, pinned: dict | None = None, landscape: int = 0,
-              _engines: dict | None = None) -> Recommendation:
+              compare_engines: bool = True, _engines: dict | None = None) -> Recommendation:
     """The `top` fastest layouts that fit (with `memory_headroom` of GPU memory kept free), searched
     over every TP/PP/VPP/CP/DP/EP degree, ZeRO stage, offload, micro-batch up to `max_mbs`,
     recompute and sequence parallelism the engine allows.
@@ -220,6 +220,8 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     pinned: {field: value} of LayoutInput fields (words as the flags take them) that every layout
     keeps, e.g. {"tp": 8, "zero": 1}. landscape: also return up to this many fitting layouts as
     (memory, speed) points with the Pareto front (Recommendation.landscape), for plots.
+    compare_engines: False skips the other engines' searches (most of the time a recommend takes):
+    Recommendation.engines is then empty, and no other engine answers when this one has no layout.
 
     Without an engine given, where the default engine has no fitting layout, the answer is the
     fastest engine's that has one (Recommendation.notes says so; defaults["engine"] names it).
@@ -314,7 +316,9 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     # each engine searches overlap_comm itself from the user's value, as its own recommend would
     unsearched = replace(train, zero_config=replace(train.zero_config, overlap_comm=tin.overlap_comm))
     frees = (tin.pipeline_edge_layers is None, knobs_free, share_free, overlap_free)
-    if _engines is None:
+    if not compare_engines:
+        others = []
+    elif _engines is None:
         others = [_engine_best(spec, clus, unsearched, name, headroom, max_mbs, pins, best, *frees)
                   for name in ENGINE_NAMES if name != train.engine.name]
     else:  # the first answer's searches of the other engines, against this one's best

@@ -37,7 +37,7 @@ FITTABLE = {
              "collective_latency_scale", "hbm_efficiency", "cpu_adam_params_per_s",
              "cpu_adam_unfused_params_per_s", "dp_overlap_fraction_with_overlap", "eager_op_host_s",
              "dtensor_step_host_s_per_tensor", "rank_speed_cv", "eager_bytes_per_s_per_sm", "p2p_latency_s",
-             "attention_efficiency"),
+             "attention_efficiency", "fp8_gemm_efficiency_max"),
 }
 """The named coefficients of data/coefficients.json a profile may replace."""
 

@@ -50,9 +50,15 @@ def block_gemm_rate(cluster: Cluster, training: Training, c: dict) -> tuple:
     if training.fp8_recipe is None:
         return rate, c
     fp8_rate = cluster.gpu.peak_flops_per_s["fp8"] * sustained_fraction(cluster, c)
-    key = "fp8_rowwise_gemm_efficiency_max" if training.fp8_recipe is Fp8Recipe.ROWWISE else "fp8_gemm_efficiency_max"
-    return fp8_rate, dict(c, gemm_efficiency_max=c[key],
-                          gemm_half_efficiency_flops=c["gemm_half_efficiency_flops"] * fp8_rate / rate)
+    return fp8_rate, fp8_gemm_coefficients(c, fp8_rate / rate, training.fp8_recipe is Fp8Recipe.ROWWISE)
+
+
+def fp8_gemm_coefficients(c: dict, peak_ratio: float, rowwise: bool = False) -> dict:
+    """Time coefficients `c` with gemm_s's curve moved to FP8 GEMMs, whose peak is `peak_ratio` times
+    the 16-bit one: FP8's own efficiency at large sizes, and the same fixed seconds per GEMM (the
+    half-efficiency FLOPs scaled by the ratio)."""
+    key = "fp8_rowwise_gemm_efficiency_max" if rowwise else "fp8_gemm_efficiency_max"
+    return dict(c, gemm_efficiency_max=c[key], gemm_half_efficiency_flops=c["gemm_half_efficiency_flops"] * peak_ratio)
 
 
 def hbm_bytes_per_s(cluster: Cluster, c: dict) -> float:

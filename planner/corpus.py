@@ -1,9 +1,11 @@
 """The published-run corpus (data/references/corpus_runs.json): each row read as planner inputs,
 answered in-process through planner.api, and scored (throughput, memory, the fit call).
 
-A row is read the way the corpus's own scorer reads it, so `planner validate` and that judge agree:
-the GPU from the row's words (torchtitan's 96 GB H100: h100-sxm with 95 GiB); bf16 unless the notes
-say pure bf16 or fp16; FP8 rows only once `--precision fp8` is accepted; the engine stated, else
+A row is read the way the corpus's own scorer reads it, so `planner validate` and that judge agree,
+except where a row states what ran that the scorer's command line leaves at the planner's default
+(the FP8 recipe, and the loss of torchtitan releases older than the planner's): the GPU from the
+row's words (torchtitan's 96 GB H100: h100-sxm with 95 GiB); bf16 unless the notes say pure bf16
+or fp16; FP8 rows with their recipe (fp8_recipe); the engine stated, else
 from the source (MosaicML, FSDP, IBM: fsdp; torchtitan; BLOOM, DeepSpeed: megatron-deepspeed; else
 megatron), FSDP without a stated sharding FULL_SHARD; a SwiGLU MLP for Llama-like sources except
 Nemotron (squared ReLU: two matrices, as GELU); MoE rows as catalog models with EP/ETP from the
@@ -94,6 +96,35 @@ def precision(row: dict) -> str | None:
     return "fp16" if "fp16" in n and "bf16" not in n else "bf16"
 
 
+UNCOMPILED_LOSS_COMMITS = ("9dec370", "031f73f8")
+"""torchtitan commits of corpus rows from before it compiled its loss with the model (bbb1b616e,
+2025-04-02): 9dec370 (2024-12-26) and 031f73f8 (2025-02-27)."""
+
+
+def torchtitan_loss_chunks(row: dict) -> int | None:
+    """--loss-chunks for a torchtitan row: 1 where its loss held the whole fp32 logits, as
+    cross_entropy_loss's pred.float() does eagerly (torchtitan e7c0cae components/loss.py): without
+    torch.compile, or at a commit from before build_cross_entropy_loss compiled it under
+    training.compile; else the engine's default (a compiled loss, like the chunked one of torchtitan
+    0.3.0, never holds the whole sequence's fp32 logits)."""
+    text = row["source"] + " " + notes(row)
+    commit = re.search(r"torchtitan (?:commit |[0-9.]+ \(.*?checked at torchtitan )?([0-9a-f]{7,8})\b", text)
+    compiled = "compile" in (row["id"] + " " + text).lower()
+    return 1 if not compiled or (commit and commit.group(1) in UNCOMPILED_LOSS_COMMITS) else None
+
+
+def fp8_recipe(row: dict, engine: str) -> str | None:
+    """The FP8 scaling recipe a row ran: the one its id, precision or notes name; else, for
+    torchtitan rows (every one from torchtitan 0.2.2 or earlier), tensorwise, the default of
+    those releases (torchtitan v0.2.2 components/quantization/float8.py Float8LinearConverter:
+    recipe_name None is torchao's tensorwise Float8LinearConfig); else the engine's default (None)."""
+    words = " ".join((row["id"], row.get("precision") or "", notes(row))).lower()
+    named = [r for r in ("tensorwise", "rowwise", "mxfp8") if r in words]
+    if len(named) == 1:
+        return named[0]
+    return "tensorwise" if engine == "torchtitan" and not named else None
+
+
 def is_moe(row: dict) -> bool:
     return bool(re.search(r"moe|mixtral|deepseek|gptoss|_a3b|_a22b", row["id"].lower())
                 or re.search(r"EP=([2-9]|\d\d)", notes(row)))
@@ -179,6 +210,8 @@ def read(row: dict) -> Reading:
     return replace(base, command="estimate", model=model,
                    cluster=replace(cluster, gpu_memory_gib=H100_96GB_GIB) if g == "h100-96gb" else cluster,
                    training=TrainingInput(seq_len=row["seq_len"], gbs=row["gbs"], precision=p,
+                                          fp8_recipe=fp8_recipe(row, base.engine) if p == "fp8" else None,
+                                          loss_chunks=torchtitan_loss_chunks(row) if base.engine == "torchtitan" else None,
                                           flash_attention=row["flash_attention"] is not False),
                    layout=LayoutInput(tp=tp, pp=pp, dp=dp, cp=cp, vpp=row["vpp"] or 1, mbs=row["mbs"] or 1, zero=zero,
                                       recompute=recompute,

@@ -85,3 +85,11 @@ def test_no_way_back_into_argparse():
             "print(','.join(m for m in ('planner.cli', 'argparse') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_recommend_without_the_engine_comparison_keeps_its_layouts():
+    # the comparison searches the other engines only: the layouts of the engine asked for are the same
+    full = api.recommend(70e9, {"gpus": 16}, {"engine": "deepspeed"}, top=3)
+    alone = api.recommend(70e9, {"gpus": 16}, {"engine": "deepspeed"}, top=3, compare_engines=False)
+    assert alone.engines == [] and len(full.engines) == 4  # five engines, one of them asked for
+    assert [r["layout"] for r in alone.layouts] == [r["layout"] for r in full.layouts]

@@ -212,3 +212,26 @@ def test_the_gemm_curve_comes_from_kernel_time_where_the_bench_profiled_it():
     for r in records:
         del r["measurement"]["kernel_s"]
     assert F.fit(records, REF, k=3)["coefficients"]["time"]["gemm_half_efficiency_flops"]["value"] > 2e10
+
+
+def test_fp8_sweep_fits_fp8_efficiency_apart_from_the_16_bit_curve(tmp_path):
+    """An FP8 GEMM sweep (bench/gemm/float8_e4m3fn) timed as an H100 at 0.70 of its 1,979 TFLOP/s
+    FP8 peak with the 16-bit curve's fixed seconds (the half-efficiency FLOPs times 1979/989):
+    the fit returns 0.70 for fp8_gemm_efficiency_max and leaves the 16-bit efficiency to the bf16
+    sweep (0.6 of the 989 TFLOP/s peak); a profile then carries both."""
+    bf16_peak, fp8_peak, f_half = 989.4e12, 1978.9e12, 3e9
+    records = gemm_records(0.6 * bf16_peak / REF["peak_flops_per_s"], f_half)
+    for n in (1024, 2048, 4096, 8192):
+        flops = 2.0 * n**3
+        seconds = (flops + f_half * fp8_peak / bf16_peak) / (fp8_peak * 0.70)
+        records.append({"kind": "gemm", "outcome": {"status": "ok"}, "config": {"dtype": "float8_e4m3fn"},
+                        "measurement": {"flops": flops, "gemm_s": seconds}})
+    path = tmp_path / "h100.json"
+    calibration.append_runs(path, records, "gpu", "h100-sxm", {})
+    assert calibrate_main(["fit", str(path), "--folds", "3"]) == 0
+    fitted = json.loads(path.read_text())["fit"]["coefficients"]["time"]
+    assert fitted["gemm_efficiency_max"]["value"] == pytest.approx(0.6, rel=1e-3)
+    # with the bf16 sweep's fitted 3e9 half-efficiency FLOPs (the priors' 2e9 would read 0.635)
+    assert fitted["fp8_gemm_efficiency_max"]["value"] == pytest.approx(0.70, rel=1e-3)
+    cal = calibration.load(str(path), "h100-sxm")
+    assert dict(((s, n), v) for s, n, v in cal.overrides)[("time", "fp8_gemm_efficiency_max")] == pytest.approx(0.70, rel=0.01)
