@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.ds_config import (FLAG, OFFLOAD_KEYS, Finding, accelerate_num_processes, batch, config_findings, enabled, load_config,
+from planner.ds_config import (FLAG, AccelerateConfig, OFFLOAD_KEYS, Finding, accelerate_num_processes, batch, config_findings, enabled, load_config,
                                resolve_auto_buckets, whole_number)
 from planner.errors import InputError
 from planner.layout import FIELDS, ZeroConfig
@@ -194,7 +194,10 @@ def check(config, model, cluster: dict, training: dict | None = None, layout: di
     from planner import api
 
     ds, source = (config, "deepspeed") if isinstance(config, dict) else load_config(config)
-    if source == "accelerate" and not cluster.get("gpus") and accelerate_num_processes(config):
+    if isinstance(ds, AccelerateConfig):  # an Accelerate YAML, or an `accelerate launch` line already read
+        source = "accelerate"
+    if source == "accelerate" and not isinstance(config, dict) and not cluster.get("gpus") \
+            and accelerate_num_processes(config):
         cluster = {**cluster, "gpus": accelerate_num_processes(config)}  # what `accelerate launch` starts
     layout = dict(layout or {})
     found = config_findings(ds, layout.get("pp", 1))
@@ -208,7 +211,7 @@ def check(config, model, cluster: dict, training: dict | None = None, layout: di
     except InputError as exc:  # a layout the planner's rules refuse (DeepSpeed's own rules, engines.py)
         return CheckReport(source, None, found + [Finding("config", "error", str(exc))], None)
     found += diagnose(est, model, cluster, train, lay)
-    found += zero3_load_findings(est, source, accelerate_zero3_init(config) if source == "accelerate" else None)
+    found += zero3_load_findings(est, source, ds.zero3_init_flag if isinstance(ds, AccelerateConfig) else None)
     better = closest_better(est, model, cluster, train, lay)
     if better:
         speed = (f"{better['gain']:.2f}x the tokens/s" if better["gain"] is not None
@@ -216,20 +219,6 @@ def check(config, model, cluster: dict, training: dict | None = None, layout: di
         found.append(Finding("better", "info", f"the search's closest better config: {better['label']} "
                              f"({', '.join(better['changes']) or 'same layout fields'}), {speed}", gain=better["gain"]))
     return CheckReport(source, est, found, better)
-
-
-def accelerate_zero3_init(path) -> bool | None:
-    """An Accelerate YAML's deepspeed_config.zero3_init_flag as `accelerate launch` passes it on
-    (accelerate 1.16 commands/launch.py copies it to args; utils/launch.py sets
-    ACCELERATE_DEEPSPEED_ZERO3_INIT; utils/environment.py str_to_bool reads it); None where unset."""
-    import yaml
-
-    try:
-        doc = yaml.safe_load(Path(str(path)).read_bytes())
-    except (OSError, yaml.YAMLError):
-        return None
-    value = (doc.get("deepspeed_config") or {}).get("zero3_init_flag") if isinstance(doc, dict) else None
-    return None if value is None else str(value).lower() in ("y", "yes", "t", "true", "on", "1")
 
 
 def zero3_load_findings(est, source: str, init_flag: bool | None) -> list[Finding]:

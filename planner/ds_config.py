@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,13 +129,64 @@ PLUGIN_KEYS = (
     "deepspeed_inclusion_filter", "deepspeed_multinode_launcher", "deepspeed_moe_layer_cls_names")
 
 
+# accelerate 1.16 commands/launch.py launch_command_parser: launch arguments other than the plugin
+# fields that a key nested in deepspeed_config sets (_validate_launch_command copies every key of a
+# dict section onto the arguments the command line left alone); the ones the planner reads
+LAUNCH_ARGS = ("mixed_precision", "num_processes", "num_machines")
+
+
 class AccelerateConfig(dict):
     """The ds_config `accelerate launch` hands DeepSpeed, with `notes`: findings on what Accelerate
-    dropped or reinterpreted on the way (config_findings reports them first)."""
+    dropped or reinterpreted on the way (config_findings reports them first), and `zero3_init_flag`:
+    DeepSpeedPlugin's flag as the launch passes it (None: unset, which DeepSpeedPlugin turns on
+    under ZeRO-3)."""
 
-    def __init__(self, ds: dict, notes: list):
+    def __init__(self, ds: dict, notes: list, zero3_init_flag: bool | None = None):
         super().__init__(ds)
         self.notes = list(notes)
+        self.zero3_init_flag = zero3_init_flag
+
+
+def truth(value, flag: str) -> bool | None:
+    """accelerate 1.16 utils/environment.py str_to_bool, the reading of ACCELERATE_DEEPSPEED_ZERO3_INIT
+    (None stays None)."""
+    if value is None:
+        return None
+    word = str(value).lower()
+    if word in ("y", "yes", "t", "true", "on", "1"):
+        return True
+    if word in ("n", "no", "f", "false", "off", "0"):
+        return False
+    raise InputError(f"{flag}: {value!r} is not true or false (Accelerate's str_to_bool: true/false, yes/no, on/off, 1/0)")
+
+
+def zero3_init_flag(line, section: dict) -> bool | None:
+    """zero3_init_flag as DeepSpeedPlugin gets it: the launch line's, else the YAML's, else the
+    ACCELERATE_DEEPSPEED_ZERO3_INIT of the environment the launch inherits (utils/launch.py
+    prepare_deepspeed_cmd_env sets it only from a given flag; dataclasses.py DeepSpeedPlugin reads it)."""
+    for value, where in ((line, "--zero3_init_flag"), (section.get("zero3_init_flag"), "deepspeed_config.zero3_init_flag"),
+                         (os.environ.get("ACCELERATE_DEEPSPEED_ZERO3_INIT"), "ACCELERATE_DEEPSPEED_ZERO3_INIT")):
+        if value is not None:
+            return truth(value, where)
+    return None
+
+
+def default_accelerate_config() -> Path:
+    """The config `accelerate launch` reads without --config_file (accelerate 1.16
+    commands/config/config_args.py default_config_file): $HF_HOME (else $XDG_CACHE_HOME/huggingface,
+    else ~/.cache/huggingface) /accelerate/default_config.yaml."""
+    home = os.environ.get("HF_HOME", os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"))
+    return Path(os.path.expanduser(home)) / "accelerate" / "default_config.yaml"
+
+
+def _effective_precision(doc: dict, line):
+    """mixed_precision as the launch runs it: the line's; else a mixed_precision nested in
+    deepspeed_config, which _validate_launch_command copies onto the arguments before it falls back
+    to the top-level key; else the YAML's (yaml_mixed_precision)."""
+    if line:
+        return line
+    nested = (doc.get("deepspeed_config") or {}).get("mixed_precision")
+    return nested if nested is not None else yaml_mixed_precision(doc)
 
 
 def _read_yaml(path: Path, flag: str) -> dict:
@@ -203,6 +255,13 @@ def _accelerate_notes(doc: dict, plugin: dict, mixed_precision, where: str, line
     for key, value in (doc.get("deepspeed_config") or {}).items():
         if key in PLUGIN_KEYS:
             continue
+        if key in LAUNCH_ARGS:
+            said = f"{key} {value!r}" if key != "mixed_precision" or not line_precision else \
+                f"nothing (the command line's --mixed_precision wins)"
+            out.append(Finding("config", "info", f"{where}: deepspeed_config.{key} is a launch argument, not a plugin "
+                               f"field: `accelerate launch` copies it onto its arguments (commands/launch.py "
+                               f"_validate_launch_command) and runs with {said}; the top-level key is the usual place"))
+            continue
         severity = "warning"
         if key in ("fp16", "bf16") and isinstance(value, dict) and (value.get("enabled") is True) == (
                 str(mixed_precision).lower() == key):
@@ -234,17 +293,28 @@ def _accelerate_notes(doc: dict, plugin: dict, mixed_precision, where: str, line
 
 def _from_accelerate(path: Path) -> dict:
     doc = _yaml_doc(path)
-    precision = yaml_mixed_precision(doc)
-    ds = plugin_config(doc["deepspeed_config"], precision, path.parent)
-    return AccelerateConfig(ds, _accelerate_notes(doc, doc["deepspeed_config"], precision, str(path), False))
+    precision = _effective_precision(doc, None)
+    section = doc["deepspeed_config"]
+    ds, notes = plugin_config(section, precision, str(path))
+    return AccelerateConfig(ds, notes + _accelerate_notes(doc, section, precision, str(path), False),
+                            zero3_init_flag(None, section))
 
 
-def plugin_config(plugin: dict, mixed_precision, base: Path) -> dict:
-    """The ds_config Accelerate builds from its DeepSpeed plugin fields (accelerate/utils/dataclasses.py
-    DeepSpeedPlugin.__post_init__), or the deepspeed_config_file they name."""
+def plugin_config(plugin: dict, mixed_precision, yaml_path: str | None) -> tuple[dict, list]:
+    """(ds_config, findings): the ds_config Accelerate builds from its DeepSpeed plugin fields
+    (accelerate/utils/dataclasses.py DeepSpeedPlugin.__post_init__), or the deepspeed_config_file they
+    name. DeepSpeedPlugin opens a relative file from the training processes' working directory, the
+    launch's (HfDeepSpeedConfig), not the YAML's folder: found only beside the YAML, it is read from
+    there with a warning."""
     if plugin.get("deepspeed_config_file"):
         name = Path(str(plugin["deepspeed_config_file"]))
-        return load_config(name if name.is_absolute() else base / name)[0]
+        beside = Path(yaml_path).parent / name if yaml_path and not name.is_absolute() else None
+        if not name.is_absolute() and not name.exists() and beside is not None and beside.exists():
+            return load_config(beside)[0], [Finding(
+                "config", "warning", f"{yaml_path}: deepspeed_config_file {str(name)!r} is relative: Accelerate opens "
+                f"it from the launch's working directory ({Path.cwd()} here, where it is missing), not the YAML's "
+                f"folder; read from {str(beside)!r}: launch from that folder, or write the path absolute")]
+        return load_config(name)[0], []
     zero = {"stage": plugin.get("zero_stage") if plugin.get("zero_stage") is not None else 2}
     for part, key in (("offload_optimizer", "offload_optimizer_device"), ("offload_param", "offload_param_device")):
         if plugin.get(key) not in (None, "none"):
@@ -256,7 +326,7 @@ def plugin_config(plugin: dict, mixed_precision, base: Path) -> dict:
     precision = str(mixed_precision).lower()
     if precision in ("bf16", "fp16"):
         ds[precision] = {"enabled": True}
-    return ds
+    return ds, []
 
 
 def from_accelerate_launch(command: str) -> tuple[dict, int | None]:
@@ -287,7 +357,7 @@ def from_accelerate_launch(command: str) -> tuple[dict, int | None]:
     for name in paradigms:
         add(name, action="store_true")
     for name in ("--config_file", "--mixed_precision", "--deepspeed_config_file", "--offload_optimizer_device",
-                 "--offload_param_device"):
+                 "--offload_param_device", "--zero3_init_flag"):
         add(name, type=str)
     for name in ("--zero_stage", "--gradient_accumulation_steps", "--num_processes", "--num_machines"):
         add(name, type=int)
@@ -296,6 +366,10 @@ def from_accelerate_launch(command: str) -> tuple[dict, int | None]:
         # _validate_launch_command's first sanity check
         raise InputError(f"{flag}: only one of --cpu, --multi_gpu, --tpu, --use_deepspeed, --use_fsdp at a time "
                          "(accelerate launch refuses the line)")
+    # without --config_file Accelerate reads its default config where one exists (not with --cpu)
+    default = default_accelerate_config()
+    if args.config_file is None and not args.cpu and default.is_file():
+        args.config_file = str(default)
     doc = _read_yaml(Path(args.config_file), flag) if args.config_file else {}  # relative to the cwd, as Accelerate
     kind = doc.get("distributed_type")
     if args.config_file and kind is None:  # config_args.py BaseConfig.process_config
@@ -319,11 +393,11 @@ def from_accelerate_launch(command: str) -> tuple[dict, int | None]:
     # a flag given on the line wins (args.nondefault); the YAML's section fills the rest
     plugin = {k: getattr(args, k) if getattr(args, k) is not None else section.get(k) for k in keys}
     line_precision = bool(args.mixed_precision)
-    precision = args.mixed_precision if line_precision else yaml_mixed_precision(doc)
-    ds = plugin_config(plugin, precision, Path.cwd())
-    notes = _accelerate_notes(doc, plugin, precision, f"--config_file {args.config_file}", line_precision) if doc else []
+    precision = _effective_precision(doc, args.mixed_precision)
+    ds, notes = plugin_config(plugin, precision, None)
+    notes += _accelerate_notes(doc, plugin, precision, f"--config_file {args.config_file}", line_precision) if doc else []
     processes = args.num_processes if args.num_processes is not None else _processes(doc.get("num_processes"))
-    return AccelerateConfig(ds, notes), processes
+    return AccelerateConfig(ds, notes, zero3_init_flag(args.zero3_init_flag, section)), processes
 
 
 def _section(parent: dict, key: str, where: str) -> dict:

@@ -239,3 +239,89 @@ def test_a_group_setting_zero_does_not_have_is_not_sent_to_a_boolean():
     assert [k for k in fields if "group" in k or "hpz" in k] == ["sub_group_size", "zero_hpz_partition_size"]
     text = " ".join(f.message for f in config_findings({"zero_optimization": {"stage": 3, "reduce_scatter_groups": 2}}, 1))
     assert "did you mean 'reduce_scatter'" not in text and "zero_hpz_partition_size" in text
+
+
+ZERO3 = """compute_environment: LOCAL_MACHINE
+distributed_type: DEEPSPEED
+mixed_precision: bf16
+num_processes: 16
+deepspeed_config:
+  zero_stage: 3
+"""
+
+
+@pytest.mark.parametrize("yaml_flag, line, env, want", [
+    ("  zero3_init_flag: true\n", "", "false", True),  # the YAML's beats the environment
+    ("  zero3_init_flag: true\n", "--zero3_init_flag false", None, False),  # the line beats the YAML
+    ("", "", "false", False),  # neither: the environment the launch inherits
+    ("", "", None, None),  # unset: DeepSpeedPlugin turns it on under ZeRO-3
+])
+def test_zero3_init_flag_comes_from_where_accelerate_takes_it(tmp_path, monkeypatch, yaml_flag, line, env, want):
+    (tmp_path / "z3.yaml").write_text(ZERO3 + yaml_flag)
+    monkeypatch.chdir(tmp_path)
+    if env is None:
+        monkeypatch.delenv("ACCELERATE_DEEPSPEED_ZERO3_INIT", raising=False)
+    else:
+        monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO3_INIT", env)
+    ours = ds_config.from_accelerate_launch(f"accelerate launch --config_file z3.yaml {line} train.py")[0]
+    _, _, _, plugin = accelerate_launch(["--config_file", "z3.yaml", *line.split()], monkeypatch)
+    assert ours.zero3_init_flag is want
+    assert plugin.zero3_init_flag == (True if want is None else want)  # DeepSpeedPlugin: unset is on at ZeRO-3
+    code, out, err = run("check", "--accelerate-launch", f"accelerate launch --config_file z3.yaml {line} train.py",
+                         "--model", "llama-3-70b", "--json")
+    load = [f for f in json.loads(out)["findings"] if "zero.Init" in f["message"]]
+    # 70B in bf16 is 141 GB a rank at load without zero.Init: out of memory on an 80 GB H100
+    assert [f["severity"] for f in load] == ([] if plugin.zero3_init_flag else ["error"]), (code, err)
+
+
+def test_a_launch_argument_nested_in_deepspeed_config_is_applied_not_dropped(tmp_path, monkeypatch):
+    # _validate_launch_command copies every key of the section onto the launch arguments: a nested
+    # mixed_precision then wins over the top-level one
+    (tmp_path / "mp.yaml").write_text(ZERO3.replace("mixed_precision: bf16", "mixed_precision: fp16")
+                                      + "  mixed_precision: bf16\n")
+    monkeypatch.chdir(tmp_path)
+    _, _, precision, plugin = accelerate_launch(["--config_file", "mp.yaml"], monkeypatch)
+    assert precision == "bf16"
+    for argv in (["--config", "mp.yaml"], ["--accelerate-launch", "accelerate launch --config_file mp.yaml t.py"]):
+        code, out, err = run("check", *argv, "--model", "llama-3-8b", "--json")
+        d = json.loads(out)
+        assert d["estimate"]["training"]["precision"] == PRECISION[precision], err
+        note = next(f for f in d["findings"] if "deepspeed_config.mixed_precision" in f["message"])
+        assert note["severity"] == "info" and "drops" not in note["message"] and "'bf16'" in note["message"]
+
+
+def test_launch_arguments_the_planner_reads_are_accelerates():
+    assert set(ds_config.LAUNCH_ARGS) <= {a.dest for a in accel_launch.launch_command_parser()._actions}
+
+
+def test_without_config_file_the_default_config_is_read(tmp_path, monkeypatch):
+    """accelerate launch with no --config_file reads $HF_HOME/accelerate/default_config.yaml
+    (commands/config/config_args.py default_config_file, fixed when Accelerate is imported: set here
+    in its modules as HF_HOME sets it for the planner)."""
+    default = tmp_path / "hf" / "accelerate" / "default_config.yaml"
+    default.parent.mkdir(parents=True)
+    default.write_text(ZERO3)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert ds_config.default_accelerate_config() == default
+    monkeypatch.setattr(accel_launch, "default_config_file", str(default))
+    monkeypatch.setattr(config_args, "default_config_file", str(default))
+    deepspeed, processes, _, plugin = accelerate_launch([], monkeypatch)
+    assert deepspeed and (processes, plugin.zero_stage) == (16, 3)
+    ds, n = ds_config.from_accelerate_launch("accelerate launch train.py")
+    assert (ds["zero_optimization"]["stage"], n) == (plugin.zero_stage, processes)
+
+
+def test_a_relative_deepspeed_config_file_is_opened_from_the_launch_directory(tmp_path, monkeypatch):
+    # DeepSpeedPlugin opens it from the working directory: found only beside the YAML, it is a warning
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "ds.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 1,
+                                                          "zero_optimization": {"stage": 1}}))
+    (tmp_path / "cfg" / "acc.yaml").write_text("distributed_type: DEEPSPEED\nnum_processes: 8\n"
+                                               "deepspeed_config:\n  deepspeed_config_file: ds.json\n")
+    monkeypatch.chdir(tmp_path)
+    ds, _ = ds_config.load_config("cfg/acc.yaml")
+    assert ds["zero_optimization"]["stage"] == 1
+    assert any("working directory" in f.message and f.severity == "warning" for f in ds.notes)
+    monkeypatch.chdir(tmp_path / "cfg")  # launched from the YAML's folder: found, nothing to say
+    ds, _ = ds_config.load_config("acc.yaml")
+    assert not any("working directory" in f.message for f in ds.notes)

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from planner import api, doctor
+from planner import api, doctor, ds_config
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 GiB = 2**30
@@ -78,13 +78,15 @@ def test_a_plain_ds_config_warns_of_the_load_and_names_hfdeepspeedconfig():
     assert finding.value == llama3_70b_params() * 2
 
 
-def test_the_yaml_flag_is_read_as_accelerate_reads_it(tmp_path):
+def test_the_yaml_flag_is_read_as_accelerate_reads_it(tmp_path, monkeypatch):
     # accelerate/utils/environment.py str_to_bool, after launch.py's str(value).lower()
     from accelerate.utils.environment import str_to_bool
 
+    monkeypatch.delenv("ACCELERATE_DEEPSPEED_ZERO3_INIT", raising=False)
     for value in (False, True, "false", "True", "no", "1"):
-        assert doctor.accelerate_zero3_init(accelerate_yaml(tmp_path, value)) is bool(str_to_bool(str(value).lower()))
-    assert doctor.accelerate_zero3_init(accelerate_yaml(tmp_path)) is None
+        ds, _ = ds_config.load_config(accelerate_yaml(tmp_path, value))
+        assert ds.zero3_init_flag is bool(str_to_bool(str(value).lower()))
+    assert ds_config.load_config(accelerate_yaml(tmp_path))[0].zero3_init_flag is None
 
 
 def zero2(**zero) -> dict:
