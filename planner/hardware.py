@@ -126,6 +126,19 @@ class Cluster:
         return self.gpu.nvme_bytes_per_s_per_node * self.gpu.host_gpus / self.gpu.gpus_per_node
 
 
+def nvlink_domain(gpu: GPU, num_gpus: int) -> int:
+    """The job's GPUs under one NVLink domain on a rack-scale GPU (gpus_per_host set: GB200/GB300
+    NVL72), the node of the topology: the whole job where it fits in one rack, else the largest
+    whole number of compute trays per rack that splits the job evenly (a scheduler's block
+    topology, e.g. Slurm topology/block, hands a job equal segments of its racks: 128 GPUs are two
+    racks of 64, 144 two of 72). A count of GPUs per host given as --gpus-per-node (4: a compute
+    tray, the scheduler's node) is read this way too, since the tray is not the NVLink domain."""
+    if num_gpus <= gpu.gpus_per_node:
+        return num_gpus
+    trays = [d for d in range(gpu.gpus_per_host, gpu.gpus_per_node + 1, gpu.gpus_per_host) if num_gpus % d == 0]
+    return max(trays, default=gpu.gpus_per_node)
+
+
 def load_gpus() -> dict[str, GPU]:
     """GPU catalog from data/gpus.json, keyed by name and every alias (lower case)."""
     from planner.data import catalog as read_catalog

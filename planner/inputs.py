@@ -191,6 +191,8 @@ class ClusterInput:
         if num is None:
             raise InputError("--gpus: required (total GPUs, e.g. --gpus 16)")
         per_node = self.gpus_per_node or min(gpu.gpus_per_node, num)
+        if gpu.gpus_per_host and self.gpus_per_node in (None, gpu.gpus_per_host):
+            per_node = H.nvlink_domain(gpu, num)
         from planner.calibration import load
 
         return H.Cluster(gpu=gpu, num_gpus=num, gpus_per_node=per_node, calibration=load(self.calibration, gpu.name),

@@ -176,9 +176,20 @@ def test_an_8_gpu_server_is_one_host():
     assert (small.gpus_per_host, small.num_hosts, small.host_ram_bytes_per_host) == (4, 1, 2048 * GiB)
 
 
-def test_part_racks_beyond_one_are_refused():
-    with pytest.raises(InputError, match="--gpus: 100 is not a whole number of nodes"):
-        ClusterInput(gpu="gb200", gpus=100).resolve("bf16")
+def test_a_job_over_racks_takes_equal_segments_of_whole_trays():
+    # 128 GPUs = 32 compute trays of 4: two racks of 16 trays (64 GPUs on NVLink each), not 72 + 56
+    c = ClusterInput(gpu="gb200", gpus=128).resolve("bf16")
+    assert (c.gpus_per_node, c.num_nodes, c.gpus_per_host, c.num_hosts) == (64, 2, 4, 32)
+    assert ClusterInput(gpu="gb300", gpus=576).resolve("bf16").gpus_per_node == 72  # 8 whole racks
+    # a scheduler's node on NVL72 is the 4-GPU tray: --gpus-per-node 4 keeps the rack's NVLink domain
+    said = ClusterInput(gpu="gb200", gpus=128, gpus_per_node=4).resolve("bf16")
+    assert (said.gpus_per_node, said.gpus_per_host) == (64, 4)
+    d = run_json("estimate", "--params", "70e9", "--gpu", "gb200", "--gpus", "128", "--gpus-per-node", "4",
+                 "--tp", "8", "--pp", "2")
+    assert d["cluster"]["gpus_per_node"] == 64  # TP 8 inside the NVLink domain, not refused
+    # trays hold 4 GPUs: 98 cannot be placed
+    with pytest.raises(InputError, match="--gpus: 98 is not a whole number of nodes"):
+        ClusterInput(gpu="gb200", gpus=98).resolve("bf16")
 
 
 def test_gpus_per_host_must_divide_the_node():
