@@ -115,6 +115,34 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
                 experts_per_token=top_k,
                 architecture="llama",
             )
+        elif kind == "gpt_oss":
+            # transformers 5 GptOssConfig defaults (gpt-oss-120b) when a key is absent; GptOssAttention
+            # has biases on q/k/v/o and a sink logit per head, GptOssTopKRouter a bias, GptOssExperts
+            # a bias on gate_up_proj and down_proj; every layer is MoE
+            layers = integer("num_hidden_layers", default=36)
+            spec = dict(
+                layers=layers,
+                hidden=integer("hidden_size", default=2880),
+                heads=integer("num_attention_heads", default=64),
+                kv_heads=integer("num_key_value_heads", default=8),
+                ffn=integer("intermediate_size", default=2880),
+                vocab=integer("vocab_size", default=201088),
+                ffn_kind="swiglu",
+                norm="rmsnorm",
+                bias=flag("attention_bias", True),
+                positions="rotary",
+                tied_embeddings=flag("tie_word_embeddings", False),
+                head_dim=integer("head_dim", default=64),
+                experts=integer("num_local_experts", default=128),
+                experts_per_token=integer("num_experts_per_tok", "experts_per_token", default=4),
+                router_bias=True,
+                attention_sinks=True,
+                architecture="llama",
+            )
+            window = cfg.get("sliding_window")
+            if window:
+                source += (f"; approximate: attention timed as full causal, where its sliding-window layers "
+                           f"attend to {window} tokens")
         elif kind == "qwen2_moe":
             # transformers 5 Qwen2MoeConfig (defaults: Qwen1.5-MoE-A2.7B) and Qwen2MoeDecoderLayer:
             # every layer is MoE unless decoder_sparse_step > 1 or mlp_only_layers names it
@@ -305,7 +333,7 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
             raise InputError(
                 f"--model: model_type {kind!r} in {where!r} is not supported; "
                 "supported: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3, "
-                "glm4_moe, llama4, llama4_text, gpt2, gpt_neox"
+                "glm4_moe, llama4, llama4_text, gpt_oss, gpt2, gpt_neox"
             )
     except KeyError as exc:
         raise InputError(f"--model: {where!r} lacks the field {exc.args[0]!r} for model_type {kind!r}") from None

@@ -118,6 +118,12 @@ class ModelSpec:
     router_first: bool = True
     """The MoE router registers before the experts (Mixtral, Qwen2-MoE); Qwen3-MoE registers it
     after them. Only the order of the tensor list changes (DeepSpeed's flat partitions)."""
+    router_bias: bool = False
+    """The MoE router's linear has a bias (transformers 5 GptOssTopKRouter: weight and bias, named
+    mlp.router)."""
+    attention_sinks: bool = False
+    """A learned sink logit per head, joined to every softmax row (transformers 5 GptOssAttention.sinks,
+    one per head, split over TP with the heads)."""
     norm_topk_prob: bool = True
     """The MoE router renormalizes its top-k weights to sum to 1 (transformers 5 MixtralTopKRouter
     always; Qwen2-MoE and Qwen3-MoE when config.norm_topk_prob). Only what the router keeps for
@@ -480,13 +486,17 @@ def _mlp_llama(m: ModelSpec, p: str) -> list[Tensor]:
     if m.experts > 1:  # transformers 5 MixtralSparseMoeBlock: router, then the stacked experts
         E = m.experts
         up = 2 * f if m.ffn_kind == "swiglu" else f
-        router = [Tensor(f"{p}mlp.gate.weight", (E, h), None, gemm="router")]
+        router = [Tensor(f"{p}mlp.router.weight", (E, h), None, gemm="router"),
+                  Tensor(f"{p}mlp.router.bias", (E,), None)] if m.router_bias else \
+            [Tensor(f"{p}mlp.gate.weight", (E, h), None, gemm="router")]
         out = [Tensor(f"{p}mlp.experts.gate_up_proj" if m.ffn_kind == "swiglu" else f"{p}mlp.experts.up_proj",
                       (E, up, h), 1, expert=True, gemm="fc1"),
                Tensor(f"{p}mlp.experts.down_proj", (E, h, f), 2, expert=True, gemm="fc2")]
-        if m.bias:
-            out += [Tensor(f"{p}mlp.experts.gate_up_proj_bias", (E, up), 1, expert=True),
-                    Tensor(f"{p}mlp.experts.down_proj_bias", (E, h), None, expert=True)]
+        if m.bias:  # transformers 5 GptOssExperts: input-major weights, each followed by its bias
+            out = [Tensor(f"{p}mlp.experts.gate_up_proj", (E, h, up), 2, expert=True, gemm="fc1"),
+                   Tensor(f"{p}mlp.experts.gate_up_proj_bias", (E, up), 1, expert=True),
+                   Tensor(f"{p}mlp.experts.down_proj", (E, f, h), 1, expert=True, gemm="fc2"),
+                   Tensor(f"{p}mlp.experts.down_proj_bias", (E, h), None, expert=True)]
         # transformers 5 Qwen3MoeSparseMoeBlock.__init__ builds experts, then gate
         out = router + out if m.router_first else out + router
         if m.shared_expert_ffn and m.architecture == "deepseek_v3":
@@ -537,7 +547,8 @@ def _llama(m: ModelSpec) -> list[Tensor]:
     h, q, kv = m.hidden, m.q_width, m.kv_width
     p = "model.layers.{i}."
     qkv_bias = m.bias or m.qkv_bias
-    attention = _mla(m, p) if m.kv_lora_rank else (
+    sinks = [Tensor(p + "self_attn.sinks", (m.heads,), 0)] if m.attention_sinks else []
+    attention = _mla(m, p) if m.kv_lora_rank else sinks + (
         _linear(p + "self_attn.q_proj", q, h, 0, qkv_bias, "qkv") + _linear(p + "self_attn.k_proj", kv, h, 0, qkv_bias, "qkv")
         + _linear(p + "self_attn.v_proj", kv, h, 0, qkv_bias, "qkv") + _linear(p + "self_attn.o_proj", h, q, 1, m.bias, "o")
         + _qk_norms(m, p))

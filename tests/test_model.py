@@ -115,6 +115,13 @@ HF_CONFIGS = {
     "mistral-7b": dict(_llama(4096, 14336, 32, 32, 8, 32000), model_type="mistral"),
     "mixtral-8x7b": dict(_llama(4096, 14336, 32, 32, 8, 32000), model_type="mixtral",
                          num_local_experts=8, num_experts_per_tok=2),
+    "mixtral-8x22b": dict(_llama(6144, 16384, 56, 48, 8, 32000), model_type="mixtral",
+                          num_local_experts=8, num_experts_per_tok=2),
+    # config.json of openai/gpt-oss-120b and gpt-oss-20b (attention biases, sinks, router bias)
+    "gpt-oss-120b": _dense("gpt_oss", 2880, 2880, 36, 64, 8, 201088, head_dim=64, num_local_experts=128,
+                           num_experts_per_tok=4, attention_bias=True, tie_word_embeddings=False),
+    "gpt-oss-20b": _dense("gpt_oss", 2880, 2880, 24, 64, 8, 201088, head_dim=64, num_local_experts=32,
+                          num_experts_per_tok=4, attention_bias=True, tie_word_embeddings=False),
     "qwen3-8b": _dense("qwen3", 4096, 12288, 36, 32, 8, 151936, head_dim=128, tie_word_embeddings=False),
     "qwen3-30b-a3b": _dense("qwen3_moe", 2048, 6144, 48, 32, 4, 151936, head_dim=128, moe_intermediate_size=768,
                             num_experts=128, num_experts_per_tok=8, tie_word_embeddings=False),
@@ -342,7 +349,7 @@ def test_from_hf_config_unreadable_paths(tmp_path):
 def test_from_hf_config_unsupported_message_lists_families(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(InputError, match="'bert'.*supported: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3, glm4_moe, llama4, llama4_text, gpt2, gpt_neox"):
+    with pytest.raises(InputError, match="'bert'.*supported: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3, glm4_moe, llama4, llama4_text, gpt_oss, gpt2, gpt_neox"):
         from_hf_config(path)
 
 
