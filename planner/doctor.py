@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.ds_config import (FLAG, AccelerateConfig, OFFLOAD_KEYS, Finding, accelerate_num_processes, batch, config_findings, enabled, load_config,
-                               resolve_auto_buckets, whole_number)
+from planner.ds_config import (FLAG, OFFLOAD_KEYS, AccelerateConfig, Finding, accelerate_num_processes, batch,
+                               config_findings, enabled, load_config, resolve_auto_buckets, whole_number)
 from planner.errors import InputError
 from planner.layout import FIELDS, ZeroConfig
 
@@ -235,7 +235,7 @@ def zero3_load_findings(est, source: str, init_flag: bool | None) -> list[Findin
         return []
     element_bytes = 4.0 if str(est.training.precision) == "fp32" else 2.0  # engine.py __check_params: fp32 without bf16/fp16
     gpu_bytes = est.model.params * element_bytes
-    per_node = min(est.cluster.gpus_per_node, est.cluster.num_gpus)
+    per_node = est.cluster.gpus_per_host  # the ranks sharing one host's memory (an NVL72 tray: 4)
     host_bytes = per_node * gpu_bytes  # every rank's copy in the load dtype (transformers' dtype "auto": the checkpoint's)
     capacity, host = est.memory["capacity_bytes"], cluster_host_bytes(est)
     if gpu_bytes <= capacity and host_bytes <= host:
@@ -244,7 +244,7 @@ def zero3_load_findings(est, source: str, init_flag: bool | None) -> list[Findin
     if gpu_bytes > capacity:
         where.append(f"{gpu_bytes / 2**30:.1f} GiB a GPU of {capacity / 2**30:.1f} GiB")
     if host_bytes > host:
-        where.append(f"{host_bytes / 2**30:.0f} GiB of host memory a node ({per_node} ranks) of {host / 2**30:.0f} GiB")
+        where.append(f"{host_bytes / 2**30:.0f} GiB of host memory a host ({per_node} ranks) of {host / 2**30:.0f} GiB")
     load = (f"ZeRO-3 without deepspeed.zero.Init: every rank loads the whole model ({est.model.params:,} parameters, "
             f"{element_bytes:.0f} B each) before DeepSpeed partitions it: {' and '.join(where)}")
     if source == "accelerate" and init_flag is False:

@@ -112,7 +112,15 @@ def load_config(path) -> tuple[dict, str]:
 def accelerate_num_processes(path) -> int | None:
     """The Accelerate YAML's num_processes (accelerate/commands/config/config_args.py ClusterConfig: the
     total processes `accelerate launch` starts), or None where it gives none."""
-    return _processes(_yaml_doc(Path(path)).get("num_processes"))
+    return yaml_num_processes(_yaml_doc(Path(path)))
+
+
+def yaml_num_processes(doc: dict) -> int | None:
+    """num_processes as the launch reads the YAML: a num_processes nested in deepspeed_config is
+    copied onto the arguments after the top-level one (commands/launch.py _validate_launch_command
+    walks ClusterConfig's fields in order, deepspeed_config after num_processes), so it wins."""
+    nested = _processes((doc.get("deepspeed_config") or {}).get("num_processes"))
+    return nested if nested is not None else _processes(doc.get("num_processes"))
 
 
 def _processes(n) -> int | None:
@@ -396,7 +404,7 @@ def from_accelerate_launch(command: str) -> tuple[dict, int | None]:
     precision = _effective_precision(doc, args.mixed_precision)
     ds, notes = plugin_config(plugin, precision, None)
     notes += _accelerate_notes(doc, plugin, precision, f"--config_file {args.config_file}", line_precision) if doc else []
-    processes = args.num_processes if args.num_processes is not None else _processes(doc.get("num_processes"))
+    processes = args.num_processes if args.num_processes is not None else yaml_num_processes(doc)
     return AccelerateConfig(ds, notes, zero3_init_flag(args.zero3_init_flag, section)), processes
 
 

@@ -290,6 +290,15 @@ def test_a_launch_argument_nested_in_deepspeed_config_is_applied_not_dropped(tmp
         assert note["severity"] == "info" and "drops" not in note["message"] and "'bf16'" in note["message"]
 
 
+def test_a_nested_process_count_wins_as_in_accelerate(tmp_path, monkeypatch):
+    (tmp_path / "np.yaml").write_text(ZERO3 + "  num_processes: 8\n")  # top-level 16, nested 8
+    monkeypatch.chdir(tmp_path)
+    _, processes, _, _ = accelerate_launch(["--config_file", "np.yaml"], monkeypatch)
+    assert processes == 8
+    assert ds_config.from_accelerate_launch("accelerate launch --config_file np.yaml t.py")[1] == processes
+    assert ds_config.accelerate_num_processes(tmp_path / "np.yaml") == processes
+
+
 def test_launch_arguments_the_planner_reads_are_accelerates():
     assert set(ds_config.LAUNCH_ARGS) <= {a.dest for a in accel_launch.launch_command_parser()._actions}
 
