@@ -95,7 +95,7 @@ def flops_per_step(model: ModelSpec, training: Training, lay: Layouts) -> dict:
     routed = routed_per_token(model, training, lay, tokens_per_microbatch(training, lay))
     # QK^T (q.k widths) and AV (v widths): 2 s per token each, full s^2 as in Narayanan eq. 3 and
     # PaLM appendix B (12 L h s); MLA's query/key and value head widths differ (DeepSeek-V2 2.1.2)
-    core = 2.0 * training.seq_len * (model.q_width + model.attention_out_width)
+    core = 2.0 * model.attended_keys(training.seq_len, causal=False) * (model.q_width + model.attention_out_width)
     logits = 2.0 * model.hidden * model.vocab
     if training.engine.selective_policy is SelectivePolicy.CORE_ATTENTION:  # Korthikanti 2022 section 6.3
         selective = core
@@ -209,7 +209,9 @@ def attention_core_s(model: ModelSpec, cluster: Cluster, training: Training, lay
     e = training.precision.element_bytes
     s, flash = training.seq_len, training.flash_attention
     T, t = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64)
-    flops = 2.0 * T * s * (model.q_width + model.attention_out_width) / t * (0.5 if flash else 1.0)  # QK^T + AV
+    # FlashAttention computes the causal (and windowed) keys only; unfused attention every score
+    keys = model.attended_keys(s, causal=True) if flash else float(s)
+    flops = 2.0 * T * keys * (model.q_width + model.attention_out_width) / t  # QK^T + AV
     efficiency = attention_efficiency(cluster, c) / attention_kernel_slowdown(model, training, c)
     fwd, bwd = attention_matmuls_s(flops, compute_flops_per_s(cluster, training, c), efficiency, flash)
     if not flash:

@@ -139,10 +139,11 @@ def from_hf_config(path: str | Path | dict) -> ModelSpec:
                 attention_sinks=True,
                 architecture="llama",
             )
-            window = cfg.get("sliding_window")
-            if window:
-                source += (f"; approximate: attention timed as full causal, where its sliding-window layers "
-                           f"attend to {window} tokens")
+            # GptOssConfig: layer_types alternates sliding_attention (even blocks) and full_attention
+            kinds = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), list) else \
+                ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+            spec.update(sliding_window=integer("sliding_window", default=128),
+                        sliding_window_layers=sum(k == "sliding_attention" for k in kinds))
         elif kind == "qwen2_moe":
             # transformers 5 Qwen2MoeConfig (defaults: Qwen1.5-MoE-A2.7B) and Qwen2MoeDecoderLayer:
             # every layer is MoE unless decoder_sparse_step > 1 or mlp_only_layers names it

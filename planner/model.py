@@ -121,6 +121,11 @@ class ModelSpec:
     router_bias: bool = False
     """The MoE router's linear has a bias (transformers 5 GptOssTopKRouter: weight and bias, named
     mlp.router)."""
+    sliding_window: int = 0
+    """Keys a sliding-window attention layer reads per query (0: every layer attends to the whole
+    causal prefix; transformers 5 sliding_window with layer_types 'sliding_attention')."""
+    sliding_window_layers: int = 0
+    """How many blocks use the sliding window (gpt-oss: every other one, 18 of 36)."""
     attention_sinks: bool = False
     """A learned sink logit per head, joined to every softmax row (transformers 5 GptOssAttention.sinks,
     one per head, split over TP with the heads)."""
@@ -212,6 +217,18 @@ class ModelSpec:
     def v_width(self) -> int:
         """Width of the value projection output (the attention output's is heads x that per head)."""
         return self.kv_heads * (self.v_head_dim or self.dim_per_head)
+
+    def attended_keys(self, seq_len: int, causal: bool) -> float:
+        """Keys a query attends to, averaged over the blocks and the sequence's positions: the whole
+        sequence (`causal` False: the paper FLOP convention, Narayanan et al. 2021 eq. 3), half of it
+        under a causal mask (what FlashAttention computes, Dao 2023 section 3.1.1), and for a
+        sliding-window block min(position + 1, w): s w - w^2 / 2 keys over the sequence (w <= s),
+        a window's worth under the paper convention."""
+        s, w = float(seq_len), float(self.sliding_window)
+        full = s / 2 if causal else s
+        windowed = (w - w * w / (2 * s) if causal else w) if 0 < w < s else full
+        n = min(self.sliding_window_layers, self.layers) if w else 0
+        return ((self.layers - n) * full + n * windowed) / self.layers
 
     @property
     def attention_out_width(self) -> int:

@@ -735,3 +735,29 @@ def test_flag_shape_ties_embeddings_as_its_family_does():
     untied = ModelInput(**shape, ffn_kind="gelu", tied_embeddings=False).resolve()
     assert untied.params - gelu.resolve().params == 32000 * 512
     assert gelu.assumed() == {"tied_embeddings": True} and ModelInput(name="llama-3-8b").assumed() == {}
+
+
+def test_sliding_window_blocks_attend_to_their_window():
+    """gpt-oss-120b: 18 of its 36 blocks attend to a 128-token window (config.json sliding_window,
+    layer_types). At s = 4,096 a causal full block reads s/2 = 2,048 keys a query on average, a
+    windowed one min(i + 1, 128): (128 x 4,096 - 128^2 / 2) / 4,096 = 126; the paper convention
+    counts s and w."""
+    from dataclasses import replace
+
+    from planner import compute
+    from planner.layout import Training, single
+
+    m = lookup("gpt-oss-120b")
+    assert (m.sliding_window, m.sliding_window_layers) == (128, 18)
+    assert m.attended_keys(4096, causal=True) == (18 * 2048 + 18 * 126) / 36
+    assert m.attended_keys(4096, causal=False) == (18 * 4096 + 18 * 128) / 36
+    assert m.attended_keys(128, causal=True) == 64  # a window as long as the sequence changes nothing
+    # FlashAttention's time follows the keys it computes: 1,087 of a full model's 2,048
+    from planner.hardware import Cluster, lookup_gpu
+    from planner.memory import coefficients
+
+    cluster, training = Cluster(lookup_gpu("h100-sxm"), 8, 8), Training(engine="megatron", seq_len=4096)
+    lay, c = single(mbs=1, gas=1), coefficients("time")
+    windowed = compute.attention_core_s(m, cluster, training, lay, c)[0]
+    full = compute.attention_core_s(replace(m, sliding_window=0), cluster, training, lay, c)[0]
+    assert (windowed / full).item() == pytest.approx(1087 / 2048)
