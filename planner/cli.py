@@ -143,7 +143,8 @@ def add_training_flags(p):
                         "(torchtitan), mxfp8 (Blackwell) (default: the engine's; implies --precision fp8)")
     g.add_argument("--fp8-param-gather", dest="fp8_param_gather", action="store_true", default=None,
                    help="megatron: FP8 parameters, all-gathered at 1 B each by the distributed optimizer "
-                        "(the default with --precision fp8 and --zero 1, as NeMo's FP8 recipes run)")
+                        "(the default with --precision fp8 and --zero 1, as NeMo's FP8 recipes run); torchtitan "
+                        "with --fp8-recipe tensorwise: FSDP2's float8 all-gather (torchtitan 0.2.2)")
     g.add_argument("--no-fp8-param-gather", dest="fp8_param_gather", action="store_false",
                    help="megatron: bf16 parameters, TE's FP8 copy and transpose of each weight cached beside them")
     g.add_argument("--optimizer", help="adamw, sgd, adafactor, adam8bit (default adamw)")

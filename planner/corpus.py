@@ -113,6 +113,14 @@ def torchtitan_loss_chunks(row: dict) -> int | None:
     return 1 if not compiled or (commit and commit.group(1) in UNCOMPILED_LOSS_COMMITS) else None
 
 
+def fp8_all_gather(row: dict, engine: str, recipe: str | None) -> bool | None:
+    """True where a torchtitan tensorwise row says its FSDP all-gather moved float8 (torchtitan 0.2.2
+    enable_fsdp_float8_all_gather); else the engine's default (None)."""
+    words = " ".join((row["id"], row["source"], row.get("precision") or "", notes(row))).lower()
+    said = re.search(r"(fp8|float8)( fsdp)? all-?gather", words)
+    return True if engine == "torchtitan" and recipe == "tensorwise" and said else None
+
+
 def fp8_recipe(row: dict, engine: str) -> str | None:
     """The FP8 scaling recipe a row ran: the one its id, precision or notes name; else, for
     torchtitan rows (every one from torchtitan 0.2.2 or earlier), tensorwise, the default of
@@ -211,6 +219,8 @@ def read(row: dict) -> Reading:
                    cluster=replace(cluster, gpu_memory_gib=H100_96GB_GIB) if g == "h100-96gb" else cluster,
                    training=TrainingInput(seq_len=row["seq_len"], gbs=row["gbs"], precision=p,
                                           fp8_recipe=fp8_recipe(row, base.engine) if p == "fp8" else None,
+                                          fp8_param_gather=fp8_all_gather(row, base.engine, fp8_recipe(row, base.engine))
+                                          if p == "fp8" else None,
                                           loss_chunks=torchtitan_loss_chunks(row) if base.engine == "torchtitan" else None,
                                           flash_attention=row["flash_attention"] is not False),
                    layout=LayoutInput(tp=tp, pp=pp, dp=dp, cp=cp, vpp=row["vpp"] or 1, mbs=row["mbs"] or 1, zero=zero,

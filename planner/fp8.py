@@ -78,11 +78,27 @@ def saved_input_scale(training: Training, shared: bool) -> float:
 
 
 def param_gather(training: Training, lay: Layouts) -> np.ndarray:
-    """Whether the parameters are FP8 themselves, all-gathered as such (1 B a parameter): Megatron's
-    --fp8-param-gather (Training.fp8_param_gather), which needs the distributed optimizer (Megatron-LM
-    d98e8a6 training/arguments.py: 'only supported with distributed optimizer'); the DDP buffer of
-    such parameters is uint8 (core/distributed/param_and_grad_buffer.py group_params_for_buffers)."""
-    return np.asarray(bool(training.fp8_param_gather) & (lay.zero >= 1))
+    """Whether the parameters are FP8 themselves, all-gathered as such (1 B a parameter) after the
+    step: Megatron's --fp8-param-gather (Training.fp8_param_gather), which needs the distributed
+    optimizer (Megatron-LM d98e8a6 training/arguments.py: 'only supported with distributed
+    optimizer'); the DDP buffer of such parameters is uint8 (core/distributed/param_and_grad_buffer.py
+    group_params_for_buffers). torchao's FSDP2 gathers are gathered_share's."""
+    return np.asarray(bool(training.fp8_param_gather) & (library(training) == TE) & (lay.zero >= 1))
+
+
+def gathered_share(model: ModelSpec, training: Training) -> float:
+    """Share of the parameters FSDP2 all-gathers in FP8 under torchao's float8 all-gather
+    (torchtitan 0.2.2 [float8] enable_fsdp_float8_all_gather, tensorwise only: torchao v0.18
+    torchao/float8/fsdp_utils.py WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather casts the
+    shard to e4m3, 1 B an element, and the unsharded weight stays FP8): the block linears torchao
+    converts; the embedding, norms, lm_head (filtered), router and grouped experts gather 16-bit."""
+    if not (training.fp8_param_gather and library(training) == TORCHAO):
+        return 0.0
+    converted = 0.0
+    for block, n in ((model, model.moe_layers), (model.dense_block, model.layers - model.moe_layers)):
+        converted += n * sum(g.flops_per_token / 2.0 for g in block.gemms(fused=False)
+                             if g.tp_split and not g.expert)
+    return converted / model.params
 
 
 def weight_cache_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:

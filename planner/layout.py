@@ -229,9 +229,11 @@ class Training:
             object.__setattr__(self, "fp8_param_gather", self.engine.fp8_param_gather)
         elif not isinstance(gather, bool):
             raise InputError(f"--fp8-param-gather: must be true or false, got {gather!r}")
-        elif gather and not self.engine.fp8_param_gather:
-            raise InputError(f"--fp8-param-gather: Megatron's (--engine megatron); --engine {self.engine.name} "
-                             "gathers 16-bit parameters")
+        elif gather and not self.engine.fp8_param_gather and not (
+                self.engine.fp8_library == "torchao" and recipe is Fp8Recipe.TENSORWISE):
+            raise InputError(f"--fp8-param-gather: Megatron's (--engine megatron), or torchtitan's with "
+                             f"--fp8-recipe tensorwise; --engine {self.engine.name} with {recipe} gathers 16-bit "
+                             "parameters")
 
     @property
     def gemm_dtype(self) -> str:

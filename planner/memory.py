@@ -382,15 +382,19 @@ def zero3_live_param_bytes(model: ModelSpec, training: Training, lay: Layouts, s
     return np.where(lay.zero == 3, (working + persistent) * w, 0.0)
 
 
-def gathered_param_bytes(model: ModelSpec, training: Training) -> float:
+def gathered_param_bytes(model: ModelSpec, training: Training, fp8_gather: bool = True) -> float:
     """Bytes per element a sharded parameter's all-gather moves: its 16-bit copy, except llm-foundry's
     MPT under Composer's FSDP with mixed precision, which gathers the fp32 parameters themselves and
     lets autocast cast them for each GEMM (composer/distributed/mosaic_parallelism.py
     get_mixed_precision 'DEFAULT': MixedPrecision(param_dtype=torch.float32, reduce_dtype=<16-bit>,
     buffer_dtype=torch.float32), the benchmarks' MP mode; the same reading as activations.
-    llm_foundry_block_input_scale); the unsharded units hold them (fsdp_unsharded_unit_bytes)."""
+    llm_foundry_block_input_scale); the unsharded units hold them (fsdp_unsharded_unit_bytes). With
+    `fp8_gather`, torchao's float8 all-gather moves the converted linears at 1 B (fp8.gathered_share)."""
     b = state_bytes(training)
-    return 4.0 if autocasts_fp32_params(model, training) else b.weights
+    if autocasts_fp32_params(model, training):
+        return 4.0
+    share = fp8.gathered_share(model, training) if fp8_gather else 0.0
+    return b.weights * (1.0 - share) + 1.0 * share
 
 
 def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts, stage,
@@ -414,7 +418,9 @@ def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts
     gathered like a Hugging Face root) and untied."""
     s, t = model.sums, lay.tp
     w = gathered_param_bytes(model, training)  # torch 2.13 _fsdp_api.py MixedPrecisionPolicy.param_dtype (unsharded)
-    g = w  # torch 2.13 _fsdp_param.py unsharded_grad_data: autograd's gradient, in the parameter's dtype
+    # torch 2.13 _fsdp_param.py unsharded_grad_data: autograd's gradient, in the parameter's 16-bit dtype
+    # (a float8-gathered weight's gradient too: torchao's float8 matmul returns it in high precision)
+    g = gathered_param_bytes(model, training, fp8_gather=False)
     r = state_bytes(training).grads  # torch 2.13 _fsdp_api.py MixedPrecisionPolicy.reduce_dtype (fp32, as torchtitan)
     shards = lay.zero_ranks
     block = block_params(model, training, lay)

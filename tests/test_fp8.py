@@ -116,7 +116,7 @@ def _cli(*argv) -> tuple[int, str, str]:
     (["--fp8-recipe", "mxfp8"], "--fp8-recipe mxfp8: needs Blackwell"),
     (["--engine", "torchtitan", "--fp8-recipe", "delayed"], "--fp8-recipe: --engine torchtitan runs rowwise, "
                                                             "tensorwise, mxfp8, got delayed"),
-    (["--engine", "torchtitan", "--fp8-param-gather"], "--fp8-param-gather: Megatron's"),
+    (["--engine", "torchtitan", "--fp8-param-gather"], "--fp8-param-gather: Megatron's (--engine megatron), or torchtitan's with"),
 ])
 def test_no_fp8_path_is_one_line(argv, message):
     code, out, err = _cli("estimate", "--params", "1e9", "--gpus", "8", "--precision", "fp8", *argv)
@@ -198,3 +198,26 @@ def test_recommend_auto_answers_with_the_faster_precision():
     code, out, _ = _cli("recommend", "--params", "70e9", "--gpus", "64", "--gpu", "a100-80gb", "--precision", "auto",
                         "--top", "1", "--json")
     assert code == 0 and json.loads(out)["defaults"]["precision"] == "bf16"
+
+
+def test_torchao_float8_all_gather_moves_the_converted_linears_at_one_byte():
+    """torchtitan 0.2.2 enable_fsdp_float8_all_gather (tensorwise only; torchao v0.18 fsdp_utils.py
+    WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather casts the shard to e4m3): Llama 3 8B's
+    block linears, 32 x (2 x 4096^2 + 2 x 4096 x 1024 + 3 x 4096 x 14336) = 6,979,321,856 of its
+    8,030,261,248 parameters, gather at 1 B; the embedding, norms and lm_head at 2 B."""
+    from planner.memory import gathered_param_bytes
+
+    m = lookup("llama-3-8b")
+    linears = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+    share = linears / m.params
+    on = layout.Training(engine="torchtitan", precision="fp8", fp8_recipe="tensorwise", fp8_param_gather=True)
+    off = layout.Training(engine="torchtitan", precision="fp8", fp8_recipe="tensorwise")
+    assert gathered_param_bytes(m, on) == pytest.approx(2 * (1 - share) + share)  # 1.13 B an element
+    assert gathered_param_bytes(m, off) == 2.0
+    with pytest.raises(InputError, match="--fp8-param-gather: .*tensorwise"):
+        layout.Training(engine="torchtitan", precision="fp8", fp8_recipe="rowwise", fp8_param_gather=True)
+    # the published runs that say so read it: torchtitan's H200 benchmark and torchao's tensorwise row
+    rows = {r["id"]: r for r in corpus.load_rows()}
+    assert corpus.read(rows["torchtitan-h200-8B-32gpu"]).training.fp8_param_gather is True
+    assert corpus.read(rows["mem-torchao-h100-llama3-8b-fp8-tensorwise"]).training.fp8_param_gather is True
+    assert corpus.read(rows["mem-torchao-h100-llama3-8b-fp8-rowwise"]).training.fp8_param_gather is None
