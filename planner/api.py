@@ -123,12 +123,14 @@ class Recommendation:
 # ---------------------------------------------------------------------------------------------
 
 
-def default_engine(tp: int = 1, cp: int = 1, vpp: int = 1, sequence_parallel: bool = False, fp8: bool = False) -> str:
+def default_engine(tp: int = 1, cp: int = 1, vpp: int = 1, sequence_parallel: bool = False, fp8: bool = False,
+                   ep: int = 1) -> str:
     """The engine without --engine, for the layout estimate takes or the axes recommend is pinned to:
-    megatron when interleaving or with FP8 GEMMs (neither DeepSpeed engine has an FP8 path; NVIDIA's
-    FP8 recipes are Megatron's), megatron-deepspeed with TP, CP or sequence parallelism (DeepSpeed
+    megatron when interleaving, with FP8 GEMMs (neither DeepSpeed engine has an FP8 path; NVIDIA's
+    FP8 recipes are Megatron's) or with expert parallelism (DeepSpeed alone has none; NVIDIA's MoE
+    recipes are Megatron-Core's), megatron-deepspeed with TP, CP or sequence parallelism (DeepSpeed
     alone has none), else deepspeed."""
-    if vpp > 1 or fp8:
+    if vpp > 1 or fp8 or ep > 1:
         return "megatron"
     return "megatron-deepspeed" if max(tp, cp) > 1 or sequence_parallel else DEFAULTS["engine"]
 
@@ -177,7 +179,8 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
             defaults["tokens_per_step"] = DEFAULTS["tokens_per_step"]
     spec = resolve_model(model)
     defaults.update(_model_defaults(model))
-    engine = tin.engine or default_engine(lin.tp, lin.cp, lin.vpp, bool(lin.sequence_parallel), _wants_fp8(tin))
+    engine = tin.engine or default_engine(lin.tp, lin.cp, lin.vpp, bool(lin.sequence_parallel), _wants_fp8(tin),
+                                          lin.ep or 1)
     if tin.engine is None:
         defaults["engine"] = engine
     train = tin.resolve(gbs, engine)
@@ -251,7 +254,8 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     clus = cin.resolve(tin.precision or ("fp8" if tin.fp8_recipe else DEFAULTS["precision"]), cin.gpus)
     pins = _pin_codes(pinned or {}, clus.num_gpus)
     train = tin.resolve(gbs, tin.engine or default_engine(pins.get("tp", 1), pins.get("cp", 1), pins.get("vpp", 1),
-                                                          bool(pins.get("sequence_parallel", 0)), _wants_fp8(tin)))
+                                                          bool(pins.get("sequence_parallel", 0)), _wants_fp8(tin),
+                                                          pins.get("ep", 1)))
     if tin.engine is None:
         defaults["engine"] = train.engine.name
     defaults.update(_training_defaults(tin, cin, train, spec))

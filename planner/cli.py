@@ -154,7 +154,7 @@ def add_training_flags(p):
 
     g.add_argument("--engine", default=None,
                    help=f"{', '.join(NAMES)} (default {DEFAULTS['engine']}; megatron-deepspeed with --tp, --cp or "
-                        "--sequence-parallel, megatron with --vpp)")
+                        "--sequence-parallel, megatron with --vpp, --ep or --precision fp8)")
     g = p.add_argument_group("DeepSpeed buffers (zero_optimization fields)")
     for key in ZERO_FLAGS:
         kind = positive_int if key in ("reduce_bucket_size", "allgather_bucket_size", "sub_group_size") else non_negative_int

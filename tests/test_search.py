@@ -224,6 +224,14 @@ def test_pins_without_an_engine_choose_one_that_has_the_axes():
     # no layout pin: DeepSpeed stays the default, the others are compared under the table
     code, text = recommend("--model", "llama-3-70b", "--gpus", "64", "--zero", "3", "--json", "--top", "1")
     assert json.loads(text)["assumptions"]["engine"] == "deepspeed"
+    # expert parallelism: DeepSpeed alone launches none, Megatron-Core does (estimate takes the same engine)
+    code, text = recommend("--model", "qwen3-30b-a3b", "--gpus", "16", "--ep", "8", "--json", "--top", "1")
+    d = json.loads(text)
+    assert code == 0 and d["assumptions"]["engine"] == "megatron" and d["layouts"][0]["layout"]["ep"] == 8
+    out = io.StringIO()
+    assert cli.main(["estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--ep", "8", "--zero", "1", "--json"],
+                    out=out) == 0
+    assert json.loads(out.getvalue())["defaults"]["engine"] == "megatron"
 
 
 @pytest.mark.parametrize("argv, flags", [
