@@ -20,17 +20,10 @@ import pandas as pd
 import streamlit as st
 
 from planner import api, export, report
-from planner.calibration import known_profiles, read_profile
-from planner.data import parse_json
-from planner.activations import offloads_checkpoints
-from planner.engines import ENGINES as ENGINE_SPECS
-from planner.engines import NAMES as ENGINES
-from planner.errors import InputError
-from planner.hardware import load_gpus
-from planner.memory import PHASES
-from planner.model import load_catalog
-from planner.options import Optimizer, Precision, Schedule
-from planner.search import PINNABLE, short
+from planner.api import ENGINE_NAMES as ENGINES
+from planner.api import ENGINES as ENGINE_SPECS
+from planner.api import (PHASES, PINNABLE, InputError, Optimizer, Precision, Schedule, known_profiles, load_catalog,
+                         load_gpus, offloads_checkpoints, parse_json, read_profile, short)
 
 GiB = 2**30
 # (comments, not attribute docstrings: Streamlit's "magic" would print a bare string on the page)

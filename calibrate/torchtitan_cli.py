@@ -21,7 +21,7 @@ from pathlib import Path
 
 from calibrate.torchtitan_sac import _stub_triton_kernels, run_cli
 from planner import layout
-from planner.export import _normalise_row
+from planner.export import normalise_row
 from planner.export_torchtitan import CONFIGS, FP8_CONFIG, FP8_MODULE, fp8_module, torchtitan_args
 from planner.model import lookup
 
@@ -105,7 +105,7 @@ def measure() -> list[dict]:
     float8.has_cuda_capability = lambda *args: True
     rows = []
     for name, precision, change in CASES:
-        row = _normalise_row({**BASE, **change})
+        row = normalise_row({**BASE, **change})
         training = layout.Training(seq_len=4096, precision=precision, engine="torchtitan")
         args = torchtitan_args(lookup(name), training, row)
         module = fp8_module(lookup(name), training)

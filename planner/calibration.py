@@ -32,7 +32,8 @@ FLAG = "--calibration"
 BAND_QUANTITIES = ("peak_memory", "step_time")
 """Answers quote a relative error band for these."""
 FITTABLE = {
-    "memory": ("allocator_fragmentation", "cuda_context_bytes", "nccl_bytes_per_group"),
+    "memory": ("allocator_fragmentation", "allocator_fragmentation_expandable", "cuda_context_bytes",
+               "nccl_bytes_per_group"),
     "time": ("gemm_efficiency_max", "gemm_half_efficiency_flops", "bus_efficiency_intra_node",
              "collective_latency_scale", "hbm_efficiency", "cpu_adam_params_per_s",
              "cpu_adam_unfused_params_per_s", "dp_overlap_fraction_with_overlap", "eager_op_host_s",

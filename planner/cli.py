@@ -188,6 +188,10 @@ def add_training_flags(p):
     g.add_argument("--pp-edge-layers", type=int, choices=(0, 1), default=None,
                    help="blocks' worth the first and last pipeline stages give up for the embedding and the loss "
                         "(Megatron --account-for-embedding/loss-in-pipeline-split: 1; default: the engine's)")
+    g.add_argument("--expandable-segments", dest="expandable_segments", action="store_true", default=None,
+                   help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch: less of the allocator's "
+                        "reserve lost to fragmentation (default: torchtitan's run_train.sh sets it, the others not)")
+    g.add_argument("--no-expandable-segments", dest="expandable_segments", action="store_false")
     g.add_argument("--loss-chunks", type=positive_int, default=None,
                    help="torchtitan: sequence chunks its loss runs over (default 8, ChunkedLossWrapper num_chunks; "
                         "1 for torchtitan 0.2.2 and earlier, whose cross_entropy_loss held all the fp32 logits)")
@@ -345,7 +349,7 @@ def training_input(args):
                          compile=args.compile, modules=args.modules,
                          grad_reduce_in_bf16=args.grad_reduce_in_bf16, fsdp_mixed_precision=args.fsdp_mixed_precision,
                          overlap_p2p=args.overlap_p2p, pipeline_edge_layers=args.pp_edge_layers,
-                         loss_chunks=args.loss_chunks, partition_activations=args.partition_activations, cpu_checkpointing=args.cpu_checkpointing,
+                         loss_chunks=args.loss_chunks, expandable_segments=args.expandable_segments, partition_activations=args.partition_activations, cpu_checkpointing=args.cpu_checkpointing,
                          moe_capacity_factor=args.moe_capacity_factor, moe_pad_to_capacity=args.moe_pad_to_capacity,
                          optimizer_offload_fraction=args.optimizer_offload_fraction,
                          tokens=args.tokens, price_per_gpu_hour=args.price_per_gpu_hour,
@@ -395,7 +399,7 @@ def cmd_recommend(args, out) -> int:
             out.write("wrote " + _shown(chosen["emitted"]) + which + "\n")
     if not r.layouts:
         # the answer (with what would fit) is printed; exit 2 still comes with its one stderr line,
-        # naming --gbs where the batch is the cause (api._batch_proposals)
+        # naming --gbs where the batch is the cause (refine.batch_proposals)
         if r.batch_proposals:
             raise InputError(f"--gbs: {r.batch_note}: no {r.training.engine.name} layout of {r.cluster.num_gpus} x "
                              f"{r.cluster.gpu.name} fits; {r.suggestions[0]}")
@@ -431,7 +435,7 @@ def cmd_check(args, out) -> int:
     if plan is not None:
         given = {k: getattr(args, k) for k in ("tp", "pp", "recompute", "mbs") if getattr(args, k) is not None}
         model = {k: v for k, v in vars(model_input(args)).items() if v is not None}
-        r = plan_file.check(plan, config, model, cluster, seq, given, deepspeed=not args.no_deepspeed)
+        r = api.check_plan(plan, config, model, cluster, seq, given, deepspeed=not args.no_deepspeed)
     else:
         r = api.check(config, model_input(args), cluster, seq,
                       {"tp": args.tp or 1, "pp": args.pp or 1, "recompute": args.recompute or "none"},
@@ -473,10 +477,8 @@ def main(argv=None, out=None) -> int:
     out = out or sys.stdout
     try:
         argv = sys.argv[1:] if argv is None else list(argv)
-        if argv[:1] == ["calibrate"]:  # its own parser; torch, deepspeed and scipy load only here
-            from calibrate.cli import main as calibrate_main
-
-            return calibrate_main(argv[1:])
+        if argv[:1] == ["calibrate"]:  # its own parser; torch, deepspeed and scipy load only there
+            return _plugin("calibrate")(argv[1:])
         args = build_parser().parse_args(argv)
         command = {"estimate": cmd_estimate, "recommend": cmd_recommend, "check": cmd_check,
                    "validate": cmd_validate}[args.command]
@@ -485,6 +487,18 @@ def main(argv=None, out=None) -> int:
         msg = str(exc).splitlines()[0] if str(exc) else "invalid input"
         sys.stderr.write(f"planner: error: {msg}\n")
         return 2
+
+
+def _plugin(name: str):
+    """The `planner NAME` command a package registers under the entry-point group planner.commands
+    (pyproject.toml: calibrate = "calibrate.cli:main"): planner itself never imports it."""
+    from importlib.metadata import entry_points
+
+    found = entry_points(group="planner.commands", name=name)
+    if not found:
+        raise InputError(f"{name}: no package registers this command (pip install -e '.[calibrate]' from the "
+                         "planner checkout installs it)")
+    return next(iter(found)).load()
 
 
 def entry() -> None:

@@ -24,7 +24,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from planner import api, layout, timing
+from planner import layout, memory, planning, timing
 from planner.calibration import Calibration
 from planner.data import catalog
 from planner.errors import InputError
@@ -57,7 +57,7 @@ def prefix(row: dict) -> str:
 def accepts(precision: str = "bf16", gpu: str = "h100-sxm") -> bool:
     """Whether the planner takes this precision / GPU word at all (a 1B model on 8 GPUs)."""
     try:
-        api.estimate(1e9, {"gpus": 8, "gpu": gpu}, {"precision": precision})
+        planning.estimate(1e9, {"gpus": 8, "gpu": gpu}, {"precision": precision})
         return True
     except InputError:
         return False
@@ -250,11 +250,11 @@ def ask(reading: Reading) -> Answer:
         try:
             training = replace(reading.training, engine=engine)
             if reading.command == "recommend":
-                r = api.recommend(reading.model, reading.cluster, training, top=1)
+                r = planning.recommend(reading.model, reading.cluster, training, top=1)
                 rec = r.layouts[0] if r.layouts else {}
                 model, cluster, train = r.model, r.cluster, r.training
             else:
-                e = api.estimate(reading.model, reading.cluster, training, reading.layout)
+                e = planning.estimate(reading.model, reading.cluster, training, reading.layout)
                 rec, model, cluster, train = e.record, e.model, e.cluster, e.training
             setup = None
             if rec:
@@ -334,7 +334,7 @@ def score(row: dict, ans: Answer) -> dict:
         peak = {"max_allocated": mem["allocated_bytes"], "max_reserved": mem["reserved_bytes"]}.get(kind, mem["gpu_bytes"])
         pred = peak / unit
         out["figures"].append({"metric": MEMORY_METRIC, "published": meas, "predicted": pred, "error": pred / meas - 1.0,
-                               "kind": kind or "peak"})
+                               "kind": kind or "peak", "unit_bytes": unit})
         out["fits"] = mem["fits"]
     return out
 
@@ -453,6 +453,22 @@ def _throughput_at(scored_rows: list, section: str, name: str):
     return predict
 
 
+def _memory_at(scored_rows: list, section: str, name: str):
+    """predict(v) for loso: every memory figure re-estimated with the coefficient at v, in the
+    figure's kind and unit (score)."""
+    def predict(v):
+        out = []
+        for s, ans in scored_rows:
+            model, cluster, train, lay = ans.setup
+            cal = Calibration("corpus-loso", "", cluster.gpu.name, ((section, name, float(v)),))
+            mem = memory.rank_memory(model, replace(cluster, calibration=cal), train, lay)
+            fig = next(f for f in s["figures"] if f["metric"] == MEMORY_METRIC)
+            key = {"max_allocated": "allocated", "max_reserved": "reserved"}.get(fig["kind"], "total")
+            out.append(float(np.asarray(mem[key]).flat[0]) / fig["unit_bytes"])
+        return np.array(out)
+    return predict
+
+
 def validate(rows: list[dict] | None = None) -> dict:
     """The corpus report on `rows` (default: all): scored rows, groups, fit calls, summary, rows
     not expressed, and the leave-one-source-out error of every coefficient fitted to the corpus."""
@@ -465,15 +481,23 @@ def validate(rows: list[dict] | None = None) -> dict:
     scored = [s for s, _ in pairs]
     timed_all = [(s, a) for s, a in pairs
                  if s["source"] not in LOW_TRUST and any(f["metric"] != MEMORY_METRIC for f in s["figures"])]
+    measured = [(s, a) for s, a in pairs if a.setup is not None and any(f["metric"] == MEMORY_METRIC
+                                                                         for f in s["figures"])]
     fits = []
     for c in fitted_coefficients():
-        timed = [(s, a) for s, a in timed_all if c["rows"] != "fp8" or a.setup[2].fp8_recipe is not None]
-        if len({s["source"] for s, _ in timed}) < 2:
-            fits.append({**c, "note": "leave-one-source-out needs two trusted sources with throughput"})
+        if c["section"] == "memory":  # fitted to the measured peaks of the runs that read it
+            chosen = [(s, a) for s, a in measured if c["rows"] != "expandable" or a.setup[2].expandable_segments]
+            figs, predict = [next(f for f in s["figures"] if f["metric"] == MEMORY_METRIC) for s, _ in chosen], \
+                _memory_at(chosen, c["section"], c["name"])
+        else:
+            chosen = [(s, a) for s, a in timed_all if c["rows"] != "fp8" or a.setup[2].fp8_recipe is not None]
+            figs, predict = [next(f for f in s["figures"] if f["metric"] != MEMORY_METRIC) for s, _ in chosen], \
+                _throughput_at(chosen, c["section"], c["name"])
+        if len({s["source"] for s, _ in chosen}) < 2:
+            fits.append({**c, "note": "leave-one-source-out needs two sources with figures it reads"})
             continue
-        figs = [next(f for f in s["figures"] if f["metric"] != MEMORY_METRIC) for s, _ in timed]
-        fits.append({**c, **loso([s["source"] for s, _ in timed], [f["published"] for f in figs],
-                                 _throughput_at(timed, c["section"], c["name"]), c["low"], c["high"])})
+        fits.append({**c, **loso([s["source"] for s, _ in chosen], [f["published"] for f in figs], predict,
+                                 c["low"], c["high"])})
     return {"rows": scored, "groups": groups(scored), "fit_calls": fit_calls(scored), "summary": summary(rows, scored),
             "not_expressed": [{"id": s["id"], "reason": s["reason"]} for s in scored if s["call"] == "not_expressed"],
             "loso": fits}

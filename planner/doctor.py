@@ -8,11 +8,12 @@ that triggered it and what a fix frees or gains.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
+from planner import planning
 from planner.ds_config import (FLAG, OFFLOAD_KEYS, AccelerateConfig, Finding, accelerate_num_processes, batch,
                                config_findings, enabled, load_config, resolve_auto_buckets, whole_number)
 from planner.errors import InputError
+from planner.inputs import ClusterInput, coerce, model_input
 from planner.layout import FIELDS, ZeroConfig
 
 
@@ -27,7 +28,7 @@ class CheckReport:
     source: str
     """'deepspeed' (a ds_config.json) or 'accelerate' (a YAML)."""
     estimate: object
-    """api.Estimate of the config as DeepSpeed would run it (None when DeepSpeed would refuse it
+    """planning.Estimate of the config as DeepSpeed would run it (None when DeepSpeed would refuse it
     before the prediction could be made)."""
     findings: list
     better: dict | None
@@ -191,8 +192,9 @@ def check(config, model, cluster: dict, training: dict | None = None, layout: di
     `cluster`; `training` adds what the config does not say (seq_len), `layout` the launch's TP/PP
     and the script's recompute. `deepspeed`: also ask DeepSpeed's own config class, where it is
     installed (planner/deepspeed_native.py; a child process, seconds)."""
-    from planner import api
-
+    cin = coerce(cluster, ClusterInput, "--gpus")
+    cluster = {f: getattr(cin, f) for f in ClusterInput.__dataclass_fields__ if getattr(cin, f) is not None}
+    model = model_input(model)
     ds, source = (config, "deepspeed") if isinstance(config, dict) else load_config(config)
     if isinstance(ds, AccelerateConfig):  # an Accelerate YAML, or an `accelerate launch` line already read
         source = "accelerate"
@@ -207,7 +209,7 @@ def check(config, model, cluster: dict, training: dict | None = None, layout: di
     if deepspeed:
         found.append(native_finding(ds, train, lay, any(f.kind == "config" and f.severity == "error" for f in found)))
     try:
-        est = api.estimate(model, cluster, train, lay)
+        est = planning.estimate(model, cluster, train, lay)
     except InputError as exc:  # a layout the planner's rules refuse (DeepSpeed's own rules, engines.py)
         return CheckReport(source, None, found + [Finding("config", "error", str(exc))], None)
     found += diagnose(est, model, cluster, train, lay)
@@ -219,6 +221,39 @@ def check(config, model, cluster: dict, training: dict | None = None, layout: di
         found.append(Finding("better", "info", f"the search's closest better config: {better['label']} "
                              f"({', '.join(better['changes']) or 'same layout fields'}), {speed}", gain=better["gain"]))
     return CheckReport(source, est, found, better)
+
+
+def check_plan(plan, config: str | None, model: dict, cluster: dict, training: dict, layout: dict,
+          deepspeed: bool = True):
+    """`planner check` of a directory `--emit` wrote: the DeepSpeed config with the plan supplying what
+    it cannot say (model, sequence, recompute, TP/PP/CP, sequence parallelism), or, for an engine
+    without a DeepSpeed config (megatron, fsdp, torchtitan), the plan itself (doctor.CheckReport)."""
+    from planner.engines import lookup
+    from planner.plan_file import CONFIG_OWNED, inputs
+
+    spec, clus, train, lay = inputs(plan, model, cluster, training, layout)
+    note = Finding("auto", "info", f"model, cluster, training and layout from {str(plan.path)!r} "
+                   "(flags given here win)")
+    if config is not None and lookup(str(train.get("engine"))).deepspeed:
+        ds, _ = load_config(config)
+        drop = set(CONFIG_OWNED) - set(training)
+        if not (train.get("precision") == "bf16-pure" and (ds.get("bf16") or {}).get("enabled") is True):
+            drop.add("precision")  # bf16-pure is written as bf16 with master weights, which the doctor reads as bf16
+        if isinstance(ds.get("optimizer"), dict):
+            drop.add("optimizer")  # else the script's own (adafactor, adam8bit): the plan's
+        train = {k: v for k, v in train.items() if k not in drop}
+        r = check(config, spec, clus, train, lay, layout.get("mbs"), deepspeed)
+        return CheckReport(r.source, r.estimate, [note, *r.findings], r.better)
+    try:
+        est = planning.estimate(spec, clus, train, lay)
+    except InputError as exc:
+        return CheckReport("plan", None, [note, Finding("config", "error", str(exc))], None)
+    found = [note, *diagnose(est, spec, clus, train, lay)]
+    better = closest_better(est, spec, clus, train, lay)
+    if better:
+        found.append(Finding("better", "info", f"the search's closest better layout: {better['label']} "
+                             f"({', '.join(better['changes']) or 'same layout fields'})", gain=better["gain"]))
+    return CheckReport("plan", est, found, better)
 
 
 def zero3_load_findings(est, source: str, init_flag: bool | None) -> list[Finding]:
@@ -275,12 +310,11 @@ def native_finding(ds: dict, train: dict, lay: dict, planner_refuses: bool) -> F
 
 def _variant(model, cluster, train, lay, **change):
     """The estimate of `lay` with `change` (training fields prefixed 't_'), or None if the rules refuse it."""
-    from planner import api
 
     t = {**train, **{k[2:]: v for k, v in change.items() if k.startswith("t_")}}
     l = {**lay, **{k: v for k, v in change.items() if not k.startswith("t_")}}
     try:
-        return api.estimate(model, cluster, t, l)
+        return planning.estimate(model, cluster, t, l)
     except InputError:
         return None
 
@@ -329,9 +363,10 @@ def diagnose(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]
         # near the limit the caching allocator can fail with memory stranded in split blocks of segments
         # still in use; expandable segments grow in place instead (c10/cuda/CUDACachingAllocator.cpp
         # ExpandableSegment; the advice PyTorch's own OOM message gives)
-        found.append(Finding("memory", "info", "fix: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch "
-                             "environment: memory the allocator would strand in split blocks near the limit stays "
-                             "usable (frees no allocated byte)"))
+        if not est.training.expandable_segments:
+            found.append(Finding("memory", "info", "fix: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch "
+                                 "environment (--expandable-segments): memory the allocator would strand in split blocks "
+                                 "near the limit stays usable (frees no allocated byte)"))
     b, step = time["breakdown"], time["step_s"]
     comm = b["tp_comm"] + b["dp_comm"] + b["pp_comm"]
     if comm > 0.3 * step:
@@ -436,7 +471,7 @@ def _nvme_reuse_buffer(est, model, cluster: dict, train: dict, lay: dict) -> lis
 
 
 def _setting_changes(mine, my_zero: int, theirs, their_zero: int) -> list:
-    """The ds_config settings recommend's searches chose (api._searched_settings) that differ from the
+    """The ds_config settings recommend's searches chose (refine.searched_settings) that differ from the
     config's: overlap_comm as DeepSpeed resolves it per stage (Training.overlaps_grad_reduce), and
     ZeRO-3's live-parameter knobs where the layout is ZeRO-3."""
     out = []
@@ -458,10 +493,9 @@ def cluster_host_bytes(est) -> float:
 def closest_better(est, model, cluster: dict, train: dict, lay: dict) -> dict | None:
     """Among the search's fitting layouts for the same model, batch and engine, the one changing the
     fewest layout fields that is faster (or, when the config does not fit, that fits), fastest first."""
-    from planner import api
     from planner.search import short
 
-    rec = api.recommend(model, cluster, train, top=50)
+    rec = planning.recommend(model, cluster, train, top=50)
     fits = est.memory["fits"]
     now = est.throughput["tokens_per_s"] if fits else 0.0
     best = None

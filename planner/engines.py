@@ -259,6 +259,11 @@ class Engine:
     (1: the whole micro-batch's logits at once)."""
     launcher: Launcher
     """Launch script style of planner/export.py."""
+    expandable_segments: bool = False
+    """The engine's launcher sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the caching
+    allocator grows one segment in place instead of splitting cached blocks across segments
+    (c10/cuda/CUDACachingAllocator.cpp ExpandableSegment), so its reserve over the allocated peak
+    is memory.allocator_fragmentation_expandable, not memory.allocator_fragmentation."""
     rank_order_choice: bool = False
     """Ranks can be placed with the pipeline inside data parallelism as well as outside it (options.py
     RankOrder; Megatron-LM --use-tp-pp-dp-mapping). DeepSpeed's PipeModelDataParallelTopology (axes
@@ -619,6 +624,9 @@ TORCHTITAN = replace(
     selective_recompute=True, partial_recompute=False, recompute_every_n=False,
     loss_chunks=8,  # components/loss.py ChunkedLossWrapper.Config.num_chunks, set by every llama3 config
     launcher=Launcher.TORCHTITAN,
+    # run_train.sh: PYTORCH_ALLOC_CONF="expandable_segments:True" (since a5e57e4a9 "Use expandable
+    # segments in run_llama_train.sh"; torchao's float8 benchmarks launch through it, bench.sh)
+    expandable_segments=True,
     cp_gathers_kv=True,  # its models' FlexAttention under CP (models/*/parallelize.py apply_cp_to_forward)
     moe_counts=MoeCounts.EP_ALL_TO_ALL,
     # torchtitan 0.3.0 components/quantization/float8.py Float8LinearConverter.Config: torchao

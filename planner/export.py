@@ -90,7 +90,7 @@ def emit(out_dir, model: ModelSpec, cluster: Cluster, training: Training, layout
     out = out.resolve()
     files = render(model, cluster, training, layout_row, extra, directory=out)
     # the plan last: `planner check DIR` reads the model, sequence and recompute no config file states
-    row = _normalise_row(layout_row)
+    row = normalise_row(layout_row)
     files.append((plan_file.PLAN, plan_file.render(model, cluster, training, row, recompute_where(model, training, row)),
                   0o644))
     written = []
@@ -106,14 +106,15 @@ def render(model: ModelSpec, cluster: Cluster, training: Training, layout_row: d
     """The launch configs of `layout_row` as (file name, text, mode), in writing order, without
     writing anything (the app's downloads). Paths inside the files point into `directory`, or are
     bare file names when it is None. check_only: raise on bad input, return []."""
-    row = _normalise_row(layout_row)
+    row = normalise_row(layout_row)
     opts = dict(EXTRA_DEFAULTS)
     opts.update(extra or {})
-    _check(model, cluster, training, row)
+    check_row(model, cluster, training, row)
     if training.engine.launcher is Launcher.TORCHTITAN:  # its trainer's own overrides (planner/export_torchtitan.py)
         from planner import export_torchtitan
 
-        script = export_torchtitan.launch_script(model, cluster, training, row, opts["master_port"])
+        script = export_torchtitan.launch_script(model, cluster, training, row, opts["master_port"],
+                                                 allocator_environment(training))
         fp8_config = export_torchtitan.fp8_module(model, training)
         extra_files = [] if fp8_config is None else [(export_torchtitan.FP8_MODULE + ".py", fp8_config, 0o644)]
         return [] if check_only else [(LAUNCH, script, 0o755), *extra_files]
@@ -485,7 +486,10 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
           f"--num-layers {model.layers}",
           f"--hidden-size {model.hidden}",
           f"--num-attention-heads {model.heads}"]
-    if model.kv_heads < model.heads:
+    # Megatron-DeepSpeed f4157be megatron/arguments.py _add_network_size_args has no --group-query-attention
+    if model.kv_heads < model.heads and mds:
+        a.append(f"--num-key-value-heads {model.kv_heads}")
+    elif model.kv_heads < model.heads:
         a += ["--group-query-attention", f"--num-query-groups {model.kv_heads}"]
     if model.head_dim and model.head_dim != model.hidden // model.heads and not model.kv_lora_rank:
         a.append(f"--kv-channels {model.head_dim}")
@@ -497,8 +501,7 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
         a += [f"--q-lora-rank {model.q_lora_rank}"] if model.q_lora_rank else []
     if model.ffn_kind == "swiglu":
         a.append("--swiglu")
-    if not mds:
-        a += _megatron_shape_args(model)
+    a += _megatron_shape_args(model, mds)
     if training.optimizer == "sgd":
         a.append("--optimizer sgd")
     if mds:
@@ -562,7 +565,9 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
         if training.fp8_param_gather and row["zero"] >= 1:  # arguments.py: only with the distributed optimizer
             a.append("--fp8-param-gather")
     if training.flash_attention:
-        a.append("--use-flash-attn")
+        # Megatron-DeepSpeed f4157be megatron/arguments.py: --use-flash-attn is --use-flash-attn-v1, whose
+        # ParallelAttention asserts flash_attn_unpadded_func (flash-attn 1.x); v2 is flash_attn_varlen_func
+        a.append("--use-flash-attn-v2" if mds else "--use-flash-attn")
     return a
 
 
@@ -578,11 +583,19 @@ def megatron_environment(cluster: Cluster, training: Training, row: dict) -> lis
     --tp-comm-overlap below compute capability 9.0, Userbuffers over CUDA IPC (TransformerEngine
     2.20.2 pytorch/module/base.py initialize_ub raises without CUDA multicast unless UB_SKIPMC=1)."""
     lines = []
-    if row["tp"] > 1:
-        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # TP collectives ordered before the GEMMs they hide behind")
+    # Megatron-LM d98e8a6 training/arguments.py validate_args asserts it for TP or CP before compute capability 10
+    if row["tp"] > 1 or row["cp"] > 1:
+        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # TP/CP collectives ordered before the GEMMs they hide")
         if training.tp_comm_overlap and row["sequence_parallel"] and cluster.gpu.compute_capability < 9.0:
             lines.append("export UB_SKIPMC=1  # --tp-comm-overlap: no CUDA multicast before compute capability 9.0")
     return lines
+
+
+def allocator_environment(training: Training) -> list[str]:
+    """The allocator setting the plan assumed (Training.expandable_segments; memory.reserved_bytes)."""
+    if not training.expandable_segments:
+        return []
+    return ["export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # the allocator's reserve the plan assumed"]
 
 
 def accelerate_drives(training: Training, row: dict) -> bool:
@@ -642,8 +655,13 @@ def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: d
         'MASTER_ADDR="${MASTER_ADDR:-localhost}"',
         f'MASTER_PORT="${{MASTER_PORT:-{int(opts["master_port"])}}}"',
     ]
+    env = (megatron_environment(cluster, training, row) if megatron else []) + allocator_environment(training)
+    if env and ds and nodes > 1:
+        # deepspeed/launcher/runner.py: remote ranks get only EXPORT_ENVS' prefixes (MLFLOW, PYTHON, MV2,
+        # UCX) and the lines of .deepspeed_env (in ~ or the working directory)
+        lines.append("# deepspeed on several nodes: put the exports below as NAME=VALUE lines in ./.deepspeed_env")
+    lines += env
     if megatron:
-        lines += megatron_environment(cluster, training, row)
         lines.append(f'MEGATRON_SCRIPT="${{MEGATRON_SCRIPT:-{opts["megatron_script"]}}}"')
         margs = megatron_args(model, training, row, ds_config_path="$HERE/" + DS_CONFIG)
         lines.append("MEGATRON_ARGS=(")
@@ -732,28 +750,31 @@ def _one_line(v) -> str:
 # ---------------------------------------------------------------------------------------------
 # helpers
 
-def _megatron_shape_args(model: ModelSpec) -> list[str]:
+def _megatron_shape_args(model: ModelSpec, mds: bool = False) -> list[str]:
     """The model's shape where Megatron-LM's defaults differ (its arguments map one to one onto
     megatron-core 0.16.1 transformer/transformer_config.py TransformerConfig: normalization
     'LayerNorm', add_bias_linear True, add_qkv_bias False, qk_layernorm False, hidden_dropout and
     attention_dropout 0.1, moe_ffn_hidden_size; models/gpt/gpt_model.py GPTModel
-    share_embeddings_and_output_weights, position_embedding_type 'learned_absolute')."""
+    share_embeddings_and_output_weights, position_embedding_type 'learned_absolute'). `mds`:
+    Megatron-DeepSpeed f4157be megatron/arguments.py's spellings (_add_network_size_args: normalization
+    'layernorm', --use-rotary-position-embeddings, which validate_args makes drop the learned
+    positions; it has no q/k/v-only bias, QK norm or MoE width of its own)."""
     a = []
     if model.norm == "rmsnorm":
-        a.append("--normalization RMSNorm")
+        a.append("--normalization rmsnorm" if mds else "--normalization RMSNorm")
     if model.positions == "rotary":
-        a.append("--position-embedding-type rope")
+        a.append("--use-rotary-position-embeddings" if mds else "--position-embedding-type rope")
     if not model.bias:
         a.append("--disable-bias-linear")
-        if model.qkv_bias:
+        if model.qkv_bias and not mds:
             a.append("--add-qkv-bias")
-    if model.qk_norm:
+    if model.qk_norm and not mds:
         a.append("--qk-layernorm")
     if not model.tied_embeddings:
         a.append("--untie-embeddings-and-output-weights")
     if not model.dropout:
         a += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
-    if model.experts > 1:
+    if model.experts > 1 and not mds:
         a.append(f"--moe-ffn-hidden-size {model.ffn}")
     return a
 
@@ -766,7 +787,9 @@ def _recompute_method(row: dict) -> tuple:
     return (row.get("recompute_method") or "block", row["recompute_layers"])
 
 
-def _normalise_row(layout_row: dict) -> dict:
+def normalise_row(layout_row: dict) -> dict:
+    """A layout as Layouts.row(i) gives it (or a dict with at least tp, pp, dp, zero, mbs, gas), every
+    other field at its default and each value of the type the exports write."""
     if not isinstance(layout_row, dict):
         raise InputError(f"--emit: layout must be a dict like Layouts.row(i), got {type(layout_row).__name__}")
     missing = [k for k in ("tp", "pp", "dp", "zero", "mbs", "gas") if k not in layout_row]
@@ -783,7 +806,7 @@ def _normalise_row(layout_row: dict) -> dict:
     return row
 
 
-def _check(model, cluster, training, row) -> None:
+def check_row(model, cluster, training, row) -> None:
     """The planner's own validity rules (InputError naming the flag), so no file describes an
     impossible job."""
     lay = single(tp=row["tp"], pp=row["pp"], dp=row["dp"], cp=row["cp"], ep=row["ep"], etp=row["etp"], vpp=row["vpp"],

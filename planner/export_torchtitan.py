@@ -117,21 +117,27 @@ def _layers_per_stage(layers: int, pp: int, vpp: int) -> int:
     return math.ceil((layers + EDGE_WEIGHTS) / (pp * vpp))
 
 
-def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: dict, master_port: int) -> str:
+def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: dict, master_port: int,
+                  environment: list[str] = ()) -> str:
     """launch.sh: torchrun -m torchtitan.train with the model's registry entry (or the user's, through
-    TORCHTITAN_MODULE / TORCHTITAN_CONFIG where the catalog has none) and the layout's overrides."""
+    TORCHTITAN_MODULE / TORCHTITAN_CONFIG where the catalog has none) and the layout's overrides;
+    `environment`: export lines the plan assumes (export.allocator_environment)."""
     per_node, nodes = cluster.gpus_per_host, cluster.num_hosts  # torchrun runs per host
     module, config = CONFIGS.get(model.name.lower(), (None, None))
     if fp8_module(model, training) is not None:
         module, config = FP8_MODULE, FP8_CONFIG
     lines = ["#!/usr/bin/env bash",
              "# torchtitan launch written by planner.export (torchtitan 0.3.0 trainer overrides).",
+             # torchtitan 0.3.0 distributed/utils.py set_pg_timeouts calls dist.set_timeout, and
+             # full_dtensor.py resolve_fsdp_mesh hands FSDP spmd_types parameters: both torch 2.14's
+             "# torchtitan 0.3.0 needs torch >= 2.14 (dist.set_timeout; FSDP over spmd_types parameters).",
              f"# model: {' '.join(model.name.split())} (L={model.layers} h={model.hidden} heads={model.heads})",
              f"# cluster: {cluster.num_gpus} x {' '.join(cluster.gpu.name.split())}, {nodes} node(s) of {per_node}",
              "# Multi-node: run on every node with NODE_RANK=<0..N-1> and MASTER_ADDR=<node 0>.",
              "set -euo pipefail",
              'NODE_RANK="${NODE_RANK:-0}"', 'MASTER_ADDR="${MASTER_ADDR:-localhost}"',
              f'MASTER_PORT="${{MASTER_PORT:-{int(master_port)}}}"']
+    lines += environment  # run_train.sh sets expandable segments too
     if module == FP8_MODULE:  # the config module written beside this script
         lines.append('export PYTHONPATH="$(cd "$(dirname "$0")" && pwd)${PYTHONPATH:+:$PYTHONPATH}"')
     if module:

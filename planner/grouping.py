@@ -59,6 +59,13 @@ class Grouped:
         return v.flat[i] if self.inverse is None else v[self.inverse[i]]
 
 
+def codes_of(lay: Layouts) -> FieldCodes:
+    """Per-field grouping codes of `lay`, computed once per Layouts and shared by memory and timing."""
+    if "_codes" not in lay.__dict__:
+        lay.__dict__["_codes"] = FieldCodes(lay)
+    return lay.__dict__["_codes"]
+
+
 def grouped(codes, names: tuple, fn, lay=None) -> Grouped:
     """fn(sub-Layouts) evaluated once per distinct combination of fields `names` (negative values
     clipped to 0); fn must depend on those fields only (elementwise formulas give identical values).

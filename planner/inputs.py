@@ -253,6 +253,9 @@ class TrainingInput:
     (default: the engine's; Training.pipeline_edge_layers)."""
     loss_chunks: int | None = None
     """Sequence chunks of torchtitan's loss (default: the engine's; Training.loss_chunks)."""
+    expandable_segments: bool | None = None
+    """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch (default: the engine's
+    launcher's; Training.expandable_segments)."""
     partition_activations: bool | None = None
     """DeepSpeed activation_checkpointing.partition_activations (default off, DeepSpeed's)."""
     cpu_checkpointing: bool | None = None
@@ -284,6 +287,7 @@ class TrainingInput:
         _boolean(self.cpu_checkpointing, "activation_checkpointing.cpu_checkpointing")
         _boolean(self.moe_pad_to_capacity, "--moe-pad-to-capacity")
         _boolean(self.fp8_param_gather, "--fp8-param-gather")
+        _boolean(self.expandable_segments, "--expandable-segments")
         if self.gbs is not None and self.tokens_per_step is not None:
             raise InputError("--gbs and --tokens-per-step: give one of them, not both")
 
@@ -303,6 +307,7 @@ class TrainingInput:
                         overlap_p2p=self.overlap_p2p is not False, pipeline_edge_layers=self.pipeline_edge_layers,
                         loss_chunks=self.loss_chunks, moe_pad_to_capacity=bool(self.moe_pad_to_capacity),
                         fp8_recipe=self.fp8_recipe, fp8_param_gather=self.fp8_param_gather,
+                        expandable_segments=self.expandable_segments,
                         optimizer_offload_fraction=1.0 if self.optimizer_offload_fraction is None
                         else self.optimizer_offload_fraction)
 

@@ -150,6 +150,10 @@ class Training:
     """FP8 parameters, all-gathered as such by the distributed optimizer (Megatron --fp8-param-gather;
     planner/fp8.py param_gather). None: the engine's users' choice (Engine.fp8_param_gather) under
     an FP8 recipe."""
+    expandable_segments: bool | None = None
+    """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch (--expandable-segments): the
+    allocator's reserve is memory.allocator_fragmentation_expandable. None: the engine's launcher's
+    choice (Engine.expandable_segments)."""
 
     def __post_init__(self):
         check("seq_len", self.seq_len)
@@ -169,6 +173,10 @@ class Training:
             raise InputError(f"overlap_p2p: must be true or false, got {self.overlap_p2p!r}")
         self._check_edge_layers()
         self._check_loss_chunks()
+        if self.expandable_segments is None:
+            object.__setattr__(self, "expandable_segments", self.engine.expandable_segments)
+        elif not isinstance(self.expandable_segments, bool):
+            raise InputError(f"--expandable-segments: must be true or false, got {self.expandable_segments!r}")
         if not isinstance(self.grad_reduce_in_bf16, bool):
             raise InputError(f"--grad-reduce-in-bf16: must be true or false, got {self.grad_reduce_in_bf16!r}")
         if self.grad_reduce_in_bf16 and not self.engine.grad_reduce_bf16_choice:
@@ -283,6 +291,9 @@ class Training:
                        fp8_recipe=None if self.fp8_recipe is None or not other.fp8_recipes else
                        self.fp8_recipe if self.fp8_recipe in other.fp8_recipes else other.fp8_recipes[0],
                        fp8_param_gather=None,
+                       # a choice apart from the engine's launcher's default is the user's, kept
+                       expandable_segments=None if self.expandable_segments == self.engine.expandable_segments
+                       else self.expandable_segments,
                        moe_capacity_factor=None if other.moe_capacity is MoeCapacity.DROPLESS else self.moe_capacity_factor,
                        moe_pad_to_capacity=self.moe_pad_to_capacity and other.moe_capacity is MoeCapacity.MEGATRON,
                        optimizer_offload_fraction=self.optimizer_offload_fraction if other.offload_hybrid_optimizer else 1.0)
@@ -417,14 +428,6 @@ class Layouts:
         """Ranks ZeRO shards and gradients reduce over: dp x cp (Megatron-core dp_cp group,
         DeepSpeed's data-parallel group with sequence parallelism)."""
         return self.dp * self.cp
-
-    def codes(self):
-        """Per-field grouping codes, computed once per Layouts and shared by memory and timing."""
-        from planner.grouping import FieldCodes
-
-        if "_codes" not in self.__dict__:
-            self.__dict__["_codes"] = FieldCodes(self)
-        return self.__dict__["_codes"]
 
     def memo(self, name: str, args: tuple, compute):
         """compute() once per `args` (matched by identity) for these candidates: a term that many

@@ -15,7 +15,7 @@ import numpy as np
 
 from planner import activations as A, fp8
 from planner.engines import Buffers, Modules
-from planner.grouping import Lazy, grouped
+from planner.grouping import Lazy, codes_of, grouped
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training, among
 from planner.model import ModelSpec
@@ -614,11 +614,14 @@ def userbuffers_bytes(model: ModelSpec, training: Training, lay: Layouts) -> np.
     return np.where(on, UB_COMMUNICATORS * shape * training.precision.element_bytes, 0.0)
 
 
-def reserved_bytes(allocated_bytes, coef: dict) -> np.ndarray:
+def reserved_bytes(allocated_bytes, coef: dict, expandable: bool = False) -> np.ndarray:
     """The caching allocator's reserved peak for an allocated peak (what torch.cuda.max_memory_reserved
     reports against max_memory_allocated): block rounding and the segments that changing activation
-    sizes fragment (c10/cuda/CUDACachingAllocator.cpp), a named fraction calibration fits."""
-    return np.ceil(allocated_bytes * (1.0 + coef["allocator_fragmentation"]))
+    sizes fragment (c10/cuda/CUDACachingAllocator.cpp), a named fraction calibration fits; with
+    expandable segments (Training.expandable_segments) one segment per stream grows in place, and the
+    cached blocks split across segments that make most of that fraction do not arise."""
+    key = "allocator_fragmentation_expandable" if expandable else "allocator_fragmentation"
+    return np.ceil(allocated_bytes * (1.0 + coef[key]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -750,6 +753,7 @@ class _Stage:
         self.allocated = np.maximum(np.maximum(fwd, step), reduce)
         self.outside, self.coef, self.capacity = np.ceil(self.states["fixed_overhead"] + self.acts["userbuffers"]), \
             coef, cluster.gpu.memory_bytes
+        self.expandable = bool(training.expandable_segments)
         self.required, self.reserved, self.total = self._held(self.allocated, self.outside)
 
     def _held(self, allocated, outside) -> tuple:
@@ -758,7 +762,8 @@ class _Stage:
         retries before it raises OOM (c10/cuda/CUDACachingAllocator.cpp DeviceCachingAllocator::malloc:
         release_available_cached_blocks, release_cached_blocks): the reserve grows up to the memory
         left, and a fit needs the allocated peak."""
-        reserved = np.maximum(np.minimum(reserved_bytes(allocated, self.coef), self.capacity - outside), allocated)
+        reserved = np.maximum(np.minimum(reserved_bytes(allocated, self.coef, self.expandable), self.capacity - outside),
+                              allocated)
         return allocated + outside, reserved, reserved + outside
 
     def moment(self, phase: int, key: str, i=None):
@@ -827,7 +832,7 @@ def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
         return Lazy({**{k: (lambda i, k=k: column(one, k, i)) for k in RANK_COLUMNS},
                      **{k: (lambda i, k=k: one.part(k, i)) for k in BREAKDOWN_KEYS},
                      **{k: (lambda i, k=k: at_phase(one, k, i)) for k in PHASE_COLUMNS}})
-    codes = lay.codes()
+    codes = codes_of(lay)
     # with dense-first blocks the first all-routed stage may hold the most (first_routed_stage); where
     # the first and last stage give blocks up to the embedding and the loss, the second may
     # (pipeline.max_layers_on_stage: Maverick on 32 stages, one dense block on stage 0, a routed one on 1)

@@ -185,37 +185,3 @@ def inputs(plan: Plan, model: dict, cluster: dict, training: dict, layout: dict)
     if cluster.get("gpu") is not None:
         planned = {k: v for k, v in planned.items() if k not in _GPU_FIGURES}
     return spec, {**planned, **cluster}, {**plan.training, **training}, {**plan.layout, **layout}
-
-
-def check(plan: Plan, config: str | None, model: dict, cluster: dict, training: dict, layout: dict,
-          deepspeed: bool = True):
-    """`planner check` of a directory `--emit` wrote: the DeepSpeed config with the plan supplying what
-    it cannot say (model, sequence, recompute, TP/PP/CP, sequence parallelism), or, for an engine
-    without a DeepSpeed config (megatron, fsdp, torchtitan), the plan itself (doctor.CheckReport)."""
-    from planner import api, doctor
-    from planner.ds_config import Finding, load_config
-    from planner.engines import lookup
-
-    spec, clus, train, lay = inputs(plan, model, cluster, training, layout)
-    note = Finding("auto", "info", f"model, cluster, training and layout from {str(plan.path)!r} "
-                   "(flags given here win)")
-    if config is not None and lookup(str(train.get("engine"))).deepspeed:
-        ds, _ = load_config(config)
-        drop = set(CONFIG_OWNED) - set(training)
-        if not (train.get("precision") == "bf16-pure" and (ds.get("bf16") or {}).get("enabled") is True):
-            drop.add("precision")  # bf16-pure is written as bf16 with master weights, which the doctor reads as bf16
-        if isinstance(ds.get("optimizer"), dict):
-            drop.add("optimizer")  # else the script's own (adafactor, adam8bit): the plan's
-        train = {k: v for k, v in train.items() if k not in drop}
-        r = api.check(config, spec, clus, train, lay, mbs=layout.get("mbs"), deepspeed=deepspeed)
-        return doctor.CheckReport(r.source, r.estimate, [note, *r.findings], r.better)
-    try:
-        est = api.estimate(spec, clus, train, lay)
-    except InputError as exc:
-        return doctor.CheckReport("plan", None, [note, Finding("config", "error", str(exc))], None)
-    found = [note, *doctor.diagnose(est, spec, clus, train, lay)]
-    better = doctor.closest_better(est, spec, clus, train, lay)
-    if better:
-        found.append(Finding("better", "info", f"the search's closest better layout: {better['label']} "
-                             f"({', '.join(better['changes']) or 'same layout fields'})", gain=better["gain"]))
-    return doctor.CheckReport("plan", est, found, better)

@@ -9,6 +9,7 @@ from typing import Callable
 
 import numpy as np
 
+from planner import fp8
 from planner.activations import offloads_checkpoints
 from planner.engines import ENGINES, Buffers, Engine, ExpertTP, Launcher, MoeCapacity
 from planner.errors import InputError
@@ -16,7 +17,7 @@ from planner.hardware import Cluster
 from planner.layout import Layouts, Training, among
 from planner.model import ModelSpec
 from planner.sharding import expert_dp, expert_folds, expert_tp
-from planner.options import Offload, Optimizer, Precision, RankOrder, Recompute, RecomputeMethod, Schedule
+from planner.options import Fp8Recipe, Offload, Optimizer, Precision, RankOrder, Recompute, RecomputeMethod, Schedule
 from planner.pipeline import interleaved_layers
 
 DIVISIBILITY, TOPOLOGY, ENGINE_RULE = "divisibility", "topology", "engine rule"
@@ -175,6 +176,14 @@ RULES: tuple[Rule, ...] = (
          & (tr.optimizer is not Optimizer.ADAMW),
          lambda m, cl, tr: f"--offload-optimizer: --engine {tr.engine.name} offloads AdamW only (megatron-core's "
                            f"--use-precision-aware-optimizer asserts adam); use --optimizer adamw"),
+    # Megatron-LM d98e8a6 training/arguments.py validate_args: with optimizer_cpu_offload, "not
+    # args.fp8_param_gather or args.fp8_recipe == 'delayed'"
+    Rule("fp8_gather_offload_delayed", ENGINE_RULE,
+         lambda m, cl, tr, l: fp8.param_gather(tr, l) & (l.offload_optimizer > Offload.NONE)
+         & (tr.fp8_recipe is not Fp8Recipe.DELAYED),
+         lambda m, cl, tr: f"--fp8-param-gather: Megatron-LM gathers FP8 parameters beside --offload-optimizer only "
+                           f"with --fp8-recipe delayed, got {tr.fp8_recipe}; pass --no-fp8-param-gather or "
+                           "--fp8-recipe delayed"),
     # 16-bit states without an fp32 master need sharded optimizers: megatron-core 0.16.1
     # optimizer_config.py __post_init__ (use_precision_aware_optimizer asserts use_distributed_optimizer;
     # Engine.precision_aware_optimizer) and DeepSpeed 0.19.8 runtime/config.py _do_error_check

@@ -1,6 +1,6 @@
 """The search: enumerate every layout, evaluate all in one vectorized pass, rank by speed.
 
-Pure functions of resolved inputs (no argparse, no printing): planner/api.py calls them.
+Pure functions of resolved inputs (no argparse, no printing): planner/planning.py calls them.
 """
 
 from __future__ import annotations

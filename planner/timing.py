@@ -23,7 +23,7 @@ from planner.collectives import (group_collective_s, members_per_pod, p2p_bytes_
                                   ranks_per_node, ring_pod_share)
 from planner.compute import flops_per_step, peak_flops_per_s, tokens_per_microbatch
 from planner.engines import Buffers, ExpertTP, GradBuckets, Modules, MoeCounts, SelectivePolicy
-from planner.grouping import Lazy, grouped
+from planner.grouping import Lazy, codes_of, grouped
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training, among
 from planner.memory import (ACTIVATION_FIELDS, STATE_FIELDS, coefficients, deepspeed_bf16_optimizer,
@@ -887,7 +887,7 @@ def step_time(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
                  + exposed DP, offload and optimizer
                  + max(hideable DP - the compute it hides behind, 0) + fixed overhead"""
     c = coefficients("time", cluster.calibration)
-    codes = lay.codes() if lay.size > 64 else None
+    codes = codes_of(lay) if lay.size > 64 else None
     pipe = grouped(codes, PIPE_FIELDS, lambda sub: _pipeline_terms(model, cluster, training, sub, c), lay)
     step = grouped(codes, STEP_FIELDS, lambda sub: _step_terms(model, cluster, training, sub, c), lay)
     other = max(float(c["step_overhead_s"]), 0.0)

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from planner import api, doctor, ds_config
+from planner import api, doctor, ds_config, planning
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 GiB = 2**30
@@ -152,7 +152,7 @@ def test_closest_better_lists_every_changed_layout_field(monkeypatch):
         layouts = [rec]
         training = est.training
 
-    monkeypatch.setattr(api, "recommend", lambda *a, **k: Fake)
+    monkeypatch.setattr(planning, "recommend", lambda *a, **k: Fake)
     better = doctor.closest_better(est, "llama-2-7b", H200, {"seq_len": 4096}, {})
     assert {c.split()[0] for c in better["changes"]} == {"cp", "dp", "gas", "sequence_parallel", "rank_order"}
     # a layout the same in every field but faster by a setting names that setting
@@ -163,7 +163,7 @@ def test_closest_better_lists_every_changed_layout_field(monkeypatch):
         layouts = [same]
         training = replace(est.training, zero_config=replace(est.training.zero_config, overlap_comm=True))
 
-    monkeypatch.setattr(api, "recommend", lambda *a, **k: Overlap)
+    monkeypatch.setattr(planning, "recommend", lambda *a, **k: Overlap)
     assert doctor.closest_better(est, "llama-2-7b", H200, {"seq_len": 4096}, {})["changes"] == ["overlap_comm false -> true"]
 
 

@@ -236,6 +236,9 @@ for command in ("estimate", "recommend"):
 # FP8 GEMMs: the recipe, and Megatron's FP8 parameters
 for command in ("estimate", "recommend"):
     FROZEN[command] = FROZEN[command] + ["--fp8-recipe", "--fp8-param-gather", "--no-fp8-param-gather"]
+# the allocator's expandable segments, torchtitan's launcher's setting
+for command in ("estimate", "recommend"):
+    FROZEN[command] = FROZEN[command] + ["--expandable-segments", "--no-expandable-segments"]
 FROZEN = {command: sorted(flags) for command, flags in FROZEN.items()}
 
 

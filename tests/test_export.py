@@ -414,6 +414,30 @@ def test_launch_sh_sets_the_environment_megatrons_tp_overlaps_need(tmp_path):
     assert "export " not in plain["launch.sh"].read_text()  # no TP: nothing to order
 
 
+def test_launch_sh_exports_the_allocator_setting_the_plan_assumed(tmp_path):
+    # torchtitan's run_train.sh sets expandable segments (Engine.expandable_segments), so its plan
+    # books the smaller reserve (memory.reserved_bytes) and its launch.sh must set it too; the others
+    # only where the user asks (--expandable-segments)
+    from planner import api
+    from planner.model import lookup
+
+    layout = {"dp": 8, "zero": 3}
+    titan = api.estimate("llama-3-8b", {"gpus": 8}, {"engine": "torchtitan"}, layout)
+    plain = api.estimate("llama-3-8b", {"gpus": 8}, {"engine": "torchtitan", "expandable_segments": False}, layout)
+    assert titan.defaults["expandable_segments"] is True and "expandable_segments" not in plain.defaults
+    assert titan.memory["allocated_bytes"] == plain.memory["allocated_bytes"]
+    assert titan.memory["reserved_bytes"] < plain.memory["reserved_bytes"]  # no split blocks across segments
+    assert titan.memory["required_bytes"] == plain.memory["required_bytes"]  # the fit reads the allocated peak
+    row = single(dp=8, zero=3, mbs=1, gas=2).row(0)
+    line = "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    for engine, asked, exported in (("torchtitan", None, True), ("torchtitan", False, False),
+                                    ("deepspeed", None, False), ("deepspeed", True, True)):
+        out = files(emit(tmp_path / f"{engine}{asked}", lookup("llama-3-8b"), cluster(8),
+                         Training(engine=engine, expandable_segments=asked), row))
+        assert any(x.startswith(line) for x in out["launch.sh"].read_text().splitlines()) == exported, (engine, asked)
+        subprocess.run(["bash", "-n", str(out["launch.sh"])], check=True)
+
+
 def test_launch_sh_megatron_deepspeed(tmp_path):
     row = single(tp=2, pp=1, dp=4, cp=2, ep=2, zero=1, mbs=2, gas=2, recompute="selective").row(0)
     training = Training(engine="megatron-deepspeed", precision="fp16", flash_attention=False)
@@ -429,7 +453,7 @@ def test_launch_sh_megatron_deepspeed(tmp_path):
               "--num-experts 8", "--moe-expert-parallel-size 2", "--recompute-granularity selective",
               "--deepspeed-activation-checkpointing", "--fp16", "--global-batch-size 16"]:
         assert a in margs, a
-    assert "--use-distributed-optimizer" not in margs and "--use-flash-attn" not in margs
+    assert "--use-distributed-optimizer" not in margs and not any(a.startswith("--use-flash-attn") for a in margs)
     assert "--moe-token-dispatcher-type" not in " ".join(margs)  # DeepSpeed-MoE has no such dispatcher
 
 

@@ -1,0 +1,72 @@
+"""The import graph, read from the source with ast (imports inside functions included): which
+package may import which, and no cycle among planner's modules."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FACADE = {"planner.api", "planner.report", "planner.export", "planner.errors"}
+"""What the dashboard may import of planner: the API, and the rendering of its answers."""
+
+
+def imports(path: Path) -> set[str]:
+    """The modules `path` imports, anywhere in it, as dotted names (`from planner import x` -> planner.x)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+    return out
+
+
+def planner_graph() -> dict[str, set[str]]:
+    modules = {f"planner.{p.stem}": p for p in (ROOT / "planner").glob("*.py")}
+    return {name: {m for m in imports(path) if m in modules and m != name} for name, path in modules.items()}
+
+
+def test_planner_has_no_import_cycle():
+    graph, state, cycles = planner_graph(), {}, []
+
+    def visit(node, trail):  # depth-first; a node met again on the trail closes a cycle
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycles.append(trail[trail.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert cycles == []
+
+
+def test_nothing_in_planner_imports_the_api_or_the_cli():
+    # api and cli are the top: every other planner module sits below them
+    above = {"planner.api", "planner.cli", "planner.__main__"}
+    assert {n: sorted(g & above) for n, g in planner_graph().items() if n not in above and g & above} == {}
+
+
+def test_planner_never_imports_calibrate_or_the_heavy_packages():
+    heavy = ("calibrate", "torch", "deepspeed", "streamlit", "scipy.optimize", "accelerate", "transformers")
+    found = {p.name: sorted(m for m in imports(p) if m.split(".")[0] in heavy or m.startswith("scipy.optimize"))
+             for p in (ROOT / "planner").glob("*.py")}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_the_dashboard_uses_the_api_only():
+    used = {".".join(m.split(".")[:2]) for m in imports(ROOT / "app.py") if m.startswith("planner.")}
+    assert used - FACADE == set()
+
+
+def test_nothing_outside_planner_imports_its_private_names():
+    # calibrate/, the dashboard and the benchmarks use what planner's modules make public
+    private = {str(p.relative_to(ROOT)): sorted(m for m in imports(p) if m.startswith("planner.")
+                                                 and m.rsplit(".", 1)[-1].startswith("_"))
+               for p in [ROOT / "app.py", *(ROOT / "calibrate").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]}
+    assert {k: v for k, v in private.items() if v} == {}
