@@ -341,7 +341,7 @@ def diagnose(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]
         if lay["offload_optimizer"] == "none" and lay["zero"] >= 1:
             fixes.append(("offload_optimizer to cpu", {"offload_optimizer": "cpu"}))
         if lay["zero"] == 3:
-            # both: the reuse distance keeps gathered what max_live alone would not (memory.zero3_ahead_params)
+            # both: the reuse distance keeps gathered what max_live alone would not (engines/deepspeed/memory.py zero3_ahead_params)
             live = min(train.get("stage3_max_live_parameters", 10**9), train.get("stage3_max_reuse_distance", 10**9))
             fixes.append((f"stage3_max_live_parameters and stage3_max_reuse_distance {live // 10:,}",
                           {"t_stage3_max_live_parameters": live // 10, "t_stage3_max_reuse_distance": live // 10}))
@@ -349,7 +349,7 @@ def diagnose(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]
                 fixes.append(("offload_param to cpu", {"offload_params": "cpu", "offload_optimizer": "cpu"}))
             prefetch = train.get("stage3_prefetch_bucket_size", ZeroConfig().stage3_prefetch_bucket_size)
             fixes.append((f"stage3_prefetch_bucket_size {prefetch // 10:,}", {"t_stage3_prefetch_bucket_size": prefetch // 10}))
-        if lay["zero"] >= 1:  # the gradient buckets ZeRO fills before each reduction (memory.deepspeed_reduce_buckets)
+        if lay["zero"] >= 1:  # the gradient buckets ZeRO fills before each reduction (engines/deepspeed/memory.py deepspeed_reduce_buckets)
             bucket = train.get("reduce_bucket_size", ZeroConfig().reduce_bucket_size)
             fixes.append((f"reduce_bucket_size {bucket // 10:,}", {"t_reduce_bucket_size": bucket // 10}))
         for text, change in fixes:
@@ -398,7 +398,7 @@ BUCKET_STAGES = {  # bucket key -> the ZeRO stages that read it (engine.py _conf
 def _large_buckets(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]:
     """Buckets set well above DeepSpeed's defaults (DeepSpeed 0.19.8 runtime/zero/config.py
     DeepSpeedZeroConfig, layout.ZeroConfig): what they cost of the predicted peak, by the estimate
-    again with the defaults. They are allocated (reduce buckets, memory.deepspeed_reduce_buckets) or
+    again with the defaults. They are allocated (reduce buckets, engines/deepspeed/memory.py deepspeed_reduce_buckets) or
     bound what stays gathered (ZeRO-3 prefetch and live parameters), so larger ones raise the peak."""
     default = ZeroConfig()
     large = {k: train[k] for k, stages in BUCKET_STAGES.items()

@@ -23,10 +23,16 @@ from planner.options import Offload, Optimizer, Precision, Recompute
 
 from planner.modules import autocasts_fp32_params, block_modules
 from planner.pipeline import blocks_on_stage, first_routed_stage
-from planner.sharding import (block_params, expert_dp, deepspeed_grad_partition_excess, optimizer_bytes_per_param,
-                              largest_module_params, largest_tensor_params, oversized_tensor_params, persistent_params,
-                              rank_params,
-                              recompute_fetches, state_bytes, aio_aligned, zero3_swap_elements)
+from planner.sharding import (deepspeed_grad_partition_excess, optimizer_bytes_per_param, rank_params, state_bytes,
+                              aio_aligned, zero3_swap_elements)
+from planner.engines.deepspeed.memory import (bf16_optimizer_grad_bytes, deepspeed_bf16_optimizer,
+                                              deepspeed_compact_fp32_grads, deepspeed_fp32_accum_offload,
+                                              deepspeed_fp32_accumulation, deepspeed_offload_staging_bytes,
+                                              deepspeed_reduce_buckets, deepspeed_reduction_transient_bytes,
+                                              deepspeed_step_grad_copies, deepspeed_straddle_bytes,
+                                              zero3_live_param_bytes)
+from planner.engines.fsdp.memory import fsdp_unsharded_unit_bytes
+from planner.held import deferred_reduction, sharded_bytes
 
 BREAKDOWN_KEYS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
 PHASES = ("forward/backward", "optimizer step", "gradient reduction")
@@ -46,46 +52,12 @@ def coefficients(section: str, calibration=None) -> dict:
 # model states
 
 
-def _sharded(bytes_per_param, on, dense, expert, training: Training, lay: Layouts):
-    """Bytes of a state held whole, or sharded over the ZeRO ranks where `on` (expert states over
-    the expert-data-parallel ranks, planner/sharding.py expert_dp)."""
-    shard_expert = expert_dp(training, lay)
-    return bytes_per_param * (np.where(on, dense / lay.zero_ranks, dense) + np.where(on, expert / shard_expert, expert))
-
-
-def deferred_reduction(training: Training, lay: Layouts) -> np.ndarray:
-    """Pipelines that keep parameters gathered and gradients unsharded across the micro-batches
-    (planner/engines.py pipeline_defers_grad_reduction)."""
-    return (lay.pp > 1) & training.engine.pipeline_defers_grad_reduction
-
-
-def deepspeed_bf16_optimizer(training: Training, lay: Layouts) -> np.ndarray:
-    """Where DeepSpeed wraps the optimizer in BF16_Optimizer instead of ZeRO's (DeepSpeed 0.19.8
-    engine.py _do_optimizer_sanity_check): bf16 with ZeRO-1, fp32 gradient accumulation and no
-    offload; bf16 with ZeRO disabled under the pipeline engine (accumulating in bf16)."""
-    if training.engine.buffers is not Buffers.DEEPSPEED or training.precision is not Precision.BF16:
-        return np.zeros(lay.zero.shape, dtype=bool)
-    fp32_acc = training.zero_config.fp32_grad_accum
-    return (((lay.zero == 1) & fp32_acc & (lay.offload_optimizer == Offload.NONE))
-            | ((lay.zero == 0) & (lay.pp > 1) & (not fp32_acc)))
-
-
-def bf16_optimizer_grad_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
-    """BF16_Optimizer's gradients, whole on every rank (bf16_optimizer.py __init__: fp32_groups_gradients_flat
-    = zeros_like(bf16_groups_flat, dtype=grad_acc_dtype); the bf16 param.grad stays until step()'s
-    clear_lp_grads). Measured on 2 gloo ranks (calibrate/deepspeed_worker.py): 2 + 4 B/param with
-    fp32 accumulation before step()."""
-    dense, expert = rank_params(model, training, lay, stage)
-    accumulate = 4.0 if training.zero_config.fp32_grad_accum else 2.0
-    return (2.0 + accumulate) * (dense + expert)
-
-
 def weight_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
     """16/32-bit weights on the GPU: sharded by ZeRO-3 (unless a pipeline keeps them gathered),
     none when ZeRO-3 offloads them."""
     dense, expert = rank_params(model, training, lay, stage)
     sharded = (lay.zero >= 3) & ~deferred_reduction(training, lay)
-    held = _sharded(state_bytes(training).weights, sharded, dense, expert, training, lay)
+    held = sharded_bytes(state_bytes(training).weights, sharded, dense, expert, training, lay)
     # FSDP2 (_fsdp_param.py FSDPParam): the fp32 shard is the master, counted with the optimizer
     master_only = sharded & training.engine.sharded_param_is_master & training.precision.has_master_copy
     return np.where((lay.offload_params > Offload.NONE) | master_only, 0.0, held)
@@ -105,7 +77,7 @@ def grad_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, at_ste
     # DeepSpeed ZeRO-3 keeps its gradient partitions in the accumulation dtype (0.19.8 stage3.py
     # grad_partitions_flat_buffer, dtype=gradient_accumulation_dtype; measured fp32: tests/test_deepspeed_offload_real.py)
     grad_w = np.where(deepspeed_fp32_accumulation(training) & (lay.zero == 3), 4.0, state_bytes(training).grads)
-    held = _sharded(grad_w, sharded, dense, expert, training, lay)
+    held = sharded_bytes(grad_w, sharded, dense, expert, training, lay)
     if not at_step:
         held = held * (1 + (among(lay.zero, engine.accumulation_copy) & (lay.gas > 1)))
     held = np.where((lay.offload_optimizer > Offload.NONE) & sharded, 0.0, held)
@@ -114,29 +86,8 @@ def grad_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, at_ste
     # micro-batches, ZeRO-2 the partition (deepspeed_compact_fp32_grads) until the step (measured:
     # tests/test_deepspeed_offload_real.py)
     whole = (lay.zero == 1) & ~np.asarray(at_step)
-    held = np.where(deepspeed_compact_fp32_grads(training, lay), _sharded(4.0, ~whole, dense, expert, training, lay), held)
+    held = np.where(deepspeed_compact_fp32_grads(training, lay), sharded_bytes(4.0, ~whole, dense, expert, training, lay), held)
     return np.where(deepspeed_bf16_optimizer(training, lay), bf16_optimizer_grad_bytes(model, training, lay, stage), held)
-
-
-def deepspeed_fp32_accumulation(training: Training) -> bool:
-    """DeepSpeed accumulating the gradients of 16-bit weights in fp32 (data_types.grad_accum_dtype
-    "fp32"; engine.py get_data_types)."""
-    return ((training.engine.buffers is Buffers.DEEPSPEED) & training.zero_config.fp32_grad_accum
-            & (training.precision in (Precision.BF16, Precision.FP16)))
-
-
-def deepspeed_compact_fp32_grads(training: Training, lay: Layouts) -> np.ndarray:
-    """DeepSpeed ZeRO-1/2 accumulating in fp32 through ZeRO's own optimizer (not BF16_Optimizer: with
-    the optimizer offloaded, or fp16 weights, or ZeRO-2): one fp32 buffer of exactly the partition
-    that the reductions add into and step() takes as the fp32 gradient, and no grads_in_partition
-    (DeepSpeed 0.19.8 stage_1_and_2.py _use_compact_grad_partition_buffer, _build_compact_grad_partition_buffer
-    on the accelerator; copy_grads_in_partition returns early)."""
-    return deepspeed_fp32_accumulation(training) & among(lay.zero, (1, 2)) & ~deepspeed_bf16_optimizer(training, lay)
-
-
-def deepspeed_fp32_accum_offload(training: Training, lay: Layouts) -> np.ndarray:
-    """deepspeed_compact_fp32_grads with the optimizer on the CPU."""
-    return deepspeed_compact_fp32_grads(training, lay) & (lay.offload_optimizer == Offload.CPU)
 
 
 def grads_freed(training: Training, lay: Layouts) -> np.ndarray:
@@ -154,7 +105,7 @@ def optimizer_step_copy_bytes(model: ModelSpec, training: Training, lay: Layouts
     if not (training.engine.optimizer_step_copy and training.optimizer is Optimizer.ADAMW):
         return 0.0 * lay.tp
     dense, expert = rank_params(model, training, lay, stage)
-    held = _sharded(state_bytes(training).moment, lay.zero >= 1, dense, expert, training, lay)
+    held = sharded_bytes(state_bytes(training).moment, lay.zero >= 1, dense, expert, training, lay)
     return np.where(lay.offload_optimizer > Offload.NONE, 0.0, held)
 
 
@@ -164,7 +115,7 @@ def _optimizer_partition_bytes(model, training, lay, stage):
     if training.precision is Precision.FP32 and training.engine.fp32_full_weights:
         per_param = per_param + np.where(lay.zero >= 1, 4.0, 0.0)  # ZeRO-1/2 keep a separate fp32 master partition
     # BF16_Optimizer partitions its fp32 master and states over the data-parallel ranks, ZeRO or not
-    return _sharded(per_param, (lay.zero >= 1) | deepspeed_bf16_optimizer(training, lay), dense, expert, training, lay)
+    return sharded_bytes(per_param, (lay.zero >= 1) | deepspeed_bf16_optimizer(training, lay), dense, expert, training, lay)
 
 
 def optimizer_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
@@ -177,18 +128,6 @@ def optimizer_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -
     kept = (1.0 - training.optimizer_offload_fraction) * partition
     return np.where(lay.offload_optimizer > Offload.NONE,
                     deepspeed_offload_staging_bytes(model, training, lay, stage) + kept, partition)
-
-
-def deepspeed_offload_staging_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
-    """ZeRO-1/2 with the optimizer offloaded to the CPU keep a staging buffer of the largest parameter's
-    elements in the 16-bit dtype, once on the GPU and once on the host, for the whole run (DeepSpeed
-    0.19.8 stage_1_and_2.py __init__: temp_grad_buffer_for_gpu_offload on the accelerator and
-    temp_grad_buffer_for_cpu_offload on self.device, 'cpu' under cpu_offload; measured on 2 gloo ranks,
-    tests/test_deepspeed_offload_real.py). Llama 3's embedding makes it 2.1 GB a GPU at 70B."""
-    on = ((training.engine.buffers is Buffers.DEEPSPEED) & among(lay.zero, (1, 2))
-          & (lay.offload_optimizer == Offload.CPU))
-    largest = largest_tensor_params(model, training, lay, stage)
-    return np.where(on, largest * training.precision.element_bytes, 0.0)
 
 
 def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
@@ -204,16 +143,16 @@ def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.
     'cpu' under offload_optimizer)."""
     dense, expert = rank_params(model, training, lay, stage)
     w = training.precision.element_bytes
-    optimizer = _optimizer_partition_bytes(model, training, lay, stage) + _sharded(4.0, True, dense, expert, training, lay)
+    optimizer = _optimizer_partition_bytes(model, training, lay, stage) + sharded_bytes(4.0, True, dense, expert, training, lay)
     deepspeed = training.engine.buffers is Buffers.DEEPSPEED
     zero12 = deepspeed & among(lay.zero, (1, 2))
     accumulated = (lay.zero == 2) & (lay.gas > 1) & zero12 & ~deepspeed_fp32_accum_offload(training, lay)
     excess = deepspeed_grad_partition_excess(model, training, lay, stage, accumulated)
-    optimizer = optimizer + np.where(zero12, _sharded(w, True, dense, expert, training, lay), 0.0) \
+    optimizer = optimizer + np.where(zero12, sharded_bytes(w, True, dense, expert, training, lay), 0.0) \
         + deepspeed_offload_staging_bytes(model, training, lay, stage) \
-        + np.where(accumulated, _sharded(w, True, dense, expert, training, lay) + w * excess, 0.0)
+        + np.where(accumulated, sharded_bytes(w, True, dense, expert, training, lay) + w * excess, 0.0)
     grad_accum = 4.0 if training.zero_config.fp32_grad_accum else w
-    optimizer = optimizer + np.where(deepspeed & (lay.zero == 3), _sharded(grad_accum, True, dense, expert, training, lay), 0.0)
+    optimizer = optimizer + np.where(deepspeed & (lay.zero == 3), sharded_bytes(grad_accum, True, dense, expert, training, lay), 0.0)
     # ZeRO-3 offloading to NVMe (DeepSpeed 0.19.8, measured on 2 gloo ranks through its aio op:
     # calibrate/deepspeed_nvme.py) keeps on the host its gradient partitions (self.device is the CPU
     # for either device), page-locked swap buffers and what is too small to swap
@@ -229,14 +168,14 @@ def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.
     zero3 = deepspeed & (lay.zero == 3)
     on_nvme = zero3 & ((lay.offload_optimizer == Offload.NVME) | (lay.offload_params == Offload.NVME))
     swap = zero3_swap_elements(model, training, lay, stage, on_nvme)
-    nvme_optimizer = _sharded(grad_accum, True, dense, expert, training, lay) \
+    nvme_optimizer = sharded_bytes(grad_accum, True, dense, expert, training, lay) \
         + zc.nvme_optimizer_buffer_count * aio_aligned(swap["largest"], 4) * 4.0 \
         + swap["unswapped"] * (state_bytes(training).optimizer + 4.0)
     nvme_params = (zc.nvme_param_buffer_count * aio_aligned(zc.nvme_param_buffer_size, w)
                    + np.minimum(zc.nvme_params_in_cpu, partition) + swap["reuse"]) * w
     nvme = np.where(zero3 & (lay.offload_optimizer == Offload.NVME), nvme_optimizer, 0.0) \
         + np.where(zero3 & (lay.offload_params == Offload.NVME), nvme_params, 0.0)
-    params = _sharded(state_bytes(training).weights, lay.zero >= 3, dense, expert, training, lay)
+    params = sharded_bytes(state_bytes(training).weights, lay.zero >= 3, dense, expert, training, lay)
     # FSDP2 keeps no 16-bit shard: the fp32 shard, with the optimizer, is the parameter (torch 2.13
     # _fsdp_param.py _init_sharded_param moves it to the CPU under CPUOffloadPolicy; measured 16 B a
     # parameter of the shard there, calibrate/fsdp_worker.py)
@@ -251,270 +190,6 @@ def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.
 
 # ---------------------------------------------------------------------------------------------
 # engine buffers (DeepSpeed 0.19 runtime/zero/stage_1_and_2.py and stage3.py; FSDP2)
-
-
-def deepspeed_reduce_buckets(training: Training, lay: Layouts) -> np.ndarray:
-    """Reduce buckets: ZeRO-1/2 setup_buckets allocate reduce_bucket_size elements (a second one
-    with overlap_comm), with contiguous_gradients or CPU offload; ZeRO-3 one, at init."""
-    zc, w = training.zero_config, training.precision.element_bytes
-    # stage_1_and_2.py setup_buckets: _gradient_reduction_buffer_dtype, the accumulation dtype where
-    # use_grad_accum_attribute (ZeRO-1; measured fp32), else the weights' (ZeRO-2; measured bf16)
-    w = np.where(deepspeed_compact_fp32_grads(training, lay) & (lay.zero == 1), 4.0, w)
-    contiguous = zc.contiguous_gradients | (lay.offload_optimizer > Offload.NONE)
-    stage12 = np.where(contiguous, zc.reduce_bucket_size * w * (1 + training.overlaps_grad_reduce(lay.zero)), 0.0)
-    stage3 = zc.reduce_bucket_size * w * zc.contiguous_gradients
-    return np.select([lay.zero == 3, lay.zero >= 1], [stage3, stage12], 0.0)
-
-
-def deepspeed_straddle_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, at_step: bool) -> np.ndarray:
-    """ZeRO-1/2: the parameters straddling the gradient partition's edges counted whole
-    (copy_grads_in_partition sizes grads_in_partition by whole parameters), wherever the gradient
-    is held as that partition: in backward for the stages sharding it there (twice where a later
-    micro-step holds a second partition), at the step for the stages whose hooks copy into it."""
-    engine = training.engine
-    hooks = (lay.zero == 2) | ((lay.zero == 1) & training.zero_config.contiguous_gradients)
-    phase = engine.grads_sharded_step if at_step else engine.grads_sharded_backward
-    held = hooks & among(lay.zero, phase) & (lay.offload_optimizer == Offload.NONE) \
-        & ~deepspeed_compact_fp32_grads(training, lay)
-    excess = deepspeed_grad_partition_excess(model, training, lay, stage, held) * training.precision.element_bytes
-    if not at_step:  # each partition copy of a later micro-step carries its own (measured)
-        excess = excess * (1 + (among(lay.zero, engine.accumulation_copy) & (lay.gas > 1)))
-    return excess
-
-
-def deepspeed_step_grad_copies(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
-    """Optimizer step, ZeRO disabled: FP16_Optimizer's fp32 gradients (below); ZeRO-1/2: a flattened 16-bit copy of the gradient partition and its fp32
-    copy (step(): flatten(averaged_gradients) then .to(fp32)), 2 + 20/D B/param at the peak with
-    the 2/D partition (measured); ZeRO-3 the same per optimizer sub-group of min(sub_group_size,
-    partition) elements: DeepSpeed 0.19.8 stage3.py _prepare_fp32_grad_for_sub_group,
-    self.flatten(self.averaged_gradients[i]).to(fp32), the 16-bit flat copy alive beside its fp32
-    conversion (measured on 2 gloo ranks: 6 B x the sub-group above what was live before step(),
-    tests/test_deepspeed_transients_real.py; an fp32 chunk alone before)."""
-    dense, expert = rank_params(model, training, lay, stage)
-    partition = (dense + expert) / lay.zero_ranks
-    w = training.precision.element_bytes
-    # the flat copy is in the accumulation dtype, and .to(fp32) copies only what is not fp32 already; ZeRO-1/2's
-    # compact fp32 partition is taken as it is (step(): _get_preflattened_grad_partition; measured 0 B)
-    accum = np.where(deepspeed_fp32_accumulation(training), 4.0, w)
-    copies = accum + 4.0 * (accum != 4.0)
-    stage12 = np.where(deepspeed_compact_fp32_grads(training, lay), 0.0, partition * copies)
-    stage3 = np.minimum(training.zero_config.sub_group_size, partition) * copies
-    # ZeRO disabled, mixed precision: FP16_Optimizer (the ds_config's AdamW is FusedAdam; DeepSpeed
-    # 0.19.8 runtime/fp16/fused_optimizer.py step) builds the list of every gradient cast to fp32,
-    # then _flatten_dense_tensors of it: 4 + 4 B/param at the flatten, beside the 16-bit gradients
-    # (a client torch optimizer gets FP16_UnfusedOptimizer, whose fp32 copies are 4 B/param:
-    # measured, tests/test_deepspeed_transients_real.py)
-    mixed = training.precision in (Precision.BF16, Precision.FP16)
-    stage0 = (dense + expert) * 8.0 * mixed
-    held = np.select([lay.zero == 3, lay.zero >= 1], [stage3, stage12], stage0)
-    return np.where(lay.offload_optimizer > Offload.NONE, 0.0, held)
-
-
-def deepspeed_reduction_transient_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, flat) -> np.ndarray:
-    """What a DeepSpeed gradient reduction makes beside its bucket, the bucket's `flat` copy included,
-    at its largest (DeepSpeed 0.19.8; measured on 2 gloo ranks: tests/test_deepspeed_transients_real.py).
-    Per element of a reduced parameter's share of the partition: ZeRO-2 accumulating in the compact
-    fp32 partition casts it to fp32 to add it (stage_1_and_2.py _add_to_grad_partition_buffer:
-    output.add_(source.to(output.dtype))), 4 B; ZeRO-1/2 offloading take its norm from an fp64 copy
-    (set_norm_for_param_grad_in_gpu: .to(get_norm_dtype()).norm(2), zero/utils.py get_norm_dtype: double
-    where the accelerator has fp64), 8 B: 8.4 GB a GPU for Llama-3-70B's embedding. A parameter larger
-    than the bucket is reduced alone, without the flat copy (reduce_ipg_grads: extra_large_param_to_reduce),
-    under ZeRO-2 offload from a clone of its gradient (reduce_independent_p_g_buckets_and_remove_grads,
-    _offload_gradient_safety_enabled), and the partition's clones stay to the end of the backward
-    (copy_grads_in_partition's offload path leaves param.grad; the epilogue's _clear_param_grad_only
-    frees them): sharding.oversized_tensor_params. ZeRO-1's clones replace the whole gradient it holds. ZeRO-3
-    offloading takes the norm of each gradient partition in fp64 chunks of at most 2.5e8 elements
-    (stage3.py _offload_grad_partition_at_boundary -> _constant_buffered_norm2)."""
-    dense, expert = rank_params(model, training, lay, stage)
-    largest = largest_tensor_params(model, training, lay, stage)
-    share = np.minimum(largest, (dense + expert) / lay.zero_ranks)
-    bucket = training.zero_config.reduce_bucket_size
-    offloading = (lay.offload_optimizer > Offload.NONE) & (training.engine.buffers is Buffers.DEEPSPEED)
-    per_element = np.maximum(np.where(deepspeed_compact_fp32_grads(training, lay) & (lay.zero == 2), 4.0, 0.0),
-                             np.where(offloading, 8.0, 0.0))
-    clones = np.where(offloading & (lay.zero == 2),
-                      training.precision.element_bytes * oversized_tensor_params(model, training, lay, stage, bucket), 0.0)
-    stage12 = clones + np.where(largest > bucket, np.maximum(flat + per_element * np.minimum(share, bucket), per_element * share),
-                                flat + per_element * share)
-    stage3 = np.where(offloading, 8.0 * np.minimum(2.5e8, np.ceil(largest / lay.zero_ranks)), 0.0)
-    return np.select([lay.zero == 3, lay.zero >= 1], [stage3, stage12], 0.0)
-
-
-def zero3_ahead_params(training: Training) -> float:
-    """Gathered elements DeepSpeed holds beyond the module computing (0.19.8 partitioned_param_coordinator.py;
-    counted on the real engine, tests/test_deepspeed_zero3_live.py): with prefetching
-    (stage3_prefetch_bucket_size and stage3_max_live_parameters > 0) up to max_live, since the
-    prefetcher gathers ahead while fewer are available and what it passed stays for its later use
-    (__params_to_release: most_recent_step_id_param_fetched_for > step_id), even with
-    max_reuse_distance 0; without, at the forward's end those whose backward use comes within
-    stage3_max_reuse_distance after the modules run later twice (forward, then backward in
-    reverse): the last distance / 2."""
-    zc = training.zero_config
-    prefetching = zc.stage3_prefetch_bucket_size > 0 and zc.stage3_max_live_parameters > 0
-    return max(zc.stage3_max_live_parameters * prefetching, zc.stage3_max_reuse_distance / 2)
-
-
-def zero3_kept_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple:
-    """(kept, rank): of the `rank` elements a rank of `stage` gathers under ZeRO-3, those DeepSpeed
-    keeps gathered from the forward into the backward (zero3_ahead_params; the whole local model with
-    the 1e9 defaults, measured: backward gathers nothing)."""
-    dense, expert = rank_params(model, training, lay, stage)
-    rank = dense + expert
-    return np.minimum(rank, zero3_ahead_params(training)), rank
-
-
-def zero3_live_param_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
-    """ZeRO-3 gathered 16-bit parameters alive at once (DeepSpeed 0.19.8 partitioned_param_coordinator.py;
-    counted after every fetch on 2 gloo ranks: calibrate/deepspeed_zero3_worker.py,
-    tests/test_deepspeed_zero3_live.py), capped at the rank's whole model, plus the persistent
-    small parameters (parameter_offload.py): the submodule computing (fetch_sub_module gathers one
-    module's own tensors; the largest module's, an embedding or output layer maybe) and what is
-    held ahead of it (zero3_ahead_params); or, while a checkpoint recomputes a block in its backward,
-    the block's modules the reuse distance keeps beside its last one and the one recomputing
-    (sharding.recompute_fetches; with a prefetcher the recomputed module is within what it holds:
-    measured)."""
-    zc, w = training.zero_config, training.precision.element_bytes
-    dense, expert = rank_params(model, training, lay, stage)
-    single = largest_module_params(model, training, lay)
-    recomputing = recompute_fetches(model, training, lay)["working"] * (lay.recompute == Recompute.FULL)
-    working = np.minimum(dense + expert, np.maximum(recomputing, single + zero3_ahead_params(training)))
-    persistent = persistent_params(model, training, lay, zc.stage3_param_persistence_threshold, stage)
-    return np.where(lay.zero == 3, (working + persistent) * w, 0.0)
-
-
-def gathered_param_bytes(model: ModelSpec, training: Training, fp8_gather: bool = True) -> float:
-    """Bytes per element a sharded parameter's all-gather moves: its 16-bit copy, except llm-foundry's
-    MPT under Composer's FSDP with mixed precision, which gathers the fp32 parameters themselves and
-    lets autocast cast them for each GEMM (composer/distributed/mosaic_parallelism.py
-    get_mixed_precision 'DEFAULT': MixedPrecision(param_dtype=torch.float32, reduce_dtype=<16-bit>,
-    buffer_dtype=torch.float32), the benchmarks' MP mode; the same reading as activations.
-    llm_foundry_block_input_scale); the unsharded units hold them (fsdp_unsharded_unit_bytes). With
-    `fp8_gather`, torchao's float8 all-gather moves the converted linears at 1 B (fp8.gathered_share)."""
-    b = state_bytes(training)
-    if autocasts_fp32_params(model, training):
-        return 4.0
-    share = fp8.gathered_share(model, training) if fp8_gather else 0.0
-    return b.weights * (1.0 - share) + 1.0 * share
-
-
-def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts, stage,
-                              moment: str = "peak") -> np.ndarray:
-    """What FSDP2 (torch 2.13 fully_shard, one unit per block, and the root unit where fully_shard(model)
-    keeps a Hugging Face model's embedding, final norm and output layer) holds beyond the model states:
-    unsharded parameters, flat all-gather outputs, autograd's unsharded gradients and the
-    reduce-scatter buffers, at the largest instant of `moment`: 'forward', 'backward' (autograd
-    running), 'peak' (the larger: what engine_buffers books beside the activations) or 'reduction'
-    (the root unit's post_backward in the final callback, after autograd: reduction_copy_bytes). Each
-    is the exact peak measured on 2 gloo ranks, buffer by buffer (tests/test_fsdp_transients_real.py,
-    3 blocks: the middle one shows the steady state; with 2 blocks the backward measured 566,656 B of
-    the 658,944 this books). --zero 2 (reshard_after_forward False): what exceeds every unit gathered,
-    which weight_bytes books for the whole step. None for --zero 0 and where a pipeline keeps the
-    stage gathered (not measured). torchtitan (0.3.0 distributed/fsdp.py apply_fsdp_to_decoder,
-    untied) wraps the embedding and [norm, lm_head] as units of their own, the latter not resharded
-    after forward, its root holding nothing, and runs lm_head chunk by chunk in its loss
-    (components/loss.py ChunkedLossWrapper), each chunk's backward at once: the exact peaks of its
-    own model, wrapping and loss on 2 gloo ranks (python -m calibrate.torchtitan_fsdp ->
-    data/references/torchtitan_fsdp_cpu.json), tied ([embedding, norm, lm_head] one unit, kept
-    gathered like a Hugging Face root) and untied."""
-    s, t = model.sums, lay.tp
-    w = gathered_param_bytes(model, training)  # torch 2.13 _fsdp_api.py MixedPrecisionPolicy.param_dtype (unsharded)
-    # torch 2.13 _fsdp_param.py unsharded_grad_data: autograd's gradient, in the parameter's 16-bit dtype
-    # (a float8-gathered weight's gradient too: torchao's float8 matmul returns it in high precision)
-    g = gathered_param_bytes(model, training, fp8_gather=False)
-    r = state_bytes(training).grads  # torch 2.13 _fsdp_api.py MixedPrecisionPolicy.reduce_dtype (fp32, as torchtitan)
-    shards = lay.zero_ranks
-    block = block_params(model, training, lay)
-    dense, expert = rank_params(model, training, lay, stage)
-    rank = dense + expert
-    hf_root = training.engine.modules is Modules.HUGGING_FACE
-    titan = training.engine.modules is Modules.TORCHTITAN
-    tied = s.tied & (lay.pp == 1)
-    # the unit holding the model's edges for the whole step: a Hugging Face model's root (torch 2.13
-    # _fully_shard.py fully_shard(model): what no block unit took), or torchtitan's tied [embedding, norm,
-    # lm_head] (0.3.0 distributed/fsdp.py apply_fsdp_to_decoder, enable_weight_tying: not resharded after
-    # forward)
-    held = hf_root | (titan & tied)
-    root = held * (s.first_split / t + s.first_replicated + s.last_replicated + np.where(tied, 0, s.output / t))
-    # torch 2.13 _fsdp_state.py _root_post_backward_final_callback: the unit's first gradients stay to the
-    # end: the final norm and the output layer (tied: the embedding, by reading, autograd's InputBuffer, not
-    # measured); torchtitan's tied unit, whose output gradient its loss reduced already: the final norm
-    root_out = held * (s.last_replicated + hf_root * np.where(tied, s.first_split, s.output) / t)
-    # torch 2.13 _fsdp_collectives.py foreach_reduce: its loop variable keeps the unit's last unsharded
-    # gradient (the output layer, registered last; the final norm when tied) until it returns
-    root_last = held * np.where(tied, s.last_replicated, s.output / t)
-    # forward, torch 2.13 _fsdp_param_group.py wait_for_unshard: the previous unit's all-gather output
-    # lives until this unit's copy-out is done (prev_all_gather_state), the root unit gathered for the
-    # whole forward; the first block's copy-out (beside the root's all-gather output) or a later block's
-    fwd = w * np.maximum(2 * (root + block), root + 3 * block)
-    # backward, torch 2.13 _fsdp_param_group.py post_backward: at a middle block's, the root unit and its
-    # first gradients, the block's parameters and gradients, the next block prefetched (_backward_prefetch)
-    # and the previous unit's reduce_scatter_input (_fsdp_collectives.py foreach_reduce; kept in
-    # comm_ctx.reduce_scatter_states until this unit's post_backward)
-    bwd = w * root + g * root_out + (2 * w + g + r) * block
-    # torch 2.13 _fsdp_state.py _root_post_backward_final_callback, the root's post_backward: first its
-    # gathered parameters, all its gradients and the last block's reduce_scatter_input; then
-    # (_fsdp_collectives.py foreach_reduce) its reduce_scatter_input in reduce_dtype beside its gradients,
-    # or beside its reduce_output and the last gradient
-    red = np.maximum(w * root + g * root + r * block,
-                     r * root + np.maximum(g * root, r * root / shards + g * root_last))
-    red = np.where(held, red, 0.0)
-    # --zero 2, torch 2.13 _fsdp_param_group.py reshard (after backward only), beyond every unit gathered:
-    # forward, the last two blocks' all-gather outputs (or the first block's copy-out beside the root's
-    # all-gather output); backward, a block's gradients beside the root's first ones and the previous
-    # block's reduce_scatter_input, that block resharded (g B = w B); the reduction, only the root gathered
-    fwd2 = w * np.maximum(2 * block, 2 * (root + block) - rank)
-    bwd2 = g * root_out + r * block
-    if titan:
-        fwd, bwd, red, fwd2, bwd2 = torchtitan_edge_unit_bytes(model, training, lay, block, rank,
-                                                               (fwd, bwd, red, fwd2, bwd2))
-    red2 = np.maximum(0.0, red - w * rank)
-    zero3 = lay.zero >= 3
-    by_moment = {"forward": np.where(zero3, fwd, fwd2), "backward": np.where(zero3, bwd, bwd2),
-                 "reduction": np.where(zero3, red, red2)}
-    by_moment["peak"] = np.maximum(by_moment["forward"], by_moment["backward"])
-    on = (lay.zero >= 2) & ~deferred_reduction(training, lay)
-    return np.where(on, np.ceil(by_moment[moment]), 0.0)
-
-
-def torchtitan_edge_unit_bytes(model: ModelSpec, training: Training, lay: Layouts, block, rank, held: tuple) -> tuple:
-    """(forward, backward, reduction, forward beyond every unit gathered, backward beyond it) of
-    fsdp_unsharded_unit_bytes under torchtitan 0.3.0's wrapping and chunked loss, bytes: untied, the
-    embedding E and [norm, lm_head] Hd units (lm = lm_head's elements); tied, the `held` moments of
-    its one [embedding, norm, lm_head] unit X, kept gathered like a Hugging Face root, with the loss's;
-    blocks B, the rank's P. Each the exact peak of torchtitan's Llama3Model on 2 gloo ranks
-    (calibrate/torchtitan_fsdp.py)."""
-    s, t = model.sums, lay.tp
-    w, g, r = training.precision.element_bytes, training.precision.element_bytes, state_bytes(training).grads
-    tied = s.tied & (lay.pp == 1)
-    fwd_held, bwd_held, red_held, fwd2_held, bwd2_held = held
-    E, lm = s.first_split / t + s.first_replicated, np.where(tied, s.first_split, s.output) / t
-    head = np.where(tied, E + s.last_replicated, s.last_replicated + lm)  # the unit lm_head is in
-    # the chunks before the last accumulate lm_head's gradient in reduce_dtype while sync is off (torch 2.13
-    # _fsdp_param.py to_accumulated_grad_if_needed); foreach_reduce's loop variable keeps it to the end
-    acc = np.where(training.loss_chunks > 1, r, g)
-    # ChunkedLossWrapper's last chunk: lm_head kept gathered, its accumulated gradient, its reduce_scatter
-    # input and output (_fsdp_collectives.py foreach_reduce); then lm_head.reshard(), and in the decoder's
-    # backward its unit gathered again for the norm (all-gather output and parameters) beside lm_head's
-    # reduce_scatter_input (comm_ctx.reduce_scatter_states)
-    loss = w * head + (acc + r + r / lay.zero_ranks) * lm
-    regather = r * lm + 2 * w * head
-    # untied, forward (torch 2.13 _fsdp_param_group.py wait_for_unshard): each unit's copy-out beside the
-    # previous unit's all-gather output (the embedding's; a block's; [norm, lm_head]'s at the final norm)
-    fwd = w * np.maximum(np.maximum(2 * E, E + 2 * block), np.maximum(3 * block, block + 2 * head))
-    # untied, backward: a middle block as FSDP2's with no root; block 0 with the embedding prefetched
-    bwd = np.maximum((2 * w + g + r) * block, w * E + (w + g + r) * block)
-    # untied, the final callback: the embedding unit's post_backward (its input needs no gradient)
-    red = np.maximum(w * E + g * E + r * block, r * E + g * E + r * E / lay.zero_ranks)
-    # reshard_after_forward_policy "never" (--zero 2), untied, beyond every unit gathered: forward, the last
-    # block's copy-out before [norm, lm_head] is gathered or [norm, lm_head]'s own; backward, a block's
-    # gradients with [norm, lm_head] (resharded by the loss) and the previous block resharded beside that
-    # block's reduce_scatter_input
-    fwd2 = np.maximum(w * np.maximum(2 * E, 2 * (E + block)) - w * rank,
-                      w * np.maximum(2 * block - head, block + head))
-    bwd2 = (g + r - w) * block - w * head
-    return (np.where(tied, fwd_held, fwd), np.maximum(np.maximum(loss, regather), np.where(tied, bwd_held, bwd)),
-            np.where(tied, red_held, red), np.where(tied, fwd2_held, fwd2),
-            np.maximum(np.maximum(loss, regather) - w * head, np.where(tied, bwd2_held, bwd2)))
 
 
 def reduction_copy_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple:

@@ -59,7 +59,7 @@ training yamls set (scripts/train/yamls/pretrain/mpt-*.yaml)."""
 def autocasts_fp32_params(model, training) -> bool:
     """Whether the job keeps fp32 parameters and lets autocast cast them for every GEMM: llm-foundry's
     modules under Composer's FSDP (the fsdp engine; DeepSpeed keeps its own 16-bit parameters) with
-    'default' mixed precision (FSDP_MIXED_PRECISION) and a master copy to keep. Then the FSDP all-gathers and unsharded units move fp32 (memory.gathered_param_bytes),
+    'default' mixed precision (FSDP_MIXED_PRECISION) and a master copy to keep. Then the FSDP all-gathers and unsharded units move fp32 (held.gathered_param_bytes),
     autograd keeps each GEMM's 16-bit weight cast (memory.autocast_weight_bytes), the casts cost HBM
     traffic (compute.autocast_weight_traffic_s) and the residual stream is fp32
     (activations.llm_foundry_block_input_scale)."""

@@ -275,8 +275,8 @@ def lean_zero3_training(model: ModelSpec, training: Training) -> Training | None
     2 x the largest block submodule, in tens of millions (DeepSpeed 0.19 zero/config.py: "Smaller
     values use less memory, but perform more communication"; partitioned_param_coordinator.py
     fetch_sub_module prefetches only under max_live_parameters). Memory falls to the current block
-    and the prefetch bucket (memory.zero3_live_param_bytes); the backward gathers again what the
-    forward, and under full recompute the recompute, released (timing.zero3_gather_s). None where
+    and the prefetch bucket (engines/deepspeed/memory.py zero3_live_param_bytes); the backward gathers again what the
+    forward, and under full recompute the recompute, released (engines/deepspeed/timing.py zero3_gather_s). None where
     the engine has no such knobs or they are not lower."""
     zc = training.zero_config
     if training.engine.buffers is not Buffers.DEEPSPEED or 3 not in training.engine.zero_stages:
@@ -294,8 +294,8 @@ def roomy_zero3_training(model: ModelSpec, training: Training) -> Training | Non
     stage3_max_reuse_distance = the largest block's elements (one rank of TP 1), in hundreds of
     millions. With a prefetch bucket the prefetcher then passes every module's backward use before
     the module is released (sharding.recompute_fetches: the module and the rest of the block under
-    max_live), so the backward gathers nothing twice (timing.zero3_gather_s), for the block held
-    gathered meanwhile (memory.zero3_live_param_bytes). None where the engine has no such knobs,
+    max_live), so the backward gathers nothing twice (engines/deepspeed/timing.py zero3_gather_s), for the block held
+    gathered meanwhile (engines/deepspeed/memory.py zero3_live_param_bytes). None where the engine has no such knobs,
     nothing prefetches, or the knobs are already that high."""
     zc = training.zero_config
     if training.engine.buffers is not Buffers.DEEPSPEED or 3 not in training.engine.zero_stages \
@@ -313,7 +313,7 @@ def tp_overlap_training(model: ModelSpec, training: Training, result: dict) -> T
     TransformerEngine Userbuffers) and some candidate of `result` has TP > 1 with sequence
     parallelism that fits (its buffers only add memory: memory.userbuffers_bytes); else None. The
     flag is one for the whole launch: it hides a share of each TP collective behind its GEMM and
-    takes SMs from the GEMM (timing.ub_pass_exposed_s), so whether it pays depends on the layout
+    takes SMs from the GEMM (engines/megatron/timing.py ub_pass_exposed_s), so whether it pays depends on the layout
     and the GPU. MLA blocks get none (timing.tp_pass_exposed_s)."""
     valid = result["valid"]
     if training.tp_comm_overlap or not training.engine.tp_comm_overlap or model.kv_lora_rank > 0:
@@ -328,7 +328,7 @@ def overlap_comm_rows(training: Training, result: dict) -> tuple:
     user left overlap_comm unset and the engine leaves ZeRO-1/2 without it (DeepSpeed 0.19.8
     zero/config.py overlap_comm_valid: None -> stage == 3); else (None, empty). With it, stage_1_and_2.py
     reduces each bucket on its reduction_stream under the backward and setup_buckets allocates a second
-    reduce_bucket_size buffer (memory.deepspeed_reduce_buckets): faster where the second buffer fits,
+    reduce_bucket_size buffer (engines/deepspeed/memory.py deepspeed_reduce_buckets): faster where the second buffer fits,
     which the caller decides by evaluating these rows again."""
     none = np.zeros(0, dtype=np.int64)
     if training.zero_config.overlap_comm is not None or not training.engine.overlap_flag or not training.engine.deepspeed:

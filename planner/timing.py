@@ -26,16 +26,22 @@ from planner.engines import Buffers, ExpertTP, GradBuckets, Modules, MoeCounts, 
 from planner.grouping import Lazy, codes_of, grouped
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training, among
-from planner.memory import (ACTIVATION_FIELDS, STATE_FIELDS, coefficients, deepspeed_bf16_optimizer,
-                            deepspeed_fp32_accum_offload, deferred_reduction, gathered_param_bytes, zero3_kept_params)
-from planner.model import BLOCK, FIRST, LAST, ModelSpec, local_numel
+from planner.engines.deepspeed.memory import deepspeed_bf16_optimizer, deepspeed_fp32_accum_offload
+from planner.held import deferred_reduction
+from planner.memory import ACTIVATION_FIELDS, STATE_FIELDS, coefficients
+from planner.model import ModelSpec
 from planner.modules import block_modules
-from planner.options import Offload, Optimizer, RankOrder, Recompute
+from planner.options import Offload, Optimizer, Recompute
 from planner.pipeline import (blocks_on_stage, bubble_s, chunks_per_stage, first_routed_stage, interleaved_groups,
                               max_layers_on_stage, p2p_transfers)
-from planner.sharding import (block_fetches, block_params, expert_dp, expert_folds, expert_tp, rank_params,
-                              recompute_fetches, state_bytes)
+from planner.sharding import block_params, expert_folds, expert_tp, state_bytes
 from planner.stragglers import straggler_s
+from planner.dp_comm import (dp_collective_s, grad_reductions_per_step, held_params, overlapped_exposed_s, partition_params,
+                             rank_tensors)
+from planner.engines.deepspeed.timing import (deepspeed_step_s, zero3_exposed_s, zero3_gather_s, zero3_gather_total_s,
+                                              zero3_rank_copies_s)
+from planner.engines.fsdp.timing import fsdp_copies_s
+from planner.engines.megatron.timing import chunked_sync_exposed_s, ub_pass_exposed_s
 
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble", "stragglers", "offload", "optimizer",
                   "other")
@@ -69,15 +75,6 @@ def checkpoint_restore_s(model: ModelSpec, cluster: Cluster, training: Training,
     return gather + copies
 
 
-# TransformerEngine 2.20.2 pytorch/module/base.py initialize_ub (get_default_config): the userbuffers
-# megatron-core 0.16.1 creates under --tp-comm-overlap with no --tp-comm-overlap-cfg file
-UB_COMM_SMS = 16  # "pipeline" and "bulk": num_sm 16 with set_sm_margin, the GEMM beside them gets the rest
-UB_PIPELINE_SPLITS = 4  # "pipeline": num_splits 4 ("ring_exchange": num_splits = tp, on copy engines, num_sm 1)
-# the buffers' linear pairs, column- then row-parallel (megatron-core attention.py linear_qkv/linear_proj,
-# mlp.py linear_fc1/linear_fc2; moe/shared_experts.py SharedExpertMLP is an MLP)
-UB_PAIRS = (("qkv", "o"), ("fc1", "fc2"), ("shared_fc1", "shared_fc2"))
-
-
 def tp_pass_exposed_s(block: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict, tp_ar,
                       units=(2.0, 0.0), backward: bool = False) -> np.ndarray:
     """Exposed TP communication of one pass (forward or backward) through a block, in all-reduce
@@ -91,51 +88,6 @@ def tp_pass_exposed_s(block: ModelSpec, cluster: Cluster, training: Training, la
     if np.any(overlap):
         plain = np.where(overlap, ub_pass_exposed_s(block, cluster, training, lay, c, tp_ar / 2.0, linear, backward), plain)
     return plain + routed * tp_ar
-
-
-def ub_pass_exposed_s(block: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict, gather_s,
-                      linear: float, backward: bool) -> np.ndarray:
-    """Seconds one pass through a block loses to its TP collectives (`gather_s` each: one all-gather
-    or reduce-scatter of T h) under TransformerEngine's userbuffers, as megatron-core 0.16.1 sets
-    them (extensions/transformer_engine.py: ub_overlap_ag, ub_overlap_rs, ub_bulk_dgrad and
-    ub_bulk_wgrad on; TE 2.20.2 defaults, UB_* above). Per linear pair:
-    - forward: the column GEMM (qkv, fc1) all-gathers its input by "ring_exchange", t chunks on the
-      copy engines, each chunk's GEMM beside the next chunk's transfer; the row GEMM (proj, fc2)
-      reduce-scatters its output by "pipeline": 4 chunks, each one's reduce-scatter beside the next
-      chunk's GEMM, the last one's after it, on 16 SMs the GEMM gives up;
-    - backward: the row GEMM's dgrad all-gathers the output gradient by "ring_exchange"; the column
-      GEMM's dgrad runs beside the "bulk" all-gather of its input (for the wgrad) and its wgrad
-      beside the "bulk" reduce-scatter of the input gradient, both on 16 SMs.
-    What shows: transfers longer than the GEMM work beside them, the last pipelined chunk, the
-    slower GEMMs on fewer SMs and the small-matrix cost of the chunks (compute.gemm_s). Not
-    modelled: HBM contention between the copies and the GEMMs. MLA's projections (buffers TE lacks)
-    switch Megatron's overlap off: tp_pass_exposed_s."""
-    (peak, c), t = C.block_gemm_rate(cluster, training, c), lay.tp.astype(np.float64)
-    sms = cluster.gpu.sm_count
-    fewer_sms = sms / (sms - UB_COMM_SMS) if sms > UB_COMM_SMS else 1.0  # same work on the SMs left
-    T = tokens_per_microbatch(training, lay)
-    flops = {g.name: T * g.flops_per_token / t for g in block.gemms(fused=True) if g.tp_split and not g.expert}
-
-    def ring(f):  # t chunks, the local one first: t - 1 transfers, each beside a chunk's GEMM (t - 1 of t)
-        chunks = C.gemm_s(f, peak, c, count=t)
-        return chunks - C.gemm_s(f, peak, c) + np.maximum(gather_s - (t - 1.0) / t * chunks, 0.0)
-
-    def pipeline(f):  # chunks on fewer SMs, each one's reduce-scatter beside the next (overlapped_exposed_s)
-        chunks = C.gemm_s(f, peak, c, count=UB_PIPELINE_SPLITS) * fewer_sms
-        return chunks - C.gemm_s(f, peak, c) + overlapped_exposed_s(gather_s, UB_PIPELINE_SPLITS, chunks)
-
-    def bulk(f):  # one GEMM on fewer SMs beside one whole collective
-        whole = C.gemm_s(f, peak, c)
-        return whole * (fewer_sms - 1.0) + np.maximum(gather_s - whole * fewer_sms, 0.0)
-
-    exposed, pairs = 0.0, 0
-    for column, row in UB_PAIRS:
-        if column in flops:
-            pairs += 1
-            exposed = exposed + (ring(flops[row]) + 2.0 * bulk(flops[column]) if backward
-                                 else ring(flops[column]) + pipeline(flops[row]))
-    assert pairs == linear, (pairs, linear)  # tp_pass_units counts the same linear pairs
-    return exposed
 
 
 def tp_pass_units(block: ModelSpec, training: Training, lay: Layouts) -> tuple:
@@ -363,28 +315,6 @@ def pipeline_p2p_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
 # per step: data parallelism and ZeRO
 
 
-def _held_params(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
-    """(dense, expert) elements of a rank of the heavier end stage (first or last); experts of the
-    first stage of routed blocks only where dense-first blocks leave the first with fewer."""
-    d0, expert = rank_params(model, training, lay, 0 * lay.pp)
-    if model.dense_layers:
-        edge = training.pipeline_edge_layers
-        expert = rank_params(model, training, lay, first_routed_stage(model.dense_layers, model.layers, lay.pp, edge))[1]
-    return np.maximum(d0, rank_params(model, training, lay, lay.pp - 1)[0]), expert
-
-
-def dp_collective_s(cluster: Cluster, training: Training, lay: Layouts, c: dict, kind: str, dense_bytes,
-                    expert_bytes, count=1) -> np.ndarray:
-    """One collective over the dense data-parallel group (Layouts.dp_stride apart) and one over the
-    expert-data-parallel group: its ranks are spaced etp x ep apart where EP folds over TP
-    (megatron-core's expert rank order etp, ep, edp, pp; etp, ep, pp, edp with the pipeline inner),
-    tp x ep otherwise, times pp with the pipeline inner."""
-    pipeline_inner = np.where(lay.rank_order == RankOrder.PP_INNER, lay.pp, 1)
-    stride = np.where(expert_folds(training), expert_tp(training, lay), lay.tp) * lay.ep * pipeline_inner
-    return (group_collective_s(cluster, c, kind, dense_bytes, lay.zero_ranks, lay.dp_stride, count)
-            + group_collective_s(cluster, c, kind, expert_bytes, expert_dp(training, lay), stride, count))
-
-
 def grad_bucket_elements(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
     """Elements per gradient-reduction call: DeepSpeed reduce_bucket_size; FSDP one unit per block;
     Megatron-core max(40M, 1M x dp) (distributed_data_parallel.py)."""
@@ -394,15 +324,6 @@ def grad_bucket_elements(model: ModelSpec, training: Training, lay: Layouts) -> 
     if kind is GradBuckets.PER_BLOCK:
         return block_params(model, training, lay)
     return np.maximum(MEGATRON_DDP_BUCKET, 1_000_000 * lay.zero_ranks)
-
-
-def grad_reductions_per_step(training: Training, lay: Layouts) -> np.ndarray:
-    """How often gradients are reduced per step: every micro-batch for the ZeRO stages the engine
-    reduces in its backward hooks (DeepSpeed engine.py allreduce_gradients: "ZeRO stage >= 2
-    communicates during non gradient accumulation boundaries as well"), else once (also when a
-    pipeline defers the reduction to after its schedule)."""
-    every = among(lay.zero, training.engine.reduce_every_micro_step) & ~deferred_reduction(training, lay)
-    return np.where(every, lay.gas, 1).astype(np.float64)
 
 
 def grad_overlaps(training: Training, lay: Layouts) -> np.ndarray:
@@ -420,7 +341,7 @@ def grad_reduce_s(model: ModelSpec, cluster: Cluster, training: Training, lay: L
     """(seconds of one gradient reduction, its buckets, reductions per step): buckets dense over
     dp*cp, experts over dp*cp/ep; an all-reduce where the engine all-reduces (no ZeRO; DeepSpeed
     ZeRO-1/2 too), else a reduce-scatter."""
-    dense, expert = _held_params(model, training, lay)
+    dense, expert = held_params(model, training, lay)
     g = state_bytes(training).grads
     # BF16_Optimizer hands the engine each param group's whole flat gradient buffer (0.19.8
     # bf16_optimizer.py get_grads_for_reduction -> fp32_groups_gradients_flat): one all-reduce per
@@ -445,7 +366,7 @@ def param_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     """(seconds, buckets) of the ZeRO-1/2 (and Megatron distributed optimizer) all-gather of the
     updated 16-bit parameters after the step; DeepSpeed 0.19 runtime/utils.py all_gather_dp_groups
     makes one call per parameter group, Megatron one per DDP bucket."""
-    dense, expert = _held_params(model, training, lay)
+    dense, expert = held_params(model, training, lay)
     # FP8 parameters (Megatron --fp8-param-gather) gather 1 B each; the few 16-bit ones (embedding,
     # norms) are counted at that rate too
     w = np.where(fp8.param_gather(training, lay), 1.0, state_bytes(training).weights)
@@ -454,138 +375,6 @@ def param_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     gather = dp_collective_s(cluster, training, lay, c, "all_gather", dense * w / calls, expert * w / calls, calls)
     after_step = (lay.zero == 1) | ((lay.zero == 2) & (not training.engine.reshards_after_backward))
     return np.where(after_step, gather, 0.0), np.maximum(calls, 1.0) + 0 * lay.tp
-
-
-def overlapped_exposed_s(total_s, buckets, window_s):
-    """Exposed seconds of `buckets` equal collectives on one communication stream under `window_s`
-    of compute: each is issued as its share of the compute completes (a gradient bucket when its
-    last gradient is ready: megatron-core 0.16.1 distributed_data_parallel.py
-    _make_backward_post_hook -> register_grad_ready -> start_grad_sync; DeepSpeed stage_1_and_2.py
-    reduce_independent_p_g_buckets_and_remove_grads on its reduction stream) or one bucket ahead
-    of it (a parameter bucket's gather: param_and_grad_buffer.py finish_param_sync dispatches the
-    next; a TP chunk of --tp-comm-overlap likewise). One bucket always shows (the last gradients,
-    the first parameters); each other shows by what it takes beyond its share of the compute."""
-    per = total_s / buckets
-    return per + (buckets - 1.0) * np.maximum(per - window_s / buckets, 0.0)
-
-
-def chunked_sync_exposed_s(total_s, first_chunk_s, chunks, group, chunk_window_s, own_window_s=0.0):
-    """Exposed seconds of a collective split over a rank's interleaved model chunks, each chunk's
-    share started on its own (Engine.dp_sync_per_chunk): the first chunk's share shows as
-    `first_chunk_s`, and each of the other chunks has `group` chunk passes of `chunk_window_s` each
-    to hide behind before the chunk after it. Megatron's interleaved schedule runs a chunk's
-    micro-batches in groups (pipeline.interleaved_groups), so chunk j's last backward comes j x the
-    last group's chunk passes before the end (the backward's chunk 0 is last: its reduction shows
-    whole, launched after it by grad_sync_func), and chunk j's first forward a first group after
-    chunk j - 1's, at which its parameter all-gather is launched. On one stream the chunks queue:
-    the last finishes max(first, total - (chunks - 1) x group x window - own) after the window ends
-    (each chunk's share total / chunks, the windows linear in the chunk's index; `own_window_s` the
-    part of the last chunk's own pass that runs beside its collective: the parameter buckets are
-    waited for one by one as its first forward reaches them). Equal to an event-by-event run of
-    megatron-core's schedule table (tests/test_timing.py)."""
-    return np.maximum(first_chunk_s, total_s - (chunks - 1.0) * group * chunk_window_s - own_window_s)
-
-
-def rank_tensors(model: ModelSpec, training: Training, lay: Layouts, per_expert: bool = True) -> tuple:
-    """(gathered, all): parameter tensors a rank of the heavier end stage holds (one per local expert
-    of an expert tensor, or the one stacked tensor with `per_expert` False), and those ZeRO-3
-    gathers: a tensor of fewer local elements than stage3_param_persistence_threshold stays whole
-    (DeepSpeed 0.3.13 stage3.py __init__: param.ds_persist when ds_numel < the threshold). Each is one call of
-    Engine.zero3_per_tensor_collectives, and each of ZeRO-1/2's partition a share of its step's
-    per-tensor operators (deepspeed_step_s)."""
-    threshold = training.zero_config.stage3_param_persistence_threshold
-    local_experts = np.maximum(model.experts // lay.ep, 1).astype(np.float64)
-
-    def count(place):
-        gathered = every = 0.0 * lay.tp
-        for t in (t for t in model.tensors_at(place) if not t.tied):
-            copies = local_experts if t.expert and per_expert else 1.0
-            every = every + copies
-            gathered = gathered + np.where(local_numel(t, lay.tp, model.experts, lay.ep) / copies >= threshold, copies, 0.0)
-        return gathered, every
-
-    n_layers = max_layers_on_stage(model.layers, lay.pp, training.pipeline_edge_layers)
-    (g_block, a_block), (g_first, a_first), (g_last, a_last) = count(BLOCK), count(FIRST), count(LAST)
-    whole = lay.pp == 1  # one stage holds both ends; otherwise the heavier end
-    return (n_layers * g_block + np.where(whole, g_first + g_last, np.maximum(g_first, g_last)),
-            n_layers * a_block + np.where(whole, a_first + a_last, np.maximum(a_first, a_last)))
-
-
-def zero3_gathers_per_step(training: Training, lay: Layouts) -> np.ndarray:
-    """Times each sharded parameter is all-gathered in a step: forward and again backward every
-    micro-batch under ZeRO-3 (ZeRO paper section 7); the forward only under --zero 2 where the
-    engine reshards after every backward (Engine.reshards_after_backward); once where a pipeline
-    keeps its stage gathered across the micro-batches; else none (ZeRO-1/2 gather after the step:
-    param_gather_s)."""
-    regather = (lay.zero == 2) & training.engine.reshards_after_backward
-    per_microbatch = np.select([lay.zero == 3, regather], [2.0, 1.0], 0.0)
-    return np.where(deferred_reduction(training, lay) & (per_microbatch > 0), 1.0, per_microbatch * lay.gas)
-
-
-def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> dict:
-    """Parameter all-gathers of sharded parameters (zero3_gathers_per_step): one coalesced call per
-    submodule (DeepSpeed 0.19 partitioned_param_coordinator.py fetch_sub_module ->
-    __all_gather_params) or per block (FSDP2 unit). {"one": seconds of one pass's gathers, "calls"
-    a pass, "fwd"/"bwd": passes a step under forward/backward compute, "whole_step": the one
-    gather a pipeline keeps for the step, "prefetch": whether the next call is issued under the
-    current one's compute, "ahead_fwd": the share of the forward's calls so issued}. DeepSpeed prefetches the next parameters of its trace after waiting
-    for the current ones, up to stage3_prefetch_bucket_size elements and while fewer than
-    stage3_max_live_parameters are gathered (fetch_sub_module: max_params_to_prefetch, at least
-    one parameter once positive): none with a bucket of 0 or a live limit under a submodule. FSDP2
-    issues the next unit's all-gather one ahead in forward (implicit) and backward
-    (backward_prefetch)."""
-    dense, expert = _held_params(model, training, lay)
-    w = gathered_param_bytes(model, training)
-    n_layers = max_layers_on_stage(model.layers, lay.pp, training.pipeline_edge_layers)
-    # DeepSpeed fetches per module: Megatron's fused GEMM modules, or Hugging Face ones (sharding.block_fetches)
-    per_block = 1 if training.engine.zero3_fetch_per_block else (
-        len(model.gemms(True)) if training.engine.fused_gemms else block_fetches(model, training))
-    calls = n_layers * per_block + 2
-    if training.engine.zero3_per_tensor_collectives:
-        calls = rank_tensors(model, training, lay)[0]
-    one = dp_collective_s(cluster, training, lay, c, "all_gather", dense * w / calls, expert * w / calls, calls)
-    per_step = zero3_gathers_per_step(training, lay)
-    whole_step = deferred_reduction(training, lay) & (per_step > 0)
-    passes = np.where(whole_step, 0.0, per_step / np.where(lay.zero == 3, 2.0, 1.0))
-    zc = training.zero_config
-    submodule_elements = (dense + expert) * lay.zero_ranks / calls  # unsharded, as ds_numel counts them
-    prefetch = training.engine.zero3_fetch_per_block | ((zc.stage3_prefetch_bucket_size > 0)
-                                                       & (zc.stage3_max_live_parameters > submodule_elements))
-    # DeepSpeed's backward gathers only what its forward released (zero3_kept_params); FSDP2 reshards
-    # every unit after forward (--zero 3) and gathers it all again
-    kept, rank = zero3_kept_params(model, training, lay, 0 * lay.pp)
-    again = 1.0 if training.engine.zero3_fetch_per_block else 1.0 - kept / np.maximum(rank, 1.0)
-    # and a recomputed block's modules that its recompute released before their backward use, again
-    recomputed = recomputed_layers(lay, n_layers, lay.vpp) / np.maximum(n_layers, 1)
-    again = again + recomputed * recompute_fetches(model, training, lay)["regather"] / np.maximum(rank, 1.0)
-    # the forward's last min(rank, reuse / 2) elements stay gathered for their backward use
-    # (memory.zero3_ahead_params); where they fill stage3_max_live_parameters the prefetcher has no
-    # budget left (max_params_to_prefetch <= 0) and that share of the forward gathers on demand
-    # (measured, tests/test_deepspeed_zero3_live.py: max_live 3e5 with reuse 1e9 over 2.5e6 elements,
-    # 24 of 30 forward fetches; none with the two knobs equal)
-    reused = np.minimum(rank, zc.stage3_max_reuse_distance / 2.0)
-    starved = np.clip((reused - zc.stage3_max_live_parameters) / np.maximum(rank, 1.0), 0.0, 1.0)
-    ahead_fwd = prefetch * np.where(training.engine.zero3_fetch_per_block, 1.0, 1.0 - starved)
-    return {"one": one, "calls": calls + 0.0 * one, "fwd": passes, "bwd": np.where(lay.zero == 3, passes * again, 0.0),
-            "whole_step": whole_step, "prefetch": prefetch, "ahead_fwd": ahead_fwd}
-
-
-def zero3_rank_copies_s(model: ModelSpec, training: Training, lay: Layouts, c: dict, z3: dict) -> np.ndarray:
-    """Host seconds a step spends on the per-rank slices of Engine.zero3_per_tensor_collectives, all
-    of them exposed. Each gathered tensor in each of its gathers (the passes of zero3_gather_s's
-    `z3`) and each gradient in each reduction is a call over zero_ranks ranks; for every rank
-    DeepSpeed narrows a slice in Python and torch copies it through the collective's flat buffer
-    (torch 1.8 ProcessGroupNCCL allgather/reduce_scatter of tensor lists: one copy_ per list entry),
-    about one eager op of host time (eager_op_host_s; the narrow launches no kernel). The GPU
-    waits: each gather follows a torch.cuda.synchronize() (DeepSpeed 0.3.13 partition_parameters.py
-    _allgather_param; stage3.py fetch_sub_module -> _synchronize_communication) and precedes the
-    submodule's kernels; the reductions run in backward hooks with at most that submodule's backward
-    queued. Nothing for the other engines."""
-    if not training.engine.zero3_per_tensor_collectives:
-        return 0.0 * lay.tp
-    gathered, every = rank_tensors(model, training, lay)
-    calls = gathered * (z3["fwd"] + z3["bwd"] + z3["whole_step"]) + every * grad_reductions_per_step(training, lay)
-    return np.where(lay.zero == 3, calls * lay.zero_ranks * c["eager_op_host_s"], 0.0)
 
 
 def param_fetch_s(model: ModelSpec, training: Training, lay: Layouts, c: dict) -> np.ndarray:
@@ -627,30 +416,8 @@ def param_fetch_exposed_s(step, pipe) -> np.ndarray:
     return pipe["micro_batches"] * (fwd + bwd)
 
 
-def zero3_exposed_s(z3, fwd_window_s, bwd_window_s, step_window_s):
-    """Exposed seconds of the zero3_gather_s gathers of a step, each call one ahead of the compute
-    it feeds (overlapped_exposed_s): a pass's gathers under that pass's compute, a pipeline's one
-    gather under the whole step's; without prefetch every call shows."""
-    on = np.where(z3["prefetch"], 1.0, 0.0)
-    ahead = z3["ahead_fwd"]  # the forward's share gathered ahead; the rest shows whole
-    fwd = ahead * overlapped_exposed_s(z3["one"], z3["calls"], fwd_window_s) + (1.0 - ahead) * z3["one"]
-    per_pass = z3["fwd"] * fwd + z3["bwd"] * overlapped_exposed_s(z3["one"], z3["calls"], on * bwd_window_s)
-    return per_pass + np.where(z3["whole_step"], overlapped_exposed_s(z3["one"], z3["calls"], on * step_window_s), 0.0)
-
-
-def zero3_gather_total_s(z3) -> np.ndarray:
-    """All of a step's zero3_gather_s gathers."""
-    return z3["one"] * (z3["fwd"] + z3["bwd"] + z3["whole_step"])
-
-
 # ---------------------------------------------------------------------------------------------
 # per step: the optimizer and offload
-
-
-def _partition_params(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarray:
-    """Parameters of the optimizer partition a rank updates (all it holds without ZeRO)."""
-    dense, expert = _held_params(model, training, lay)
-    return np.where(lay.zero >= 1, dense / lay.zero_ranks + expert / expert_dp(training, lay), dense + expert)
 
 
 def gpu_optimizer_step_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
@@ -668,41 +435,11 @@ def gpu_optimizer_step_s(model: ModelSpec, cluster: Cluster, training: Training,
     b = state_bytes(training)
     foreach = training.engine.optimizer_step_copy and training.optimizer is Optimizer.ADAMW
     per_param = 18 * b.moment + 3 * b.grads if foreach else 5 * b.grads + 2 * b.optimizer + b.weights
-    kernels = _partition_params(model, training, lay) * per_param / C.hbm_bytes_per_s(cluster, c)
+    kernels = partition_params(model, training, lay) * per_param / C.hbm_bytes_per_s(cluster, c)
     if training.engine.buffers is not Buffers.FSDP:
         return kernels
     return np.maximum(kernels, rank_tensors(model, training, lay, per_expert=False)[1]
                       * c["dtensor_step_host_s_per_tensor"])
-
-
-def deepspeed_step_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
-    """DeepSpeed's ZeRO step (0.19.8 stage_1_and_2.py DeepSpeedZeroOptimizer.step, stage3.py) or BF16_Optimizer's
-    (bf16_optimizer.py step) around FusedAdam, as counted on the real engine
-    (data/references/engine_host_cpu.json, python -m calibrate.engine_host). ZeRO's: per gradient
-    tensor of the rank's partition an inf/NaN check (runtime/utils.py has_inf_or_nan) and an fp64
-    norm (get_grad_norm_direct), ~22 operators a tensor, each launched from the host
-    (eager_op_host_s), and 48 B a parameter of memory traffic (the fp32 flat gradient, the unscale,
-    the copy back into the 16-bit weights); ZeRO-3's (stage3.py step): 10 and 44 B; BF16_Optimizer's:
-    4 and 36 B. The host and the kernels run side by side until the norm's .item() waits for both;
-    FusedAdam follows (r fp32 gradient, r+w master and moments). ZeRO-1/2 split one flat buffer
-    evenly over the ranks: a rank's partition holds 1/zero_ranks of the tensors and one that
-    straddles; a ZeRO-3 rank holds a slice of every tensor (stage3.py averaged_gradients: one
-    partition view per parameter)."""
-    from planner.data import catalog
-
-    step = catalog("references/engine_host_cpu.json")["zero_step"]
-    bf16_optimizer = deepspeed_bf16_optimizer(training, lay)
-
-    def counted(key):  # the wrapper's count
-        return np.select([bf16_optimizer, lay.zero == 3, lay.zero == 2],
-                         [step["bf16_optimizer"][key], step["3"][key], step["2"][key]], step["1"][key])
-
-    every = rank_tensors(model, training, lay)[1]
-    tensors = np.where(lay.zero == 3, every, np.ceil(every / lay.zero_ranks) + (lay.zero_ranks > 1))
-    host_s = (counted("ops_per_tensor") * tensors + counted("ops_fixed")) * c["eager_op_host_s"]
-    partition, hbm = _partition_params(model, training, lay), C.hbm_bytes_per_s(cluster, c)
-    adam_bytes = 4.0 + 2.0 * state_bytes(training).optimizer
-    return np.maximum(host_s, partition * counted("bytes_per_param") / hbm) + partition * adam_bytes / hbm
 
 
 def cpu_adam_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
@@ -714,7 +451,7 @@ def cpu_adam_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layo
     _default_to_fused_or_foreach: foreach only on cuda/xpu/mtia), a pass per operator."""
     # the cores are one host's: a DGX node's, or an NVL72 compute tray's (Cluster.gpus_per_host)
     rate = c["cpu_adam_unfused_params_per_s" if training.engine.optimizer_step_copy else "cpu_adam_params_per_s"]
-    return _partition_params(model, training, lay) * cluster.gpus_per_host / rate
+    return partition_params(model, training, lay) * cluster.gpus_per_host / rate
 
 
 def optimizer_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
@@ -750,7 +487,7 @@ def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
     partition, none of it under backward."""
     gpu = cluster.gpu
     b = state_bytes(training)
-    partition, m = _partition_params(model, training, lay), lay.gas.astype(np.float64)
+    partition, m = partition_params(model, training, lay), lay.gas.astype(np.float64)
     pcie = gpu.pcie_bytes_per_s
     offload_opt = lay.offload_optimizer > Offload.NONE
     round_trip = (lay.zero == 2) & (m > 1) & ~deepspeed_fp32_accum_offload(training, lay)
@@ -810,26 +547,6 @@ def _pipeline_terms(model, cluster, training, lay, c) -> dict:
     out["paced"] = out["busy"] - m * mb["restore"] + out["pp_bubble"]
     out["total"] = out["busy"] + out["tp_comm"] + out["pp_bubble"] + out["pp_comm"]
     return out
-
-
-def fsdp_copies_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
-    """Seconds a step spends in FSDP2's own copies around its collectives, at HBM bandwidth (torch
-    2.13 _fully_shard/_fsdp_collectives.py), over every unit of the rank's heavier end stage, in
-    every micro-batch: all_gather_copy_in's _foreach_copy_ of the fp32 shards into the all-gather
-    input (r 4, w w per shard element) and foreach_all_gather_copy_out's split_with_sizes_copy into
-    the unsharded parameters (r w, w w) on the compute stream, once a micro-batch, twice when the
-    unit reshards after forward (--zero 3); foreach_reduce's _chunk_cat of the gradients into the
-    reduce_dtype reduce-scatter input (r w, w g) and the division of the reduced shard (r g, w g).
-    Nothing for the other engines or unsharded."""
-    if training.engine.buffers is not Buffers.FSDP:
-        return 0.0 * lay.tp
-    b = state_bytes(training)
-    params = sum(_held_params(model, training, lay))
-    shards = lay.zero_ranks.astype(np.float64)
-    gather = params * ((4.0 + b.weights) / shards + 2.0 * b.weights)
-    reduce = params * ((b.weights + b.grads) + 2.0 * b.grads / shards)
-    per_micro_batch = gather * (1.0 + (lay.zero == 3)) + reduce
-    return np.where(lay.zero >= 2, lay.gas * per_micro_batch, 0.0) / C.hbm_bytes_per_s(cluster, c)
 
 
 def _step_terms(model, cluster, training, lay, c) -> dict:

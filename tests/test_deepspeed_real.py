@@ -548,7 +548,7 @@ def test_zero3_backward_gathers_only_what_forward_released(engine_gas, twin):
     """ZeRO-3 gathers every parameter in each micro-step's forward; with the default
     stage3_max_reuse_distance (1e9) a model under it stays gathered into backward, which gathers
     nothing (0.19.8 partitioned_param_coordinator.py __params_to_release). The planner's backward
-    passes are 1 - kept/gathered (memory.zero3_kept_params): 0 here; Llama-2-7B's 6.74e9 elements keep
+    passes are 1 - kept/gathered (engines/deepspeed/memory.py zero3_kept_params): 0 here; Llama-2-7B's 6.74e9 elements keep
     1e9 (test_timing.py)."""
     for r in range(D):
         gathers = [c for c in engine_gas[3][r]["collectives"] if c[2] == "all_gather_into_tensor"]

@@ -205,7 +205,7 @@ def test_torchao_float8_all_gather_moves_the_converted_linears_at_one_byte():
     WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather casts the shard to e4m3): Llama 3 8B's
     block linears, 32 x (2 x 4096^2 + 2 x 4096 x 1024 + 3 x 4096 x 14336) = 6,979,321,856 of its
     8,030,261,248 parameters, gather at 1 B; the embedding, norms and lm_head at 2 B."""
-    from planner.memory import gathered_param_bytes
+    from planner.held import gathered_param_bytes
 
     m = lookup("llama-3-8b")
     linears = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from planner import activations, api, layout, memory
+from planner.held import gathered_param_bytes
 from planner.engines import Modules
 from planner.errors import InputError
 from planner.model import ModelSpec
@@ -184,7 +185,7 @@ def test_composer_pure_mixed_precision_keeps_no_fp32_parameters():
     # has nothing to cast (no weight copies kept); 'DEFAULT' gathers the fp32 parameters (4 B)
     pure = layout.Training(seq_len=2048, engine="fsdp", fsdp_mixed_precision="pure")
     default = layout.Training(seq_len=2048, engine="fsdp")
-    assert memory.gathered_param_bytes(MPT7B, pure) == 2 and memory.gathered_param_bytes(MPT7B, default) == 4
+    assert gathered_param_bytes(MPT7B, pure) == 2 and gathered_param_bytes(MPT7B, default) == 4
     last = np.zeros(1, dtype=np.int64)
     assert memory.autocast_weight_bytes(MPT7B, pure, layout.single(zero=3), last)[0] == 0
     with pytest.raises(InputError, match="--fsdp-mixed-precision"):
@@ -198,7 +199,7 @@ def test_deepspeed_keeps_its_own_16_bit_parameters_under_llm_foundry_modules():
     # so llm-foundry's modules there gather 2 B and keep no autocast weight casts
     ds = layout.Training(seq_len=2048, engine="deepspeed")
     assert block_modules(MPT7B, ds) is Modules.LLM_FOUNDRY
-    assert memory.gathered_param_bytes(MPT7B, ds) == 2
+    assert gathered_param_bytes(MPT7B, ds) == 2
     assert memory.autocast_weight_bytes(MPT7B, ds, layout.single(zero=3), np.zeros(1, dtype=np.int64))[0] == 0
     with pytest.raises(InputError, match="--fsdp-mixed-precision"):
         api.estimate(MPT7B_FLAGS, {"gpus": 8}, {"engine": "deepspeed", "fsdp_mixed_precision": "pure"}, {"zero": 3})

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner import collectives, compute, engines, export, hardware, layout, memory, pipeline, timing
+from planner import collectives, compute, engines, export, hardware, held, layout, memory, pipeline, timing
 from planner.errors import InputError
 from planner.model import ModelSpec, lookup
 from planner.options import Schedule
@@ -1417,6 +1417,6 @@ def test_composer_default_mixed_precision_gathers_fp32_parameters():
     # 16-bit copy (MixedPrecisionPolicy param_dtype bf16; ZeRO-3's fp16/bf16 partitions): 2 B
     mpt = ModelSpec(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=16384, vocab=50368, ffn_kind="gelu",
                     norm="layernorm", architecture="llama")
-    assert timing.gathered_param_bytes(mpt, layout.Training(seq_len=2048, engine="fsdp", modules="llm-foundry")) == 4.0
-    assert timing.gathered_param_bytes(LLAMA7, layout.Training(seq_len=2048, engine="fsdp")) == 2.0
-    assert timing.gathered_param_bytes(LLAMA7, DS) == 2.0
+    assert held.gathered_param_bytes(mpt, layout.Training(seq_len=2048, engine="fsdp", modules="llm-foundry")) == 4.0
+    assert held.gathered_param_bytes(LLAMA7, layout.Training(seq_len=2048, engine="fsdp")) == 2.0
+    assert held.gathered_param_bytes(LLAMA7, DS) == 2.0
