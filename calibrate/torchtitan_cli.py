@@ -1,4 +1,4 @@
-"""Parse what planner.export_torchtitan writes with torchtitan 0.3.0's own trainer config parser.
+"""Parse what planner.engines.torchtitan.export writes with torchtitan 0.3.0's own trainer config parser.
 
     pip install torchtitan==0.3.0 && python -m calibrate.torchtitan_cli [--out PATH]
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from calibrate.torchtitan_sac import _stub_triton_kernels, run_cli
 from planner import layout
 from planner.export import normalise_row
-from planner.export_torchtitan import CONFIGS, FP8_CONFIG, FP8_MODULE, fp8_module, torchtitan_args
+from planner.engines.torchtitan.export import CONFIGS, FP8_CONFIG, FP8_MODULE, fp8_module, torchtitan_args
 from planner.model import lookup
 
 OUT = Path(__file__).resolve().parent.parent / "data" / "references" / "torchtitan_cli.json"
@@ -116,7 +116,7 @@ def measure() -> list[dict]:
 
 
 def main(argv=None) -> int:
-    return run_cli(argv, __doc__, OUT, "python -m calibrate.torchtitan_cli: planner.export_torchtitan's overrides "
+    return run_cli(argv, __doc__, OUT, "python -m calibrate.torchtitan_cli: planner.engines.torchtitan.export's overrides "
                    "parsed by torchtitan 0.3.0's config.manager.ConfigManager (tyro over Trainer.Config)", measure)
 
 

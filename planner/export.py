@@ -24,6 +24,10 @@ Sources of the keys (paths relative to the installed packages):
   keys become launch arguments), accelerate/utils/dataclasses.py (DeepSpeedPlugin,
   FullyShardedDataParallelPlugin).
 * Megatron-LM: megatron/training/arguments.py; Megatron-DeepSpeed: megatron/arguments.py.
+
+Each engine's own files are written in its room: ds_config.json by planner/engines/deepspeed/export.py,
+the Megatron arguments by planner/engines/megatron/export.py, the FSDP plugin block by
+planner/engines/fsdp/export.py, torchtitan's launch.sh by planner/engines/torchtitan/export.py.
 """
 
 from __future__ import annotations
@@ -41,8 +45,10 @@ from planner.hardware import Cluster
 from planner.layout import Training, single
 from planner.model import ModelSpec
 from planner.rules import check_single
+from planner.engines.deepspeed.export import DS_CONFIG, DS_DEFAULTS, deepspeed_config
+from planner.engines.fsdp.export import fsdp_plugin_config
+from planner.engines.megatron.export import megatron_args, megatron_environment, recompute_method_args
 
-DS_CONFIG = "ds_config.json"
 ACCELERATE_CONFIG = "accelerate_config.yaml"
 LAUNCH = "launch.sh"
 MEGATRON_ARGS = "megatron_args.txt"
@@ -54,14 +60,8 @@ _ROW_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "zero", "offload_optimi
 EXTRA_DEFAULTS = {
     "train_script": "train.py",          # the user's training script (accelerate / deepspeed lines)
     "megatron_script": "pretrain_gpt.py",  # Megatron-LM / Megatron-DeepSpeed entry point
-    "nvme_path": "/local_nvme",          # DeepSpeed offload nvme_path (nvme offload only)
-    "lr": 3e-4,                          # optimizer learning-rate placeholder
-    "weight_decay": 0.1,
-    "betas": [0.9, 0.95],
-    "eps": 1e-8,
-    "steps_per_print": 10,
     "master_port": 29500,
-    "ds_config": None,                   # dict deep-merged into ds_config.json last (escape hatch)
+    **DS_DEFAULTS,                       # ds_config.json's (engines/deepspeed/export.py)
 }
 
 
@@ -110,8 +110,8 @@ def render(model: ModelSpec, cluster: Cluster, training: Training, layout_row: d
     opts = dict(EXTRA_DEFAULTS)
     opts.update(extra or {})
     check_row(model, cluster, training, row)
-    if training.engine.launcher is Launcher.TORCHTITAN:  # its trainer's own overrides (planner/export_torchtitan.py)
-        from planner import export_torchtitan
+    if training.engine.launcher is Launcher.TORCHTITAN:  # its trainer's own overrides (planner/engines/torchtitan/export.py)
+        from planner.engines.torchtitan import export as export_torchtitan
 
         script = export_torchtitan.launch_script(model, cluster, training, row, opts["master_port"],
                                                  allocator_environment(training))
@@ -136,138 +136,6 @@ def render(model: ModelSpec, cluster: Cluster, training: Training, layout_row: d
 
 # ---------------------------------------------------------------------------------------------
 # DeepSpeed
-
-def deepspeed_config(model: ModelSpec, cluster: Cluster, training: Training, row: dict,
-                     opts: dict | None = None) -> dict:
-    """The ds_config.json dict (only keys DeepSpeed 0.19 declares)."""
-    opts = {**EXTRA_DEFAULTS, **(opts or {})}
-    zc = training.zero_config
-    stage = row["zero"]
-    mbs, gas, dp = row["mbs"], row["gas"], row["dp"]
-    cfg: dict = {
-        # deepspeed/runtime/config.py _batch_assertion: train_batch_size must equal
-        # micro x accumulation x world size, where the world size is mpu.get_data_parallel_world_size()
-        # when an mpu is passed (Megatron-DeepSpeed passes its mpu, so TP/PP/CP ranks are excluded)
-        # and dist.get_world_size() otherwise (plain DeepSpeed: tp = pp = cp = 1, so world == dp).
-        "train_batch_size": mbs * gas * dp,
-        "train_micro_batch_size_per_gpu": mbs,
-        "gradient_accumulation_steps": gas,
-        "steps_per_print": int(opts["steps_per_print"]),
-        "wall_clock_breakdown": False,
-        "gradient_clipping": 1.0,
-    }
-
-    # precision: deepspeed/runtime/precision_config.py (DeepSpeedBF16Config / DeepSpeedFP16Config)
-    bf16 = {"enabled": training.precision in ("bf16", "bf16-pure")}
-    if training.precision == "bf16-pure" and stage >= 1:
-        # no fp32 master copy: bf16 master weights/grads and bf16 Adam moments. DeepSpeed's
-        # _do_error_check allows both only with ZeRO 1-3 (rules.py pure_bf16_needs_zero refuses stage 0)
-        bf16["bf16_master_weights_and_grads"] = True
-        bf16["bf16_optimizer_states"] = True
-    cfg["bf16"] = bf16
-    if training.zero_config.fp32_grad_accum:
-        # runtime/config.py get_data_types_params: data_types.grad_accum_dtype (DtypeEnum "fp32")
-        cfg["data_types"] = {"grad_accum_dtype": "fp32"}
-    if training.precision == "fp16":
-        # dynamic loss scaling with DeepSpeed's documented defaults (FP16_FORMAT in precision_config.py):
-        # loss_scale 0 = dynamic, initial scale 2**16, window 1000, hysteresis 2, floor 1
-        cfg["fp16"] = {"enabled": True, "auto_cast": False, "loss_scale": 0, "initial_scale_power": 16,
-                       "loss_scale_window": 1000, "hysteresis": 2, "consecutive_hysteresis": False,
-                       "min_loss_scale": 1}
-    else:
-        cfg["fp16"] = {"enabled": False}
-
-    # zero_optimization: deepspeed/runtime/zero/config.py DeepSpeedZeroConfig (extra='forbid')
-    zero: dict = {"stage": stage}
-    if stage >= 1:
-        # overlap_comm None -> DeepSpeed resolves it to (stage == 3) in overlap_comm_valid; write it resolved
-        zero["overlap_comm"] = bool(zc.overlap_comm) if zc.overlap_comm is not None else stage == 3
-        zero["contiguous_gradients"] = bool(zc.contiguous_gradients)
-        zero["reduce_bucket_size"] = int(zc.reduce_bucket_size)
-        if stage in (1, 2):
-            zero["allgather_bucket_size"] = int(zc.allgather_bucket_size)  # ZeRO-1/2 param all-gather
-        if stage == 3:
-            # the stage3_* names are pydantic aliases of prefetch_bucket_size etc. in DeepSpeedZeroConfig
-            zero["stage3_prefetch_bucket_size"] = int(zc.stage3_prefetch_bucket_size)
-            zero["stage3_max_live_parameters"] = int(zc.stage3_max_live_parameters)
-            zero["stage3_max_reuse_distance"] = int(zc.stage3_max_reuse_distance)
-            zero["stage3_param_persistence_threshold"] = int(zc.stage3_param_persistence_threshold)
-        zero["sub_group_size"] = int(zc.sub_group_size)
-        if row["offload_optimizer"] != "none":
-            # zero/offload_config.py DeepSpeedZeroOffloadOptimizerConfig: device cpu|nvme, nvme_path, pin_memory
-            zero["offload_optimizer"] = _offload(row["offload_optimizer"], opts["nvme_path"])
-            if row["offload_optimizer"] == "nvme":  # the buffers planned in host memory (memory.host_bytes)
-                zero["offload_optimizer"]["buffer_count"] = int(zc.nvme_optimizer_buffer_count)
-        if stage == 3 and row["offload_params"] != "none":
-            # DeepSpeedZeroOffloadParamConfig (ZeRO-3 only)
-            zero["offload_param"] = _offload(row["offload_params"], opts["nvme_path"])
-            if row["offload_params"] == "nvme":
-                zero["offload_param"].update(buffer_count=int(zc.nvme_param_buffer_count),
-                                             buffer_size=int(zc.nvme_param_buffer_size),
-                                             max_in_cpu=int(zc.nvme_params_in_cpu))
-    cfg["zero_optimization"] = zero
-
-    # optimizer: deepspeed/runtime/config.py DEEPSPEED_OPTIMIZERS; engine._configure_basic_optimizer
-    offload = row["offload_optimizer"] != "none"
-    if training.optimizer == "adamw":
-        # With offload_optimizer DeepSpeed builds DeepSpeedCPUAdam(adamw_mode=True) from type "AdamW"
-        # itself (engine.get_optimizer_configuration: zero_use_cpu_optimizer()); there is no separate
-        # "CPUAdam" type. Without offload the same type gives FusedAdam(adam_w_mode=True).
-        # torch_adam false keeps DeepSpeed's own kernels instead of torch.optim.AdamW.
-        cfg["optimizer"] = {"type": "AdamW", "params": {
-            "lr": float(opts["lr"]), "betas": [float(b) for b in opts["betas"]], "eps": float(opts["eps"]),
-            "weight_decay": float(opts["weight_decay"]), "torch_adam": False}}
-    elif training.optimizer == "sgd":
-        # not a DeepSpeed optimizer: the engine falls back to getattr(torch.optim, "SGD")
-        cfg["optimizer"] = {"type": "SGD", "params": {"lr": float(opts["lr"]), "momentum": 0.9,
-                                                      "weight_decay": float(opts["weight_decay"])}}
-    # adafactor / adam8bit: no DeepSpeed type; the script passes its own optimizer to
-    # deepspeed.initialize / accelerator.prepare, so no "optimizer" section.
-    if training.optimizer != "adamw" and stage >= 1:
-        # engine._do_optimizer_sanity_check asserts unless this is set for non-Adam optimizers
-        cfg["zero_allow_untested_optimizer"] = True
-    if training.optimizer in ("adafactor", "adam8bit") and offload:
-        # engine._configure_optimizer raises for a client optimizer under ZeRO-Offload unless false
-        cfg["zero_force_ds_cpu_optimizer"] = False
-
-    if row["recompute"] != "none" and (training.engine.launcher is Launcher.MEGATRON_DEEPSPEED or row["pp"] > 1):
-        # deepspeed/runtime/activation_checkpointing/config.py. The section switches nothing on: DeepSpeed
-        # 0.19.8 parses it (runtime/config.py DeepSpeedConfig.activation_checkpointing_config) and only
-        # deepspeed.checkpointing.configure(mpu, deepspeed_config=...) reads it (checkpointing.py
-        # _configure_using_config_file), for deepspeed.checkpointing.checkpoint: Megatron-DeepSpeed's
-        # --deepspeed-activation-checkpointing (whose store_true flags then override every key:
-        # megatron/initialize.py setup_deepspeed_random_and_activation_checkpointing, f4157be) and
-        # PipelineModule's activation_checkpoint_func. DeepSpeedEngine never reads it, so a Hugging Face
-        # model at pp 1 gets none (its recompute is activation_checkpointing_enable: launch.sh, plan.json).
-        # partition_activations splits the saved layer inputs over the tensor-parallel group, so it is
-        # written only where tp > 1 (planner/activations.py checkpoint_partitions, timing.py checkpoint_restore_s)
-        zc = training.zero_config
-        cfg["activation_checkpointing"] = {
-            "partition_activations": zc.partition_activations and row["tp"] > 1,
-            "cpu_checkpointing": zc.cpu_checkpointing,
-            "contiguous_memory_optimization": False,
-            "synchronize_checkpoint_boundary": False,
-            "profile": False,
-        }
-
-    if isinstance(opts.get("ds_config"), dict):
-        _deep_merge(cfg, opts["ds_config"])
-    return cfg
-
-
-def _offload(device: str, nvme_path) -> dict:
-    out = {"device": device, "pin_memory": True}
-    if device == "nvme":
-        out["nvme_path"] = str(nvme_path)
-    return out
-
-
-def _deep_merge(base: dict, over: dict) -> None:
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(base.get(k), dict):
-            _deep_merge(base[k], v)
-        else:
-            base[k] = v
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,7 +167,7 @@ def accelerate_config(model: ModelSpec, cluster: Cluster, training: Training, ro
         # then raises ValueError. AcceleratorState.mixed_precision reads bf16/fp16 from ds_config.json.
     elif training.engine.launcher is Launcher.FSDP:
         cfg["distributed_type"] = "FSDP"
-        cfg["fsdp_config"] = _fsdp_config(cluster, training, row)
+        cfg["fsdp_config"] = fsdp_plugin_config(cluster, training, row)
         if (row["tp"] > 1 or row["cp"] > 1) and cfg["fsdp_config"]["fsdp_version"] == 2:
             # accelerate/utils/launch.py prepare_extend_env_parallelism_config (FSDP2 only); keys are
             # copied verbatim to launch args, so they carry the parallelism_config_ prefix
@@ -331,7 +199,7 @@ def accelerate_config(model: ModelSpec, cluster: Cluster, training: Training, ro
         if row["recompute"] != "none":
             mlm["megatron_lm_recompute_granularity"] = row["recompute"]
         if row["recompute"] == "full":  # accelerate utils/dataclasses.py MegatronLMPlugin recompute_method
-            mlm["megatron_lm_recompute_method"], mlm["megatron_lm_recompute_num_layers"] = _recompute_method(row)
+            mlm["megatron_lm_recompute_method"], mlm["megatron_lm_recompute_num_layers"] = recompute_method_args(row)
         if row["cp"] > 1:
             mlm["megatron_lm_context_parallel_size"] = row["cp"]
         if row["ep"] > 1:
@@ -350,36 +218,6 @@ def accelerate_config(model: ModelSpec, cluster: Cluster, training: Training, ro
         "rdzv_backend": "static",
         "same_network": True,
         "use_cpu": False,
-    })
-    return cfg
-
-
-def _fsdp_config(cluster: Cluster, training: Training, row: dict) -> dict:
-    stage = row["zero"]
-    # FSDP2 (fully_shard) has no NO_SHARD: ZeRO 0 without tp/cp uses FSDP1 NO_SHARD (DDP-like);
-    # ZeRO 2/3 use FSDP2, where reshard_after_forward False/True is SHARD_GRAD_OP/FULL_SHARD
-    # (FullyShardedDataParallelPlugin.__post_init__ requires a bool for version 2).
-    version = 1 if stage == 0 and row["tp"] == 1 and row["cp"] == 1 else 2
-    strategy = {3: "FULL_SHARD", 2: "SHARD_GRAD_OP"}.get(stage, "NO_SHARD")
-    cfg: dict = {"fsdp_version": version}
-    if version == 1:
-        cfg["fsdp_sharding_strategy"] = strategy  # FSDP1 only; deprecated for FSDP2
-        cfg["fsdp_use_orig_params"] = True
-    else:
-        cfg["fsdp_reshard_after_forward"] = stage == 3  # FULL_SHARD if True, SHARD_GRAD_OP if False
-    cfg.update({
-        # TRANSFORMER_BASED_WRAP without class names wraps the model's _no_split_modules (transformers)
-        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-        # FSDP CPU offload moves parameters, gradients and the optimizer step to the host; NVMe is
-        # not an FSDP option (the nearest is CPU)
-        "fsdp_offload_params": row["offload_optimizer"] != "none" or row["offload_params"] != "none",
-        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-        "fsdp_cpu_ram_efficient_loading": True,
-        "fsdp_sync_module_states": True,  # required by cpu_ram_efficient_loading (utils/launch.py)
-        # accelerate's FSDP checkpointing wraps every decoder layer; a partial plan is the train
-        # script's every_n_layers call instead (launch.sh says which, hf_checkpointing_line)
-        "fsdp_activation_checkpointing": row["recompute"] == "full" and not row["recompute_layers"]
-                                         and not training.zero_config.cpu_checkpointing,
     })
     return cfg
 
@@ -436,159 +274,8 @@ def _wants_megatron(training: Training, row: dict) -> bool:
     return training.engine.megatron or max(row["tp"], row["pp"], row["cp"]) > 1
 
 
-def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_path: str = DS_CONFIG) -> list[str]:
-    """Megatron arguments, one "--flag [value]" string each.
-
-    Names are Megatron-LM's (megatron/training/arguments.py); with engine megatron-deepspeed the
-    few that Megatron-DeepSpeed names differently use its names (megatron/arguments.py there).
-    """
-    mds = training.engine.launcher is Launcher.MEGATRON_DEEPSPEED
-    t, p, c, e, v = row["tp"], row["pp"], row["cp"], row["ep"], row["vpp"]
-    a: list[str] = [f"--tensor-model-parallel-size {t}", f"--pipeline-model-parallel-size {p}"]
-    if v > 1:
-        a.append(f"--num-layers-per-virtual-pipeline-stage {model.layers // (p * v)}")
-    if c > 1:
-        # Megatron-LM context parallelism; Megatron-DeepSpeed's sequence split is DeepSpeed-Ulysses
-        a.append(f"--ds-sequence-parallel-size {c}" if mds else f"--context-parallel-size {c}")
-    if model.experts > 1:
-        a.append(f"--num-experts {model.experts}")
-        a.append(f"--topk {model.experts_per_token}" if mds else f"--moe-router-topk {model.experts_per_token}")
-        if model.shared_expert_ffn and not mds:  # Megatron-LM training/arguments.py (Qwen-MoE style)
-            a.append(f"--moe-shared-expert-intermediate-size {model.shared_expert_ffn}")
-        if not mds:
-            # megatron-core 0.16.1 TransformerConfig moe_token_dispatcher_type defaults to "allgather"; the
-            # planner times MoEAlltoAllTokenDispatcher (timing.ep_all_to_all_s, timing.moe_count_sync_s),
-            # which NVIDIA's own MoE recipes set (megatron-bridge 0.3.1 recipes/qwen/qwen3_moe.py, deepseek_v3.py)
-            a.append("--moe-token-dispatcher-type alltoall")
-        if model.moe_layers != model.layers and not mds:
-            # megatron-core 0.16.1 TransformerConfig moe_layer_freq (a per-layer 0/1 pattern, which
-            # Megatron-LM's --moe-layer-freq evaluates); --ffn-hidden-size is then the dense blocks'
-            # width (--moe-ffn-hidden-size the experts', _megatron_shape_args)
-            pattern = f"([0]*{model.dense_layers}+[1]*{model.moe_layers})" if model.moe_layer_step == 1 else \
-                "[" + ",".join(str(int(model.is_routed(i))) for i in range(model.layers)) + "]"
-            a.append(f"--moe-layer-freq {pattern}")
-        # Megatron-LM training/arguments.py, megatron-core 0.16.1 TransformerConfig moe_expert_capacity_factor and
-        # moe_pad_expert_input_to_capacity; Megatron-DeepSpeed's own capacity argument is not written (unread)
-        if training.moe_capacity_factor is not None and not mds:
-            a.append(f"--moe-expert-capacity-factor {training.moe_capacity_factor!r}")
-            if training.moe_pad_to_capacity:
-                a.append("--moe-pad-expert-input-to-capacity")
-    if e > 1:
-        a.append(f"--moe-expert-parallel-size {e}" if mds else f"--expert-model-parallel-size {e}")
-    if row.get("etp") and row["etp"] != t and not mds:  # megatron-core model_parallel_config.py
-        a.append(f"--expert-tensor-parallel-size {row['etp']}")
-    if row["sequence_parallel"]:
-        a.append("--sequence-parallel")
-    a += [f"--micro-batch-size {row['mbs']}",
-          f"--global-batch-size {row['mbs'] * row['gas'] * row['dp']}",  # Megatron derives gas from it
-          f"--seq-length {training.seq_len}",
-          f"--max-position-embeddings {max(training.seq_len, model.max_positions)}",
-          f"--num-layers {model.layers}",
-          f"--hidden-size {model.hidden}",
-          f"--num-attention-heads {model.heads}"]
-    # Megatron-DeepSpeed f4157be megatron/arguments.py _add_network_size_args has no --group-query-attention
-    if model.kv_heads < model.heads and mds:
-        a.append(f"--num-key-value-heads {model.kv_heads}")
-    elif model.kv_heads < model.heads:
-        a += ["--group-query-attention", f"--num-query-groups {model.kv_heads}"]
-    if model.head_dim and model.head_dim != model.hidden // model.heads and not model.kv_lora_rank:
-        a.append(f"--kv-channels {model.head_dim}")
-    a.append(f"--ffn-hidden-size {model.dense_ffn if model.moe_layers != model.layers and not mds else model.ffn}")
-    if model.kv_lora_rank and not mds:  # megatron-core 0.16.1 MLATransformerConfig fields
-        a += ["--multi-latent-attention", f"--kv-lora-rank {model.kv_lora_rank}",
-              f"--qk-head-dim {model.dim_per_head - model.qk_rope_head_dim}",
-              f"--qk-pos-emb-head-dim {model.qk_rope_head_dim}", f"--v-head-dim {model.v_head_dim or model.dim_per_head}"]
-        a += [f"--q-lora-rank {model.q_lora_rank}"] if model.q_lora_rank else []
-    if model.ffn_kind == "swiglu":
-        a.append("--swiglu")
-    a += _megatron_shape_args(model, mds)
-    if training.optimizer == "sgd":
-        a.append("--optimizer sgd")
-    if mds:
-        # DeepSpeed owns ZeRO here (deepspeed.add_config_arguments + Megatron-DeepSpeed --zero-stage)
-        a += ["--deepspeed", f"--deepspeed_config {ds_config_path}", f"--zero-stage {row['zero']}"]
-        if p == 1:
-            a.append("--no-pipeline-parallel")  # plain DeepSpeed engine instead of PipelineModule
-        if row["recompute"] != "none":
-            a.append("--deepspeed-activation-checkpointing")  # uses ds_config activation_checkpointing
-            # megatron/initialize.py _set_deepspeed_activation_checkpointing passes args.partition_activations
-            # to deepspeed.checkpointing.configure, which sets it over the config's key: the flag decides
-            if training.zero_config.partition_activations and row["tp"] > 1:
-                a.append("--partition-activations")
-            if training.zero_config.cpu_checkpointing:
-                # passed as checkpoint_in_cpu to the same configure call, over the config's cpu_checkpointing
-                # (store_true: without it DeepSpeed keeps the checkpointed inputs on the GPU)
-                a.append("--checkpoint-in-cpu")
-    else:
-        if row["zero"] >= 1:
-            a.append("--use-distributed-optimizer")  # Megatron's ZeRO-1-like optimizer-state sharding
-        if row["offload_optimizer"] != "none":
-            # megatron-core 0.16.1 OptimizerConfig optimizer_cpu_offload, optimizer_offload_fraction
-            # (Training.optimizer_offload_fraction) and use_precision_aware_optimizer, under which the
-            # HybridDeviceOptimizer steps the 16-bit shards and the GPU keeps no fp32 main parameter
-            # (distrib_optimizer.py _build_model_and_main_param_groups); the flags spelled as Megatron-LM
-            # spells OptimizerConfig's fields (its training/arguments.py is not in the wheel: unread)
-            a += ["--optimizer-cpu-offload", f"--optimizer-offload-fraction {training.optimizer_offload_fraction!r}"]
-        if row["offload_optimizer"] != "none" or training.precision == "bf16-pure":
-            a.append("--use-precision-aware-optimizer")
-        if training.precision == "bf16-pure":  # Engine.precision_aware_optimizer: bf16 grads and moments
-            a += ["--main-grads-dtype bf16", "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"]
-        # the overlaps the planner's step time assumes (timing.py overlapped_dp_s); Megatron-LM
-        # training/arguments.py: --overlap-param-gather needs --use-distributed-optimizer
-        if row["rank_order"] == "tp-cp-pp-dp":  # training/initialize.py: order 'tp-cp-ep-pp-dp'
-            a.append("--use-tp-pp-dp-mapping")
-        if training.pipeline_edge_layers and row["pp"] > 1:  # the embedding and the loss count as a block each
-            a += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
-        if not training.overlap_p2p and row["pp"] > 1 and row["vpp"] > 1:
-            a.append("--no-overlap-p2p-communication")  # on by default with interleaving
-        if training.grad_reduce_in_bf16:
-            a.append("--grad-reduce-in-bf16")  # training/arguments.py: main grads and their reduction in bf16
-        if training.tp_comm_overlap and row["sequence_parallel"]:
-            a.append("--tp-comm-overlap")  # needs --sequence-parallel and TransformerEngine
-        if bool(training.overlaps_grad_reduce(row["zero"])):
-            a.append("--overlap-grad-reduce")
-            if row["zero"] >= 1:
-                a.append("--overlap-param-gather")
-    if row["recompute"] == "selective":
-        a.append("--recompute-granularity selective")
-    elif row["recompute"] == "full":
-        method, layers = _recompute_method(row)
-        a += ["--recompute-granularity full", f"--recompute-method {method}", f"--recompute-num-layers {layers}"]
-    if training.precision in ("bf16", "bf16-pure"):
-        a.append("--bf16")
-    elif training.precision == "fp16":
-        a.append("--fp16")
-    if training.fp8_recipe is not None:
-        # Megatron-LM d98e8a6 transformer_config.py: fp8 (--fp8-format) has no default and switches FP8
-        # on; 'hybrid' is e4m3 forward and e5m2 gradients, what NeMo's FP8 recipes run
-        a += ["--fp8-format hybrid", f"--fp8-recipe {training.fp8_recipe}"]
-        if training.fp8_param_gather and row["zero"] >= 1:  # arguments.py: only with the distributed optimizer
-            a.append("--fp8-param-gather")
-    if training.flash_attention:
-        # Megatron-DeepSpeed f4157be megatron/arguments.py: --use-flash-attn is --use-flash-attn-v1, whose
-        # ParallelAttention asserts flash_attn_unpadded_func (flash-attn 1.x); v2 is flash_attn_varlen_func
-        a.append("--use-flash-attn-v2" if mds else "--use-flash-attn")
-    return a
-
-
 # ---------------------------------------------------------------------------------------------
 # launch.sh
-
-
-def megatron_environment(cluster: Cluster, training: Training, row: dict) -> list[str]:
-    """The environment Megatron's TP overlaps the plan assumes need: kernels issued in the order
-    called, so each async all-gather or reduce-scatter starts before the GEMM it hides behind
-    (megatron-core 0.16.1 tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication:
-    "requires that the environment variable CUDA_DEVICE_MAX_CONNECTIONS=1"); and, for
-    --tp-comm-overlap below compute capability 9.0, Userbuffers over CUDA IPC (TransformerEngine
-    2.20.2 pytorch/module/base.py initialize_ub raises without CUDA multicast unless UB_SKIPMC=1)."""
-    lines = []
-    # Megatron-LM d98e8a6 training/arguments.py validate_args asserts it for TP or CP before compute capability 10
-    if row["tp"] > 1 or row["cp"] > 1:
-        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # TP/CP collectives ordered before the GEMMs they hide")
-        if training.tp_comm_overlap and row["sequence_parallel"] and cluster.gpu.compute_capability < 9.0:
-            lines.append("export UB_SKIPMC=1  # --tp-comm-overlap: no CUDA multicast before compute capability 9.0")
-    return lines
 
 
 def allocator_environment(training: Training) -> list[str]:
@@ -749,42 +436,6 @@ def _one_line(v) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # helpers
-
-def _megatron_shape_args(model: ModelSpec, mds: bool = False) -> list[str]:
-    """The model's shape where Megatron-LM's defaults differ (its arguments map one to one onto
-    megatron-core 0.16.1 transformer/transformer_config.py TransformerConfig: normalization
-    'LayerNorm', add_bias_linear True, add_qkv_bias False, qk_layernorm False, hidden_dropout and
-    attention_dropout 0.1, moe_ffn_hidden_size; models/gpt/gpt_model.py GPTModel
-    share_embeddings_and_output_weights, position_embedding_type 'learned_absolute'). `mds`:
-    Megatron-DeepSpeed f4157be megatron/arguments.py's spellings (_add_network_size_args: normalization
-    'layernorm', --use-rotary-position-embeddings, which validate_args makes drop the learned
-    positions; it has no q/k/v-only bias, QK norm or MoE width of its own)."""
-    a = []
-    if model.norm == "rmsnorm":
-        a.append("--normalization rmsnorm" if mds else "--normalization RMSNorm")
-    if model.positions == "rotary":
-        a.append("--use-rotary-position-embeddings" if mds else "--position-embedding-type rope")
-    if not model.bias:
-        a.append("--disable-bias-linear")
-        if model.qkv_bias and not mds:
-            a.append("--add-qkv-bias")
-    if model.qk_norm and not mds:
-        a.append("--qk-layernorm")
-    if not model.tied_embeddings:
-        a.append("--untie-embeddings-and-output-weights")
-    if not model.dropout:
-        a += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
-    if model.experts > 1 and not mds:
-        a.append(f"--moe-ffn-hidden-size {model.ffn}")
-    return a
-
-
-def _recompute_method(row: dict) -> tuple:
-    """Megatron's full recompute: the first N layers of each chunk ('block', --recompute-layers) or
-    every layer in checkpoints of N ('uniform'), else every layer on its own ('uniform' chunks of 1)."""
-    if not row.get("recompute_layers"):
-        return ("uniform", 1)
-    return (row.get("recompute_method") or "block", row["recompute_layers"])
 
 
 def normalise_row(layout_row: dict) -> dict:

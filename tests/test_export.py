@@ -582,7 +582,7 @@ def test_fp32_grad_accumulation_reaches_deepspeed(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # torchtitan: its trainer's own overrides, parsed by its own ConfigManager
 #
-# data/references/torchtitan_cli.json: planner.export_torchtitan's overrides for 13 layouts, parsed by
+# data/references/torchtitan_cli.json: planner.engines.torchtitan.export's overrides for 13 layouts, parsed by
 # torchtitan 0.3.0's config.manager.ConfigManager (python -m calibrate.torchtitan_cli; torchtitan is not
 # a test dependency). The parsed Trainer.Config must say what the layout means.
 
@@ -592,8 +592,8 @@ TORCHTITAN_CLI = json.loads((Path(__file__).resolve().parent.parent / "data/refe
 @pytest.mark.parametrize("case", TORCHTITAN_CLI["rows"], ids=lambda c: f"{c['model']}-{c['precision']}-"
                          + "-".join(f"{k}{c['row'][k]}" for k in ("tp", "pp", "vpp", "cp", "ep", "zero")))
 def test_torchtitan_overrides_parse_into_the_layout(case):
-    from planner import export_torchtitan
-    from planner.export_torchtitan import torchtitan_args
+    from planner.engines.torchtitan import export as export_torchtitan
+    from planner.engines.torchtitan.export import torchtitan_args
     from planner.model import lookup
 
     row, parsed = case["row"], case["parsed"]

@@ -9,7 +9,7 @@ import pytest
 
 from planner import activations, api, cli, corpus, export, layout, timing
 from planner.errors import InputError
-from planner.export_torchtitan import fp8_module
+from planner.engines.torchtitan.export import fp8_module
 from planner.model import lookup
 
 GPT = dict(layers=4, hidden=2048, heads=16, ffn=8192, vocab=32000, ffn_kind="gelu")
