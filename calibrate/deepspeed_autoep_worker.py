@@ -3,7 +3,7 @@ split a Hugging Face Mixtral's experts over 2 gloo ranks (DS_ACCELERATOR=cpu) wi
 transformers? Run under DeepSpeed's launcher (calibrate/launch.py, launcher="deepspeed") with the
 ds_config as its argument; each rank trains 2 steps and writes the MoE block's class and its experts'
 parameter shapes, or the exception deepspeed.initialize raised. tests/test_engines.py reads it: the
-planner's `deepspeed` engine offers --ep > 1 only once this launches (planner/engines.py
+planner's `deepspeed` engine offers --ep > 1 only once this launches (planner/engines/
 expert_parallel).
 """
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.activations import llm_foundry_block_input_scale, op_sac_matmuls, recomputed_layers
+from planner.activations import op_sac_matmuls, recomputed_layers
 from planner.engines import Modules, SelectivePolicy
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
@@ -18,6 +18,7 @@ from planner.model import ModelSpec
 from planner.modules import autocasts_fp32_params, block_modules
 from planner.moe import routed_per_token
 from planner.options import Fp8Recipe, Recompute
+from planner.saved.llm_foundry import llm_foundry_block_input_scale
 
 
 def peak_flops_per_s(cluster: Cluster, training: Training) -> float:

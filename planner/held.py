@@ -24,7 +24,7 @@ def sharded_bytes(bytes_per_param, on, dense, expert, training: Training, lay: L
 
 def deferred_reduction(training: Training, lay: Layouts) -> np.ndarray:
     """Pipelines that keep parameters gathered and gradients unsharded across the micro-batches
-    (planner/engines.py pipeline_defers_grad_reduction)."""
+    (planner/engines/base.py pipeline_defers_grad_reduction)."""
     return (lay.pp > 1) & training.engine.pipeline_defers_grad_reduction
 
 

@@ -62,7 +62,7 @@ def autocasts_fp32_params(model, training) -> bool:
     'default' mixed precision (FSDP_MIXED_PRECISION) and a master copy to keep. Then the FSDP all-gathers and unsharded units move fp32 (held.gathered_param_bytes),
     autograd keeps each GEMM's 16-bit weight cast (memory.autocast_weight_bytes), the casts cost HBM
     traffic (compute.autocast_weight_traffic_s) and the residual stream is fp32
-    (activations.llm_foundry_block_input_scale)."""
+    (planner/saved/llm_foundry.py llm_foundry_block_input_scale)."""
     return (block_modules(model, training) is Modules.LLM_FOUNDRY and training.engine.buffers is Buffers.FSDP
             and training.fsdp_mixed_precision == "default" and training.precision.has_master_copy)
 

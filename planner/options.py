@@ -33,7 +33,7 @@ class Choice(IntEnum):
 
 class Recompute(Choice):
     """Activation recomputation (Korthikanti et al. 2022 section 5); what 'selective' keeps is
-    the engine's policy (planner/engines.py)."""
+    the engine's policy (planner/engines/)."""
 
     NONE = 0
     SELECTIVE = 1

@@ -1,5 +1,5 @@
 """Which layouts are valid: the structural rules every engine shares, and the engine rules,
-generated from the engine records (planner/engines.py). Vectorized over `Layouts`; a single
+generated from the engine records (planner/engines/). Vectorized over `Layouts`; a single
 layout raises the first broken rule's message, naming its flag."""
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def _ep_ranks_broken(training: Training, lay: Layouts) -> np.ndarray:
 
 
 def _etp_broken(training: Training, lay: Layouts) -> np.ndarray:
-    """An explicit etp the engine cannot run (planner/engines.py ExpertTP)."""
+    """An explicit etp the engine cannot run (planner/engines/base.py ExpertTP)."""
     kind, etp = training.engine.expert_tp, lay.etp
     allowed = {ExpertTP.CHOICE: (etp == 1) | (etp == lay.tp), ExpertTP.SPLIT: etp == lay.tp,
                ExpertTP.BY_EP: etp == np.where(lay.ep > 1, 1, lay.tp), ExpertTP.WHOLE: etp == 1}[kind]

@@ -45,7 +45,7 @@ def _rank_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> t
 
 def expert_tp(training: Training, lay: Layouts) -> np.ndarray:
     """TP ranks a routed expert's split matrices divide over: the layout's etp, else the engine's
-    default (planner/engines.py ExpertTP): t where experts split like the dense layers
+    default (planner/engines/base.py ExpertTP): t where experts split like the dense layers
     (megatron-core 0.16.1 model_parallel_config.py expert_tensor_parallel_size defaults to the TP
     size), 1 where they stay whole (DeepSpeed 0.19 moe/layer.py enable_expert_tensor_parallelism
     False) or EP takes their place (torchtitan 0.3.0 with expert_parallel_degree > 1). The FLOPs

@@ -9,7 +9,7 @@ def fp32_gqa_math_extra_bytes(q: int, kv: int, o: int, heads: int, seq: int, tok
     CUDA's flash kernel takes fp16/bf16 only and its memory-efficient kernel no enable_gqa, so the
     math kernel (_scaled_dot_product_attention_math) keeps q scaled (q wide), k repeated and scaled
     (q), v repeated (o), the fp32 softmax output (heads x seq) and o_proj's contiguous input (o).
-    Measured on an H200 (planner.activations.hf_attention_core_saved)."""
+    Measured on an H200 (planner/saved/hf_llama.py hf_attention_core_saved)."""
     cpu = 4 * (q + 2 * kv + o + (o if o_proj_copy_on_cpu else 0)) + 4 * heads
     cuda = 4 * (2 * q + 2 * o + heads * seq)
     return tokens * (cuda - cpu)

@@ -1,5 +1,5 @@
 """What transformers 5.25's Llama4TextDecoderLayer saves for backward, counted on the CPU with
-saved_tensors_hooks (calibrate/saved.py), against planner/activations.py hf_llama4_saved.
+saved_tensors_hooks (calibrate/saved.py), against planner/saved/hf_llama.py hf_llama4_saved.
 
 A layer is what a base model (AutoModel of a llama4_text config) of more decoder layers saves beyond
 one of fewer, every storage once, the weights left out, counting only what the graph still holds once
@@ -33,6 +33,7 @@ transformers = pytest.importorskip("transformers")
 
 from calibrate.saved import hf_layer_bytes, hf_saved_bytes  # noqa: E402
 from planner import activations, layout  # noqa: E402
+from planner.saved import hf_llama  # noqa: E402
 from planner.hf_config import from_hf_config  # noqa: E402
 
 SEQ, BATCH = 16, 2
@@ -110,7 +111,7 @@ def check(change: dict, impl: str = "sdpa", e: int = 2, seq: int = SEQ, dense: b
 @pytest.fixture
 def chunk(monkeypatch):
     """Sets the planner's chunk size to the config's (ModelSpec has no field for it; Llama 4's is 8192)."""
-    return lambda size: monkeypatch.setattr(activations, "LLAMA4_ATTENTION_CHUNK_SIZE", size)
+    return lambda size: monkeypatch.setattr(hf_llama, "LLAMA4_ATTENTION_CHUNK_SIZE", size)
 
 
 def test_worked_example_moe_sdpa_bf16():

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from planner import activations, layout
+from planner.saved import torchtitan as saved_torchtitan
 from planner.model import ModelSpec
 
 DOC = json.loads((Path(__file__).resolve().parent.parent / "data/references/torchtitan_mla_cpu.json").read_text())
@@ -99,7 +100,7 @@ def test_unchecked_dense_first_mla_block_on_cuda():
         assert planned(row) == cuda_equivalent(row), row
     standard = ModelSpec(layers=4, hidden=256, heads=8, kv_heads=8, head_dim=48, ffn=512, vocab=2048)
     train = layout.Training(seq_len=128, precision="bf16", engine="torchtitan")
-    assert sum(x.bytes_per_token for x in activations.torchtitan_attention_saved(standard, train)) == 4_164
+    assert sum(x.bytes_per_token for x in saved_torchtitan.torchtitan_attention_saved(standard, train)) == 4_164
 
 
 def test_unchecked_moe_mla_block_on_cuda():
@@ -163,7 +164,7 @@ def test_any_term_ten_times_wrong_fails(monkeypatch):
     """Mutation check: each of torchtitan_mla_attention_saved's terms made 10x, one at a time, breaks
     the unchecked comparison in at least one recorded case (the wq_a case has all 15 terms), and each
     MLA matmul's output width made 10x breaks the selective one."""
-    original = activations.torchtitan_mla_attention_saved
+    original = saved_torchtitan.torchtitan_mla_attention_saved
     train = layout.Training(seq_len=128, precision="bf16", engine="torchtitan")
     n_terms = len(original(spec(rows("none")[1]), train))
     assert n_terms == 15
@@ -171,9 +172,9 @@ def test_any_term_ten_times_wrong_fails(monkeypatch):
         def mla(model, training, i=i):
             out = original(model, training)
             return [replace(x, bytes_per_token=10 * x.bytes_per_token) if j == i else x for j, x in enumerate(out)]
-        monkeypatch.setattr(activations, "torchtitan_mla_attention_saved", mla)
+        monkeypatch.setattr(saved_torchtitan, "torchtitan_mla_attention_saved", mla)
         assert any(planned(r) != cuda_equivalent(r) for r in rows("none")), i
-    monkeypatch.setattr(activations, "torchtitan_mla_attention_saved", original)
+    monkeypatch.setattr(saved_torchtitan, "torchtitan_mla_attention_saved", original)
     matmuls = activations.op_sac_matmuls
     for name in ("wq", "wq_a", "wq_b", "wkv_a", "wkv_b", "wo"):
         def wide(model, name=name):
@@ -193,12 +194,12 @@ def test_tp_splits_follow_deepseek_v3_sharding(tp):
     against the sharding plan term by term."""
     row = rows("none")[1]
     train = layout.Training(seq_len=row["seq"], precision="bf16", engine="torchtitan")
-    splits = {x.name: x.split for x in activations.torchtitan_mla_attention_saved(spec(row), train)}
-    whole = [name for name, split in splits.items() if split == activations.WHOLE]
+    splits = {x.name: x.split for x in saved_torchtitan.torchtitan_mla_attention_saved(spec(row), train)}
+    whole = [name for name, split in splits.items() if split == saved_torchtitan.WHOLE]
     assert whole == ["wq or wq_a, and wkv_a input (norm output)", "q_norm input (wq_a output)", "q_norm rstd (fp32)",
                      "wq_b input (q_norm output)", "kv_norm input: wkv_a's whole output (a split view of it)",
                      "kv_norm rstd (fp32)", "wkv_b input (kv_norm output)"]
-    assert [name for name, split in splits.items() if split == activations.TP] == [
+    assert [name for name, split in splits.items() if split == saved_torchtitan.TP] == [
         "wkv_b output (v is a view of it)", "q (torch.cat of its non-rotary and rotary parts)",
         "k (torch.cat of k_nope and k_pe expanded over the heads)", "flex output (wo input)",
         "flex logsumexp (fp32)", "flex max_scores (fp32)"]

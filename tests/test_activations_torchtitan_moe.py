@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from planner import activations, layout
+from planner import activations, layout, saved
 from planner.model import ModelSpec
 
 DOC = json.loads((Path(__file__).resolve().parent.parent / "data/references/torchtitan_moe_cpu.json").read_text())
@@ -120,7 +120,7 @@ def test_every_term_is_visible(policy):
     row = DOC["rows"][0]
     train = layout.Training(seq_len=row["seq"], precision="bf16", engine="torchtitan")
     tokens = row["seq"] * row["batch"]
-    terms = [x.bytes_per_token for x in activations.torchtitan_moe_saved(spec(row), train)] if policy == "none" else \
+    terms = [x.bytes_per_token for x in saved.torchtitan_moe_saved(spec(row), train)] if policy == "none" else \
         [x.bytes_per_token for x in activations.torchtitan_topk_saved(spec(row))]
     assert min(terms) >= 4 and 9 * tokens * min(terms) > 1000 * UNATTRIBUTED
 
@@ -130,7 +130,7 @@ def test_any_term_ten_times_wrong_fails(monkeypatch):
     10x, one at a time, breaks the unchecked (selective) comparison in at least one recorded case."""
     from dataclasses import replace
 
-    original_moe, original_topk = activations.torchtitan_moe_saved, activations.torchtitan_topk_saved
+    original_moe, original_topk = saved.torchtitan_moe_saved, activations.torchtitan_topk_saved
     n_terms = len(original_moe(spec(DOC["rows"][15]), layout.Training(seq_len=128, precision="bf16",
                                                                          engine="torchtitan")))
     assert n_terms == 34  # the shared-expert, route_norm case: every term present (13 attention, 21 MLP)
@@ -138,9 +138,9 @@ def test_any_term_ten_times_wrong_fails(monkeypatch):
         def moe(model, training, i=i):
             out = original_moe(model, training)
             return [replace(x, bytes_per_token=10 * x.bytes_per_token) if j == i else x for j, x in enumerate(out)]
-        monkeypatch.setattr(activations, "torchtitan_moe_saved", moe)
+        monkeypatch.setattr(saved, "torchtitan_moe_saved", moe)  # the registry's (planner/saved/__init__.py)
         assert any(planned(r) != cuda_equivalent(r) for r in DOC["rows"] if r["policy"] == "none"), i
-    monkeypatch.setattr(activations, "torchtitan_moe_saved", original_moe)
+    monkeypatch.setattr(saved, "torchtitan_moe_saved", original_moe)
     for i in range(2):
         def topk(model, i=i):
             return tuple(replace(x, bytes_per_token=10 * x.bytes_per_token) if j == i else x

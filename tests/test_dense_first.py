@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from planner import hardware, layout, memory, pipeline, sharding, timing
+from planner import hardware, layout, memory, pipeline, saved, sharding, timing
 from planner.compute import flops_per_step
 from planner.model import ModelSpec, lookup
 
@@ -166,13 +166,11 @@ def test_megatron_mla_block_keeps_the_latents_and_mla_widths():
     # recompute, per token: norm input and down-projection input 2h each; q_layernorm input 2r, rstd 4,
     # q_up input 2r (r 1536); kv_layernorm input 2c, rstd 4, kv_up input 2c (c 512); q and k
     # 2 x 128 x (128 + 64) each, v 2 x 128 x 128; log-sum-exp 4 x 128; linear_proj input 2 x 128 x 128
-    from planner import activations
-
     model, training = lookup("deepseek-v3").dense_block, layout.Training(seq_len=4096, engine="megatron")
     h, r, c = 7168, 1536, 512
     attention = 4 * h + (4 * r + 4) + (4 * c + 4) + 2 * 2 * 128 * 192 + 2 * 128 * 128 + 4 * 128 + 2 * 128 * 128
     mlp = 4 * h + 2 * 3 * 18432  # dense-first block: norm input, fc1 input, [gate|up] and fc2 input (fused SwiGLU)
-    per_token = sum(x.bytes_per_token for x in activations.megatron_saved(model, training, 4096, 1))
+    per_token = sum(x.bytes_per_token for x in saved.megatron_saved(model, training, 4096, 1))
     assert per_token == attention + mlp
 
 

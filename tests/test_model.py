@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from planner import saved
 from planner.errors import InputError
 from planner.hf_config import from_hf_config
 from planner.model import ModelSpec, load_catalog, lookup, published_params
@@ -702,7 +703,7 @@ def test_qwen3_counts_match_the_model_cards(name, total, active, hf):
 def test_shared_expert_activations_are_a_llama_mlp_more():
     # Qwen2MoeSparseMoeBlock runs shared_expert (a Qwen2MoeMLP: gate, up, act(gate), down input kept,
     # as LlamaMLP) on every token beside its top-k routed experts: 4 tensors of the shared width more
-    from planner import activations, layout
+    from planner import layout
 
     base = ModelSpec(layers=2, hidden=2048, heads=16, kv_heads=16, ffn=1408, vocab=1000, experts=60,
                      experts_per_token=4)
@@ -711,10 +712,10 @@ def test_shared_expert_activations_are_a_llama_mlp_more():
     training = layout.Training(engine="fsdp")  # Hugging Face modules
 
     def per_token(spec):
-        return sum(x.bytes_per_token for x in activations.hf_llama_saved(spec, training, 4096))
+        return sum(x.bytes_per_token for x in saved.hf_llama_saved(spec, training, 4096))
 
     # 4 tensors x 2 bytes x 5632, + the shared output (2h) and its sigmoid gate (2); a shared expert
-    # also makes it a Qwen router (activations.hf_moe_mlp_saved): bf16 routing weights (2k, not
+    # also makes it a Qwen router (planner/saved/hf_llama.py hf_moe_mlp_saved): bf16 routing weights (2k, not
     # Mixtral's fp32 4k), and Qwen1.5-MoE's norm_topk_prob false drops the renormalization's 4k + 4:
     # 45,056 + 4,098 - 28 = 49,126
     assert per_token(shared) - per_token(base) == 4 * 2 * 5632 + 2 * 2048 + 2 - (2 * 4 + 4 * 4 + 4)

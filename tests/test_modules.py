@@ -5,7 +5,7 @@ the code it reads or a published run."""
 import numpy as np
 import pytest
 
-from planner import activations, api, layout, memory
+from planner import activations, api, layout, memory, saved
 from planner.held import gathered_param_bytes
 from planner.engines import Modules
 from planner.errors import InputError
@@ -37,7 +37,7 @@ def test_llm_foundry_mpt_block_saves_32h_plus_lse_per_token():
     # mean/rstd 8, Wqkv's input 2h, Wqkv's output 6h (FlashAttnFunc keeps q, k, v as its views), the
     # attention output 2h (out_proj's input, a view) and fp32 lse 4a, norm_2 2h + 8, up_proj's input 2h,
     # GELU's input 2 x 4h, down_proj's input 2 x 4h
-    per_token = sum(x.bytes_per_token for x in activations.llm_foundry_mpt_saved(MPT7B, layout.Training(engine="fsdp")))
+    per_token = sum(x.bytes_per_token for x in saved.llm_foundry_mpt_saved(MPT7B, layout.Training(engine="fsdp")))
     assert per_token == 32 * H + 4 * A + 16
     # the whole block of one 2048-token micro-batch, as layer_bytes splits nothing at tp 1
     whole = activations.kept_per_layer(MPT7B, layout.Training(seq_len=2048, engine="fsdp"), layout.single())[0]
@@ -121,9 +121,9 @@ def test_liger_keeps_16_bit_norm_inputs_and_recomputes_silu():
     from planner.model import lookup
 
     m = lookup("llama-3-8b")
-    liger = sum(x.bytes_per_token for x in activations.hf_liger_llama_saved(m, layout.Training(engine="fsdp"), 4096))
+    liger = sum(x.bytes_per_token for x in saved.hf_liger_llama_saved(m, layout.Training(engine="fsdp"), 4096))
     assert liger == 8 * 4096 + 4 * 4096 + 4 * 1024 + 4 * 32 + 6 * 14336 + 8
-    hf = sum(x.bytes_per_token for x in activations.hf_llama_saved(m, layout.Training(engine="fsdp"), 4096))
+    hf = sum(x.bytes_per_token for x in saved.hf_llama_saved(m, layout.Training(engine="fsdp"), 4096))
     assert hf - liger == 8 * 4096 + 2 * 14336
     with pytest.raises(InputError, match="--modules hf-liger"):
         api.estimate("mixtral-8x7b", {"gpus": 8}, {"engine": "fsdp", "modules": "hf-liger"}, {"zero": 3})

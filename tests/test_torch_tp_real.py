@@ -1,4 +1,4 @@
-"""planner.activations.torchtitan_llama_saved per TP rank against PyTorch's own tensor parallelism.
+"""planner.saved.torchtitan_llama_saved per TP rank against PyTorch's own tensor parallelism.
 
 One torchrun launch of calibrate/torch_tp_worker.py on 2 gloo ranks (tp = 2) builds torchtitan
 0.3.0's Llama3 block in plain torch (separate wq / wk / wv, see the worker's docstring), applies
