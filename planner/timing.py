@@ -36,10 +36,9 @@ from planner.pipeline import (blocks_on_stage, bubble_s, chunks_per_stage, first
                               max_layers_on_stage, p2p_transfers)
 from planner.sharding import block_params, expert_folds, expert_tp, state_bytes
 from planner.stragglers import straggler_s
-from planner.dp_comm import (dp_collective_s, grad_reductions_per_step, held_params, overlapped_exposed_s, partition_params,
-                             rank_tensors)
-from planner.engines.deepspeed.timing import (deepspeed_step_s, zero3_exposed_s, zero3_gather_s, zero3_gather_total_s,
-                                              zero3_rank_copies_s)
+from planner.dp_comm import (dp_collective_s, grad_reductions_per_step, held_params, overlapped_exposed_s,
+                             partition_params, rank_tensors, zero3_exposed_s, zero3_gather_s, zero3_gather_total_s)
+from planner.engines.deepspeed.timing import deepspeed_step_s, zero3_rank_copies_s
 from planner.engines.fsdp.timing import fsdp_copies_s
 from planner.engines.megatron.timing import chunked_sync_exposed_s, ub_pass_exposed_s
 

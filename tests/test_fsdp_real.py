@@ -68,7 +68,7 @@ def test_fsdp2_gathers_every_micro_batch(gathers):
     setting) the backward gathers every unit once more: 2 x 3 x m. The planner times m gathers of
     each parameter a step for --zero 2 and 2m for --zero 3 (planner/timing.py zero3_gather_s)."""
     from planner import layout
-    from planner.timing import zero3_gathers_per_step
+    from planner.dp_comm import zero3_gathers_per_step
 
     units = gathers[False]["units"]
     assert units == 3
