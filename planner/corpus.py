@@ -27,6 +27,7 @@ import numpy as np
 from planner import layout, memory, planning, timing
 from planner.calibration import Calibration
 from planner.data import catalog
+from planner.engines import Buffers, lookup as engine_lookup
 from planner.errors import InputError
 from planner.inputs import ClusterInput, LayoutInput, ModelInput, TrainingInput
 
@@ -118,7 +119,7 @@ def fp8_all_gather(row: dict, engine: str, recipe: str | None) -> bool | None:
     enable_fsdp_float8_all_gather); else the engine's default (None)."""
     words = " ".join((row["id"], row["source"], row.get("precision") or "", notes(row))).lower()
     said = re.search(r"(fp8|float8)( fsdp)? all-?gather", words)
-    return True if engine == "torchtitan" and recipe == "tensorwise" and said else None
+    return True if engine_lookup(engine).fp8_library == "torchao" and recipe == "tensorwise" and said else None
 
 
 def fp8_recipe(row: dict, engine: str) -> str | None:
@@ -130,7 +131,7 @@ def fp8_recipe(row: dict, engine: str) -> str | None:
     named = [r for r in ("tensorwise", "rowwise", "mxfp8") if r in words]
     if len(named) == 1:
         return named[0]
-    return "tensorwise" if engine == "torchtitan" and not named else None
+    return "tensorwise" if engine_lookup(engine).fp8_library == "torchao" and not named else None
 
 
 def is_moe(row: dict) -> bool:
@@ -146,8 +147,8 @@ def layoutless(row: dict) -> bool:
 def engine_for(row: dict) -> str:
     if row.get("engine") in ENGINES:
         return row["engine"]
-    s = (row["id"] + " " + row["source"]).lower()
-    if "torchtitan" in s:
+    s = (row["id"] + " " + row["source"]).lower()  # the row's words name its engine
+    if re.search(r"torchtitan", s):
         return "torchtitan"
     if row.get("engine") == "other" or re.search(r"mpt|mosaic|fsdp|ibm", s):
         return "fsdp"
@@ -213,7 +214,9 @@ def read(row: dict) -> Reading:
     if layoutless(row):
         return replace(base, command="recommend", model=model, cluster=cluster,
                        training=TrainingInput(seq_len=row["seq_len"], gbs=row["gbs"], precision=p))
-    zero = row["zero_stage"] if row["zero_stage"] is not None else 3 if base.engine in ("fsdp", "torchtitan") else 1
+    # no stage stated: FSDP's full shard where the engine is FSDP2, else ZeRO-1 / the distributed optimizer
+    fsdp = engine_lookup(base.engine).buffers is Buffers.FSDP
+    zero = row["zero_stage"] if row["zero_stage"] is not None else 3 if fsdp else 1
     recompute = {"partial-blocks": "full", None: "none"}.get(row["recompute"], str(row["recompute"]).split(" ")[0])
     return replace(base, command="estimate", model=model,
                    cluster=replace(cluster, gpu_memory_gib=H100_96GB_GIB) if g == "h100-96gb" else cluster,
@@ -221,7 +224,8 @@ def read(row: dict) -> Reading:
                                           fp8_recipe=fp8_recipe(row, base.engine) if p == "fp8" else None,
                                           fp8_param_gather=fp8_all_gather(row, base.engine, fp8_recipe(row, base.engine))
                                           if p == "fp8" else None,
-                                          loss_chunks=torchtitan_loss_chunks(row) if base.engine == "torchtitan" else None,
+                                          loss_chunks=torchtitan_loss_chunks(row)
+                                          if engine_lookup(base.engine).loss_chunks > 1 else None,
                                           flash_attention=row["flash_attention"] is not False),
                    layout=LayoutInput(tp=tp, pp=pp, dp=dp, cp=cp, vpp=row["vpp"] or 1, mbs=row["mbs"] or 1, zero=zero,
                                       recompute=recompute,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from planner import planning
 from planner.ds_config import (FLAG, OFFLOAD_KEYS, AccelerateConfig, Finding, accelerate_num_processes, batch,
                                config_findings, enabled, load_config, resolve_auto_buckets, whole_number)
+from planner.engines import lookup as engine_lookup
 from planner.errors import InputError
 from planner.inputs import ClusterInput, coerce, model_input
 from planner.layout import FIELDS, ZeroConfig
@@ -168,7 +169,7 @@ def inputs(ds: dict, model, cluster: dict, layout: dict, mbs_flag: int | None) -
     checkpointing = ds.get("activation_checkpointing") or {}  # runtime/activation_checkpointing/config.py
     for flag in ("partition_activations", "cpu_checkpointing"):
         training[flag] = bool(checkpointing.get(flag, False))  # DeepSpeed's defaults: both off
-    if training["engine"] == "deepspeed":
+    if not engine_lookup(training["engine"]).deepspeed_checkpointing:
         # only deepspeed.checkpointing reads the section; Hugging Face modules checkpoint through
         # torch.utils.checkpoint, offloading only by the script's own call (transformers offload=True)
         training["cpu_checkpointing"] = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import textwrap
 
+from planner.engines import ENGINES
 from planner.memory import BREAKDOWN_KEYS
 from planner.search import short
 
@@ -94,7 +95,7 @@ def assumed_text(defaults: dict, layout: dict | None) -> str:
             axes = [f"--{k} {layout[k]}" for k in ("tp", "cp", "vpp") if layout.get(k, 1) > 1]
             axes += ["--sequence-parallel"] * (not axes and bool(layout.get("sequence_parallel")))
             return f"engine {value} (for {' '.join(axes) or 'the layout'}: DeepSpeed alone has none)" \
-                if value == "megatron-deepspeed" else f"engine {value} (for {' '.join(axes) or 'the layout'})"
+                if ENGINES[value].deepspeed and ENGINES[value].megatron else f"engine {value} (for {' '.join(axes) or 'the layout'})"
         if key == "tokens_per_step":
             return f"tokens_per_step {value:,}"
         return f"{key} {value}"

@@ -37,14 +37,15 @@ def run_setup(run: dict):
     cluster = hardware.Cluster(hardware.lookup_gpu("a100-80gb"), run["num_gpus"], run["gpus_per_node"])
     zero = run["zero_stage"] or 0
     # a run measured on an engine of its time names it (engines.ARCHIVED)
-    engine = run.get("engine") or ("megatron-deepspeed" if zero >= 2 else "megatron")
+    name = run.get("engine") or ("megatron-deepspeed" if zero >= 2 else "megatron")
+    engine = engines.ARCHIVED.get(name) or engines.lookup(name)
     # Megatron-LM of 2021 all-reduced gradients after the backward pass (megatron/model/distributed.py
     # DistributedDataParallel.allreduce_gradients); --overlap-grad-reduce came with Megatron-core
-    overlap = None if engine != "megatron" else False
+    overlap = False if engine.grad_buckets is engines.GradBuckets.MEGATRON_DDP else None
     # nor did its pipeline sends overlap compute (p2p_communication.py of 2021-22 waited on
     # batch_isend_irecv at once; overlap_p2p_comm came with Megatron-core in 2023)
     training = layout.Training(seq_len=run["seq_len"], gbs=run["gbs"], precision="fp16",
-                               engine=engines.ARCHIVED.get(engine, engine),
+                               engine=engine,
                                flash_attention=bool(run["flash_attention"]), overlap_p2p=False,
                                zero_config=layout.ZeroConfig(overlap_comm=overlap))
     mbs = run["mbs"] or ASSUMED_MBS
