@@ -307,26 +307,7 @@ def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: d
     default = "torchrun" if megatron else ("deepspeed" if ds else "accelerate")
     q = shlex.quote
 
-    lines = [
-        "#!/usr/bin/env bash",
-        "# Launch commands written by planner.export.",
-        f"# model: {_one_line(model.name)} (L={model.layers} h={model.hidden} heads={model.heads}"
-        f" kv_heads={model.kv_heads} ffn={model.ffn})",
-        f"# cluster: {cluster.num_gpus} x {_one_line(cluster.gpu.name)}, {nodes} node(s) of {per_node}",
-        "# layout: " + " ".join(f"{k}={row[k]}" for k in _ROW_KEYS)
-        + f" gbs={row['mbs'] * row['gas'] * row['dp']}",
-        f"# training: engine={training.engine.name} precision={training.precision} optimizer={training.optimizer}"
-        f" seq_len={training.seq_len} flash_attention={training.flash_attention}",
-    ]
-    lines += hf_checkpointing_line(model, training, row)
-    if training.engine.launcher is Launcher.DEEPSPEED and row["pp"] > 1:
-        # deepspeed/runtime/pipe/module.py PipelineModule._partition_layers: the default 'parameters'
-        # balances parameter counts, so the embedding's stage takes fewer blocks than the plan's even split
-        lines.append("# pipeline: the train script builds PipelineModule(..., partition_method='type:<decoder layer "
-                     "class>') so the blocks split evenly over the stages, as planned")
-    for k, v in (opts or {}).items():
-        if k not in EXTRA_DEFAULTS:
-            lines.append(f"# {_one_line(k)}: {_one_line(v)}")
+    lines = _launch_header(model, cluster, training, row, opts)
     lines += [
         "#",
         f"# Usage: [LAUNCHER={'accelerate|' if accelerate_drives(training, row) else ''}"
@@ -383,6 +364,32 @@ def launch_script(model: ModelSpec, cluster: Cluster, training: Training, row: d
                   "    ;;"]
     lines += ['  *) echo "launch.sh: unknown LAUNCHER=$LAUNCHER" >&2; exit 2 ;;', "esac", ""]
     return "\n".join(lines)
+
+
+def _launch_header(model: ModelSpec, cluster: Cluster, training: Training, row: dict, opts: dict) -> list[str]:
+    """launch.sh's opening comments: what was planned, and what the train script must do for it."""
+    nodes, per_node = cluster.num_hosts, cluster.gpus_per_host
+    lines = [
+        "#!/usr/bin/env bash",
+        "# Launch commands written by planner.export.",
+        f"# model: {_one_line(model.name)} (L={model.layers} h={model.hidden} heads={model.heads}"
+        f" kv_heads={model.kv_heads} ffn={model.ffn})",
+        f"# cluster: {cluster.num_gpus} x {_one_line(cluster.gpu.name)}, {nodes} node(s) of {per_node}",
+        "# layout: " + " ".join(f"{k}={row[k]}" for k in _ROW_KEYS)
+        + f" gbs={row['mbs'] * row['gas'] * row['dp']}",
+        f"# training: engine={training.engine.name} precision={training.precision} optimizer={training.optimizer}"
+        f" seq_len={training.seq_len} flash_attention={training.flash_attention}",
+    ]
+    lines += hf_checkpointing_line(model, training, row)
+    if training.engine.launcher is Launcher.DEEPSPEED and row["pp"] > 1:
+        # deepspeed/runtime/pipe/module.py PipelineModule._partition_layers: the default 'parameters'
+        # balances parameter counts, so the embedding's stage takes fewer blocks than the plan's even split
+        lines.append("# pipeline: the train script builds PipelineModule(..., partition_method='type:<decoder layer "
+                     "class>') so the blocks split evenly over the stages, as planned")
+    for k, v in (opts or {}).items():
+        if k not in EXTRA_DEFAULTS:
+            lines.append(f"# {_one_line(k)}: {_one_line(v)}")
+    return lines
 
 
 def hf_checkpointing_line(model: ModelSpec, training: Training, row: dict) -> list[str]:

@@ -247,6 +247,51 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     if tin.engine is None:
         defaults["engine"] = train.engine.name
     defaults.update(_training_defaults(tin, cin, train, spec))
+    train, result, knobbed, frees = _searched(spec, clus, train, tin, headroom, max_mbs, pins, defaults)
+    if pins and result["valid"].size == 0:
+        raise_contradiction(spec, clus, train, max_mbs, pins, pinned)
+    assumptions = _assumptions(spec, clus, train, gbs, headroom, defaults, pinned if pins else None, result)
+    # with other ZeRO-3 knobs, the ZeRO-3 rows are that search's, the others the first search's
+    sources = [(result, result["valid"].zero != 3 if knobbed else None)] + ([(knobbed, None)] if knobbed else [])
+    records = _records(clus, train, tin, gbs, sources, top)
+    clear = fastest_clear_fit(clus, sources, records) if records and records[0]["memory"]["verdict"] != "fits" else None
+    points = search.landscape(result, landscape) if landscape else None
+    best = records[0]["throughput"]["tokens_per_s"] if records else None
+    # each engine searches overlap_comm itself from the user's value, as its own recommend would
+    unsearched = replace(train, zero_config=replace(train.zero_config, overlap_comm=tin.overlap_comm))
+    if not compare_engines:
+        others = []
+    elif _engines is None:
+        others = [engine_best(spec, clus, unsearched, name, headroom, max_mbs, pins, best, *frees)
+                  for name in ENGINE_NAMES if name != train.engine.name]
+    else:  # the first answer's searches of the other engines, against this one's best
+        others = [{**_engines[name], "relative_speed": None if best is None or _engines[name]["tokens_per_s"] is None
+                   else _engines[name]["tokens_per_s"] / best} for name in ENGINE_NAMES if name != train.engine.name]
+    proposals, batch_note = ([], None) if records else batch_proposals(spec, clus, unsearched, headroom, max_mbs, pins,
+                                                                         result, frees)
+    fitting = [e for e in others if e["layout"] is not None]
+    if not records and tin.engine is None and fitting:
+        # the user named no engine and the default one cannot train this: answer with the fastest
+        # engine that can, as `--engine` would, and say so
+        why = batch_note or search.leanest_text(clus, headroom, result) or "its rules reject every layout"
+        answer = _other_engines_answer(model, cin, tin, train, others, fitting, why,
+                                       dict(top=top, memory_headroom=memory_headroom, max_mbs=max_mbs, pinned=pinned,
+                                            landscape=landscape))
+        answer.batch_proposals[:0] = proposals
+        return replace(answer, batch_note=batch_note)
+    hints = [] if records else search.what_would_fit(spec, clus, train, headroom, max_mbs, result)
+    if proposals:
+        hints.insert(0, f"--gbs {proposals[0]['gbs']} fits ({search.short(proposals[0]['layout'])}, "
+                        f"{proposals[0]['tokens_per_s']:,.0f} tokens/s)")
+    return Recommendation(spec, clus, train, assumptions, defaults, result["candidates"], result["rejected"],
+                          records, hints, result["elapsed_s"], points, clear, others, [], proposals, batch_note)
+
+
+def _searched(spec, clus, train: Training, tin: TrainingInput, headroom: float, max_mbs: int, pins: dict,
+              defaults: dict) -> tuple:
+    """(training, search result, ZeRO-3 search under other knobs or None, which settings were free):
+    the first search and recommend's searches of the settings no layout field holds (planner/refine.py),
+    each where the user left it alone; `defaults` gets what they chose."""
     train, result = search_edges(spec, clus, train, headroom, max_mbs, pins, tin.pipeline_edge_layers is None)
     if tin.pipeline_edge_layers is None and train.pipeline_edge_layers != train.engine.pipeline_edge_layers:
         defaults["pp_edge_layers"] = train.pipeline_edge_layers  # chosen: search.edge_layers_choice
@@ -266,8 +311,12 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     train, result = search_overlap_comm(spec, clus, train, headroom, result)
     if train.zero_config.overlap_comm and tin.overlap_comm is None:
         defaults["overlap_comm"] = True  # searched: ZeRO-1/2 with DeepSpeed's overlap_comm
-    if pins and result["valid"].size == 0:
-        raise_contradiction(spec, clus, train, max_mbs, pins, pinned)
+    return train, result, knobbed, (tin.pipeline_edge_layers is None, knobs_free, share_free, overlap_free)
+
+
+def _assumptions(spec, clus, train: Training, gbs: int, headroom: float, defaults: dict, pinned: dict | None,
+                 result: dict) -> dict:
+    """The inputs every recommended layout shares, given or defaulted (Recommendation.assumptions)."""
     assumptions = {
         "gpu": clus.gpu.name, "gpus_per_node": clus.gpus_per_node, "pod_gpus": clus.pod_gpus,
         "oversubscription": clus.oversubscription, "seq_len": train.seq_len, "gbs": gbs,
@@ -284,12 +333,16 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
         if knob in defaults:  # chosen by search_zero3_knobs, search_offload_share, search_tp_overlap: estimate
             # needs them to agree
             assumptions[knob] = defaults[knob]
-    if pins:
+    if pinned is not None:
         assumptions["pinned"] = {k: pinned[k] for k in search.PINNABLE if k in pinned}
     if result["coarsened"]:  # the space was larger than one search materializes
         assumptions["search_coarsened"] = list(result["coarsened"])
-    # with other ZeRO-3 knobs, the ZeRO-3 rows are that search's, the others the first search's
-    sources = [(result, result["valid"].zero != 3 if knobbed else None)] + ([(knobbed, None)] if knobbed else [])
+    return assumptions
+
+
+def _records(clus, train: Training, tin: TrainingInput, gbs: int, sources: list, top: int) -> list:
+    """The `top` fastest fitting layouts of the searches `sources` ([(result, rows kept or None)]) as
+    layout records with their binding constraint, fastest first."""
     ranked = []
     for res, keep in sources:
         for i in search.distinct_top(res, top if keep is None else top + int(np.count_nonzero(~keep))):
@@ -302,47 +355,23 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
         if tin.tokens:
             rec["time_to_train"] = _time_to_train(rec["time"]["step_s"], gbs * train.seq_len, tin, clus)
         records.append(rec)
-    clear = fastest_clear_fit(clus, sources, records) if records and records[0]["memory"]["verdict"] != "fits" else None
-    points = search.landscape(result, landscape) if landscape else None
-    best = records[0]["throughput"]["tokens_per_s"] if records else None
-    # each engine searches overlap_comm itself from the user's value, as its own recommend would
-    unsearched = replace(train, zero_config=replace(train.zero_config, overlap_comm=tin.overlap_comm))
-    frees = (tin.pipeline_edge_layers is None, knobs_free, share_free, overlap_free)
-    if not compare_engines:
-        others = []
-    elif _engines is None:
-        others = [engine_best(spec, clus, unsearched, name, headroom, max_mbs, pins, best, *frees)
-                  for name in ENGINE_NAMES if name != train.engine.name]
-    else:  # the first answer's searches of the other engines, against this one's best
-        others = [{**_engines[name], "relative_speed": None if best is None or _engines[name]["tokens_per_s"] is None
-                   else _engines[name]["tokens_per_s"] / best} for name in ENGINE_NAMES if name != train.engine.name]
-    proposals, batch_note = ([], None) if records else batch_proposals(spec, clus, unsearched, headroom, max_mbs, pins,
-                                                                         result, frees)
-    fitting = [e for e in others if e["layout"] is not None]
-    if not records and tin.engine is None and fitting:
-        # the user named no engine and the default one cannot train this: answer with the fastest
-        # engine that can, as `--engine` would, and say so
-        chosen = max(fitting, key=lambda e: e["tokens_per_s"])
-        why = batch_note or search.leanest_text(clus, headroom, result) or "its rules reject every layout"
-        known = {e["engine"]: e for e in others}
-        known[train.engine.name] = {"engine": train.engine.name, "layout": None, "tokens_per_s": None,
-                                    "relative_speed": None, "note": why, "settings": {}}
-        answer = recommend(model, cin, replace(tin, engine=chosen["engine"]), top=top,
-                           memory_headroom=memory_headroom, max_mbs=max_mbs, pinned=pinned, landscape=landscape,
-                           _engines=known)
-        answer.defaults["engine"] = chosen["engine"]
-        lead = answer.layouts[0] if answer.layouts else None
-        answer.notes.insert(0, f"no {train.engine.name} layout fits ({why}); {chosen['engine']}'s fastest fits"
-                            + (f": {search.short(lead['layout'])} at {lead['throughput']['tokens_per_s']:,.0f} tokens/s"
-                               if lead else "") + f" (the engine without --engine is {train.engine.name})")
-        answer.batch_proposals[:0] = proposals
-        return replace(answer, batch_note=batch_note)
-    hints = [] if records else search.what_would_fit(spec, clus, train, headroom, max_mbs, result)
-    if proposals:
-        hints.insert(0, f"--gbs {proposals[0]['gbs']} fits ({search.short(proposals[0]['layout'])}, "
-                        f"{proposals[0]['tokens_per_s']:,.0f} tokens/s)")
-    return Recommendation(spec, clus, train, assumptions, defaults, result["candidates"], result["rejected"],
-                          records, hints, result["elapsed_s"], points, clear, others, [], proposals, batch_note)
+    return records
+
+
+def _other_engines_answer(model, cin: ClusterInput, tin: TrainingInput, train: Training, others: list, fitting: list,
+                          why: str, options: dict) -> Recommendation:
+    """recommend under the fastest other engine that fits, its notes saying why the default had none."""
+    chosen = max(fitting, key=lambda e: e["tokens_per_s"])
+    known = {e["engine"]: e for e in others}
+    known[train.engine.name] = {"engine": train.engine.name, "layout": None, "tokens_per_s": None,
+                                "relative_speed": None, "note": why, "settings": {}}
+    answer = recommend(model, cin, replace(tin, engine=chosen["engine"]), _engines=known, **options)
+    answer.defaults["engine"] = chosen["engine"]
+    lead = answer.layouts[0] if answer.layouts else None
+    answer.notes.insert(0, f"no {train.engine.name} layout fits ({why}); {chosen['engine']}'s fastest fits"
+                        + (f": {search.short(lead['layout'])} at {lead['throughput']['tokens_per_s']:,.0f} tokens/s"
+                           if lead else "") + f" (the engine without --engine is {train.engine.name})")
+    return answer
 
 
 def _recommend_either_precision(model, cin: ClusterInput, tin: TrainingInput, options: dict) -> Recommendation:

@@ -26,7 +26,6 @@ def deepspeed_config(model: ModelSpec, cluster: Cluster, training: Training, row
                      opts: dict | None = None) -> dict:
     """The ds_config.json dict (only keys DeepSpeed 0.19 declares)."""
     opts = {**DS_DEFAULTS, **(opts or {})}
-    zc = training.zero_config
     stage = row["zero"]
     mbs, gas, dp = row["mbs"], row["gas"], row["dp"]
     cfg: dict = {
@@ -42,7 +41,22 @@ def deepspeed_config(model: ModelSpec, cluster: Cluster, training: Training, row
         "gradient_clipping": 1.0,
     }
 
-    # precision: deepspeed/runtime/precision_config.py (DeepSpeedBF16Config / DeepSpeedFP16Config)
+    cfg.update(_precision_sections(training, stage))
+    cfg["zero_optimization"] = _zero_section(training, row, opts)
+    cfg.update(_optimizer_sections(training, row, opts))
+    if row["recompute"] != "none" and (training.engine.launcher is Launcher.MEGATRON_DEEPSPEED or row["pp"] > 1):
+        cfg["activation_checkpointing"] = _checkpointing_section(training, row)
+    if isinstance(opts.get("ds_config"), dict):
+        _deep_merge(cfg, opts["ds_config"])
+    return cfg
+
+
+
+
+def _precision_sections(training: Training, stage: int) -> dict:
+    """bf16, data_types and fp16."""
+    cfg: dict = {}
+    # deepspeed/runtime/precision_config.py (DeepSpeedBF16Config / DeepSpeedFP16Config)
     bf16 = {"enabled": training.precision in ("bf16", "bf16-pure")}
     if training.precision == "bf16-pure" and stage >= 1:
         # no fp32 master copy: bf16 master weights/grads and bf16 Adam moments. DeepSpeed's
@@ -61,8 +75,12 @@ def deepspeed_config(model: ModelSpec, cluster: Cluster, training: Training, row
                        "min_loss_scale": 1}
     else:
         cfg["fp16"] = {"enabled": False}
+    return cfg
 
-    # zero_optimization: deepspeed/runtime/zero/config.py DeepSpeedZeroConfig (extra='forbid')
+
+def _zero_section(training: Training, row: dict, opts: dict) -> dict:
+    """zero_optimization: deepspeed/runtime/zero/config.py DeepSpeedZeroConfig (extra='forbid')."""
+    zc, stage = training.zero_config, row["zero"]
     zero: dict = {"stage": stage}
     if stage >= 1:
         # overlap_comm None -> DeepSpeed resolves it to (stage == 3) in overlap_comm_valid; write it resolved
@@ -90,8 +108,13 @@ def deepspeed_config(model: ModelSpec, cluster: Cluster, training: Training, row
                 zero["offload_param"].update(buffer_count=int(zc.nvme_param_buffer_count),
                                              buffer_size=int(zc.nvme_param_buffer_size),
                                              max_in_cpu=int(zc.nvme_params_in_cpu))
-    cfg["zero_optimization"] = zero
+    return zero
 
+
+def _optimizer_sections(training: Training, row: dict, opts: dict) -> dict:
+    """optimizer and the ZeRO switches a client optimizer needs."""
+    cfg: dict = {}
+    stage = row["zero"]
     # optimizer: deepspeed/runtime/config.py DEEPSPEED_OPTIMIZERS; engine._configure_basic_optimizer
     offload = row["offload_optimizer"] != "none"
     if training.optimizer == "adamw":
@@ -114,30 +137,29 @@ def deepspeed_config(model: ModelSpec, cluster: Cluster, training: Training, row
     if training.optimizer in ("adafactor", "adam8bit") and offload:
         # engine._configure_optimizer raises for a client optimizer under ZeRO-Offload unless false
         cfg["zero_force_ds_cpu_optimizer"] = False
-
-    if row["recompute"] != "none" and (training.engine.launcher is Launcher.MEGATRON_DEEPSPEED or row["pp"] > 1):
-        # deepspeed/runtime/activation_checkpointing/config.py. The section switches nothing on: DeepSpeed
-        # 0.19.8 parses it (runtime/config.py DeepSpeedConfig.activation_checkpointing_config) and only
-        # deepspeed.checkpointing.configure(mpu, deepspeed_config=...) reads it (checkpointing.py
-        # _configure_using_config_file), for deepspeed.checkpointing.checkpoint: Megatron-DeepSpeed's
-        # --deepspeed-activation-checkpointing (whose store_true flags then override every key:
-        # megatron/initialize.py setup_deepspeed_random_and_activation_checkpointing, f4157be) and
-        # PipelineModule's activation_checkpoint_func. DeepSpeedEngine never reads it, so a Hugging Face
-        # model at pp 1 gets none (its recompute is activation_checkpointing_enable: launch.sh, plan.json).
-        # partition_activations splits the saved layer inputs over the tensor-parallel group, so it is
-        # written only where tp > 1 (planner/activations.py checkpoint_partitions, timing.py checkpoint_restore_s)
-        zc = training.zero_config
-        cfg["activation_checkpointing"] = {
-            "partition_activations": zc.partition_activations and row["tp"] > 1,
-            "cpu_checkpointing": zc.cpu_checkpointing,
-            "contiguous_memory_optimization": False,
-            "synchronize_checkpoint_boundary": False,
-            "profile": False,
-        }
-
-    if isinstance(opts.get("ds_config"), dict):
-        _deep_merge(cfg, opts["ds_config"])
     return cfg
+
+
+def _checkpointing_section(training: Training, row: dict) -> dict:
+    """activation_checkpointing, where something reads it (Megatron-DeepSpeed, the pipeline engine)."""
+    # deepspeed/runtime/activation_checkpointing/config.py. The section switches nothing on: DeepSpeed
+    # 0.19.8 parses it (runtime/config.py DeepSpeedConfig.activation_checkpointing_config) and only
+    # deepspeed.checkpointing.configure(mpu, deepspeed_config=...) reads it (checkpointing.py
+    # _configure_using_config_file), for deepspeed.checkpointing.checkpoint: Megatron-DeepSpeed's
+    # --deepspeed-activation-checkpointing (whose store_true flags then override every key:
+    # megatron/initialize.py setup_deepspeed_random_and_activation_checkpointing, f4157be) and
+    # PipelineModule's activation_checkpoint_func. DeepSpeedEngine never reads it, so a Hugging Face
+    # model at pp 1 gets none (its recompute is activation_checkpointing_enable: launch.sh, plan.json).
+    # partition_activations splits the saved layer inputs over the tensor-parallel group, so it is
+    # written only where tp > 1 (planner/activations.py checkpoint_partitions, timing.py checkpoint_restore_s)
+    zc = training.zero_config
+    return {
+        "partition_activations": zc.partition_activations and row["tp"] > 1,
+        "cpu_checkpointing": zc.cpu_checkpointing,
+        "contiguous_memory_optimization": False,
+        "synchronize_checkpoint_boundary": False,
+        "profile": False,
+    }
 
 
 def _offload(device: str, nvme_path) -> dict:

@@ -13,14 +13,21 @@ from planner.engines.deepspeed.export import DS_CONFIG
 
 
 def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_path: str = DS_CONFIG) -> list[str]:
-    """Megatron arguments, one "--flag [value]" string each.
+    """Megatron arguments, one "--flag [value]" string each, in the order both engines' parsers were
+    handed them (data/references/megatron_cli.json).
 
     Names are Megatron-LM's (megatron/training/arguments.py); with engine megatron-deepspeed the
     few that Megatron-DeepSpeed names differently use its names (megatron/arguments.py there).
     """
     mds = training.engine.launcher is Launcher.MEGATRON_DEEPSPEED
+    return (_parallel_args(model, training, row, mds) + _size_args(model, training, row, mds)
+            + _optimizer_args(training, row, mds, ds_config_path) + _recompute_and_precision_args(training, row, mds))
+
+
+def _parallel_args(model: ModelSpec, training: Training, row: dict, mds: bool) -> list[str]:
+    """TP, PP (with interleaving), CP, the experts and their parallelism, sequence parallelism."""
     t, p, c, e, v = row["tp"], row["pp"], row["cp"], row["ep"], row["vpp"]
-    a: list[str] = [f"--tensor-model-parallel-size {t}", f"--pipeline-model-parallel-size {p}"]
+    a = [f"--tensor-model-parallel-size {t}", f"--pipeline-model-parallel-size {p}"]
     if v > 1:
         a.append(f"--num-layers-per-virtual-pipeline-stage {model.layers // (p * v)}")
     if c > 1:
@@ -55,7 +62,12 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
         a.append(f"--expert-tensor-parallel-size {row['etp']}")
     if row["sequence_parallel"]:
         a.append("--sequence-parallel")
-    a += [f"--micro-batch-size {row['mbs']}",
+    return a
+
+
+def _size_args(model: ModelSpec, training: Training, row: dict, mds: bool) -> list[str]:
+    """The batch, the sequence and the model's shape."""
+    a = [f"--micro-batch-size {row['mbs']}",
           f"--global-batch-size {row['mbs'] * row['gas'] * row['dp']}",  # Megatron derives gas from it
           f"--seq-length {training.seq_len}",
           f"--max-position-embeddings {max(training.seq_len, model.max_positions)}",
@@ -78,12 +90,19 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
     if model.ffn_kind == "swiglu":
         a.append("--swiglu")
     a += megatron_shape_args(model, mds)
+    return a
+
+
+def _optimizer_args(training: Training, row: dict, mds: bool, ds_config_path: str) -> list[str]:
+    """The optimizer, who shards it (DeepSpeed's ZeRO under Megatron-DeepSpeed, else Megatron's
+    distributed optimizer) with its offload, and the overlaps the planner's step time assumes."""
+    a = []
     if training.optimizer == "sgd":
         a.append("--optimizer sgd")
     if mds:
         # DeepSpeed owns ZeRO here (deepspeed.add_config_arguments + Megatron-DeepSpeed --zero-stage)
         a += ["--deepspeed", f"--deepspeed_config {ds_config_path}", f"--zero-stage {row['zero']}"]
-        if p == 1:
+        if row["pp"] == 1:
             a.append("--no-pipeline-parallel")  # plain DeepSpeed engine instead of PipelineModule
         if row["recompute"] != "none":
             a.append("--deepspeed-activation-checkpointing")  # uses ds_config activation_checkpointing
@@ -102,8 +121,8 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
             # megatron-core 0.16.1 OptimizerConfig optimizer_cpu_offload, optimizer_offload_fraction
             # (Training.optimizer_offload_fraction) and use_precision_aware_optimizer, under which the
             # HybridDeviceOptimizer steps the 16-bit shards and the GPU keeps no fp32 main parameter
-            # (distrib_optimizer.py _build_model_and_main_param_groups); the flags spelled as Megatron-LM
-            # spells OptimizerConfig's fields (its training/arguments.py is not in the wheel: unread)
+            # (distrib_optimizer.py _build_model_and_main_param_groups); Megatron-LM d98e8a6's parser takes
+            # them (data/references/megatron_cli.json)
             a += ["--optimizer-cpu-offload", f"--optimizer-offload-fraction {training.optimizer_offload_fraction!r}"]
         if row["offload_optimizer"] != "none" or training.precision == "bf16-pure":
             a.append("--use-precision-aware-optimizer")
@@ -125,6 +144,12 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
             a.append("--overlap-grad-reduce")
             if row["zero"] >= 1:
                 a.append("--overlap-param-gather")
+    return a
+
+
+def _recompute_and_precision_args(training: Training, row: dict, mds: bool) -> list[str]:
+    """Recompute, the 16-bit format and FP8, FlashAttention."""
+    a = []
     if row["recompute"] == "selective":
         a.append("--recompute-granularity selective")
     elif row["recompute"] == "full":
