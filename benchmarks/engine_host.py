@@ -1,5 +1,5 @@
 """Engine host time against the shipped reference: `python benchmarks/engine_host.py` runs
-calibrate.engine_host (DeepSpeed's ZeRO-3 fetches and FSDP2's unit hooks on one gloo rank) and prints
+calibrate.benches.engine_host (DeepSpeed's ZeRO-3 fetches and FSDP2's unit hooks on one gloo rank) and prints
 each measured host time beside data/references/engine_host_cpu.json's, as a ratio (expected 0.3-3 on
 an idle machine; wall-clock, so only a benchmark: tests/test_engine_host_real.py checks the counts)."""
 
@@ -17,7 +17,7 @@ SHIPPED = ROOT / "data" / "references" / "engine_host_cpu.json"
 def main() -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     sys.path.insert(0, str(ROOT))
-    from calibrate import engine_host
+    from calibrate.benches import engine_host
 
     record, measured = json.loads(SHIPPED.read_text()), engine_host.measure()
     pairs = [("ZeRO-3 fetch, per module and pass", measured["zero3_fetch"], record["zero3_fetch"])]

@@ -1,4 +1,7 @@
-"""Calibration runs (DeepSpeed, PyTorch TP/PP, micro-benchmarks) that write measurements to data/.
+"""Calibration runs (the real engines, micro-benchmarks) that write measurements to data/, in three
+rooms: harness/ (the `python -m calibrate` command, launching, recording, fitting), benches/
+(micro-benchmarks) and engines/ (the real engines' cases and workers); docs/calibration.md says
+what goes where.
 
-Filled by a later issue; heavy imports (torch, deepspeed, scipy.optimize) belong here, never in planner/.
+Heavy imports (torch, deepspeed, scipy.optimize) belong here, never in planner/.
 """

@@ -1,7 +1,7 @@
-"""`python -m calibrate ...`: see calibrate/cli.py."""
+"""`python -m calibrate ...`: see calibrate/harness/cli.py."""
 
 import sys
 
-from calibrate.cli import main
+from calibrate.harness.cli import main
 
 sys.exit(main())

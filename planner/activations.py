@@ -149,7 +149,7 @@ def op_sac_bytes(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarr
     head), in an MoE block torch.topk's values and indices (on the save list: torchtitan_topk_saved)
     and, with SP, the two reduce-scatters' outputs. Equals the bytes torchtitan 0.3.0's own
     Llama3Model, Qwen3 MoE model and DeepSeekV3Model (MLA) leave allocated per block (python -m
-    calibrate.torchtitan_sac, calibrate.torchtitan_moe, calibrate.torchtitan_mla;
+    calibrate.engines.torchtitan_sac, calibrate.engines.torchtitan_moe, calibrate.engines.torchtitan_mla;
     tests/test_activations_real.py, tests/test_activations_torchtitan_moe.py,
     tests/test_activations_torchtitan_mla.py)."""
     e, t = training.precision.element_bytes, lay.tp.astype(np.float64)

@@ -29,7 +29,8 @@ from planner.memory import PHASES
 from planner.model import load_catalog
 from planner.options import Optimizer, Precision, Schedule
 from planner.planning import Estimate, Recommendation, default_engine, default_gbs, estimate, recommend
-from planner.search import PINNABLE, short
+from planner.results import short
+from planner.search import PINNABLE
 
 
 def check(config, model, cluster=None, training=None, layout=None, *, mbs: int | None = None, deepspeed: bool = True):

@@ -491,7 +491,7 @@ def main(argv=None, out=None) -> int:
 
 def _plugin(name: str):
     """The `planner NAME` command a package registers under the entry-point group planner.commands
-    (pyproject.toml: calibrate = "calibrate.cli:main"): planner itself never imports it."""
+    (pyproject.toml: calibrate = "calibrate.harness.cli:main"): planner itself never imports it."""
     from importlib.metadata import entry_points
 
     found = entry_points(group="planner.commands", name=name)

@@ -293,7 +293,7 @@ def autocast_weight_traffic_s(model: ModelSpec, cluster: Cluster, training: Trai
 def eager_layer_bytes(model: ModelSpec, routed) -> tuple | None:
     """((replicated, activation-function, rotary) forward, the same backward) bytes per token of one
     eager Hugging Face block, as measured on transformers' own layer (data/references/eager_ops_cpu.json
-    layer_bytes, python -m calibrate.eager_ops: every memory-bound aten operator's reads and writes in
+    layer_bytes, python -m calibrate.benches.eager_ops: every memory-bound aten operator's reads and writes in
     bf16, per element of the hidden, MLP and key/value widths, the query's counted with the hidden);
     None for blocks not measured. The backward moves about twice the forward's bytes (Llama: 254 per
     hidden element against 104), not 1.5x: autograd's backward of the fp32 RMSNorm chain and of
@@ -355,7 +355,7 @@ def elementwise_bwd_s(model: ModelSpec, cluster: Cluster, training: Training, la
 
 
 def eager_ops_variant(model: ModelSpec) -> str | None:
-    """Which measured Hugging Face decoder layer (calibrate/eager_ops.py VARIANTS) the block is; None
+    """Which measured Hugging Face decoder layer (calibrate/benches/eager_ops.py VARIANTS) the block is; None
     for blocks not measured (MoE: transformers loops over the experts a batch routes to)."""
     if model.experts > 1:
         return None
@@ -370,10 +370,10 @@ def eager_ops_variant(model: ModelSpec) -> str | None:
 def eager_host_s(model: ModelSpec, training: Training, c: dict) -> tuple:
     """(forward, backward) seconds the host spends dispatching one Hugging Face block: the aten
     operators the real eager layer dispatches in training (counted: data/references/eager_ops_cpu.json,
-    python -m calibrate.eager_ops) x eager_op_host_s. Eager PyTorch launches each kernel from the
+    python -m calibrate.benches.eager_ops) x eager_op_host_s. Eager PyTorch launches each kernel from the
     host, so a block's GPU time cannot be shorter. Compiled (Training.compile), the block launches
     Inductor's generated kernels and its extern GEMMs and attention instead (counted on the CPU
-    backend: data/references/hf_compiled_cpu.json, python -m calibrate.hf_compiled), each from the
+    backend: data/references/hf_compiled_cpu.json, python -m calibrate.benches.hf_compiled), each from the
     compiled graph's wrapper at a launch's host cost."""
     from planner.data import catalog
 

@@ -421,15 +421,15 @@ def _large_buckets(est, model, cluster: dict, train: dict, lay: dict) -> list[Fi
 def _recompute_regathers(est, model, cluster: dict, train: dict, lay: dict) -> list[Finding]:
     """ZeRO-3 with every block recomputed, where the live-parameter knobs let DeepSpeed release what
     the recompute gathered before the backward uses it (sharding.recompute_fetches): the share of a
-    block gathered twice, and what knobs raised to the block (search.roomy_zero3_training) buy."""
-    from planner import search, sharding
+    block gathered twice, and what knobs raised to the block (variants.roomy_zero3_training) buy."""
+    from planner import sharding, variants
     from planner.layout import single
 
     if lay["zero"] != 3 or lay.get("recompute", "none") != "full":
         return []
     one = single(**{k: est.layout[k] for k in ("tp", "pp", "dp", "ep")}, zero=3, recompute="full")
     again = float(sharding.recompute_fetches(est.model, est.training, one)["regather"][0])
-    roomy = search.roomy_zero3_training(est.model, est.training)
+    roomy = variants.roomy_zero3_training(est.model, est.training)
     if again <= 0 or roomy is None:
         return []
     knobs = roomy.zero_config.stage3_max_live_parameters
@@ -494,7 +494,7 @@ def cluster_host_bytes(est) -> float:
 def closest_better(est, model, cluster: dict, train: dict, lay: dict) -> dict | None:
     """Among the search's fitting layouts for the same model, batch and engine, the one changing the
     fewest layout fields that is faster (or, when the config does not fit, that fits), fastest first."""
-    from planner.search import short
+    from planner.results import short
 
     rec = planning.recommend(model, cluster, train, top=50)
     fits = est.memory["fits"]

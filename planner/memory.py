@@ -154,7 +154,7 @@ def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.
     grad_accum = 4.0 if training.zero_config.fp32_grad_accum else w
     optimizer = optimizer + np.where(deepspeed & (lay.zero == 3), sharded_bytes(grad_accum, True, dense, expert, training, lay), 0.0)
     # ZeRO-3 offloading to NVMe (DeepSpeed 0.19.8, measured on 2 gloo ranks through its aio op:
-    # calibrate/deepspeed_nvme.py) keeps on the host its gradient partitions (self.device is the CPU
+    # calibrate/engines/deepspeed_nvme.py) keeps on the host its gradient partitions (self.device is the CPU
     # for either device), page-locked swap buffers and what is too small to swap
     # (sharding.zero3_swap_elements): swap_tensor/optimizer_utils.py OptimizerSwapper.__init__'s
     # offload_optimizer.buffer_count (4) fp32 buffers of the largest sub-group's partition, and the
@@ -178,7 +178,7 @@ def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.
     params = sharded_bytes(state_bytes(training).weights, lay.zero >= 3, dense, expert, training, lay)
     # FSDP2 keeps no 16-bit shard: the fp32 shard, with the optimizer, is the parameter (torch 2.13
     # _fsdp_param.py _init_sharded_param moves it to the CPU under CPUOffloadPolicy; measured 16 B a
-    # parameter of the shard there, calibrate/fsdp_worker.py)
+    # parameter of the shard there, calibrate/engines/fsdp_worker.py)
     master_only = training.engine.sharded_param_is_master & training.precision.has_master_copy
     params = np.where(master_only, 0.0, params)
     # megatron-core's HybridDeviceOptimizer keeps its offloaded share's fp32 master, states and pinned
@@ -283,7 +283,7 @@ def userbuffers_bytes(model: ModelSpec, training: Training, lay: Layouts) -> np.
     docstring): sequence x micro-batch / cp by hidden, in the 16-bit dtype (TE 2.20.2
     csrc/extensions/comm_gemm_overlap.cpp get_buffer: the whole buffer is that shape, a rank's
     chunk 1/tp of it). Allocated once for every block. None without the flag, TP or SP, as
-    timing.tp_pass_exposed_s."""
+    mp_comm.tp_pass_exposed_s."""
     on = training.tp_comm_overlap & (lay.sequence_parallel > 0) & (lay.tp > 1)
     shape = training.seq_len * lay.mbs / lay.cp * model.hidden
     return np.where(on, UB_COMMUNICATORS * shape * training.precision.element_bytes, 0.0)

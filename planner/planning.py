@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from planner import fp8, rules, search
+from planner import fp8, results, rules, search
 from planner.engines import ENGINES, NAMES as ENGINE_NAMES
 from planner.errors import InputError
 from planner.hardware import Cluster, lookup_gpu
@@ -255,7 +255,7 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     sources = [(result, result["valid"].zero != 3 if knobbed else None)] + ([(knobbed, None)] if knobbed else [])
     records = _records(clus, train, tin, gbs, sources, top)
     clear = fastest_clear_fit(clus, sources, records) if records and records[0]["memory"]["verdict"] != "fits" else None
-    points = search.landscape(result, landscape) if landscape else None
+    points = results.landscape(result, landscape) if landscape else None
     best = records[0]["throughput"]["tokens_per_s"] if records else None
     # each engine searches overlap_comm itself from the user's value, as its own recommend would
     unsearched = replace(train, zero_config=replace(train.zero_config, overlap_comm=tin.overlap_comm))
@@ -273,15 +273,15 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     if not records and tin.engine is None and fitting:
         # the user named no engine and the default one cannot train this: answer with the fastest
         # engine that can, as `--engine` would, and say so
-        why = batch_note or search.leanest_text(clus, headroom, result) or "its rules reject every layout"
+        why = batch_note or results.leanest_text(clus, headroom, result) or "its rules reject every layout"
         answer = _other_engines_answer(model, cin, tin, train, others, fitting, why,
                                        dict(top=top, memory_headroom=memory_headroom, max_mbs=max_mbs, pinned=pinned,
                                             landscape=landscape))
         answer.batch_proposals[:0] = proposals
         return replace(answer, batch_note=batch_note)
-    hints = [] if records else search.what_would_fit(spec, clus, train, headroom, max_mbs, result)
+    hints = [] if records else results.what_would_fit(spec, clus, train, headroom, max_mbs, result)
     if proposals:
-        hints.insert(0, f"--gbs {proposals[0]['gbs']} fits ({search.short(proposals[0]['layout'])}, "
+        hints.insert(0, f"--gbs {proposals[0]['gbs']} fits ({results.short(proposals[0]['layout'])}, "
                         f"{proposals[0]['tokens_per_s']:,.0f} tokens/s)")
     return Recommendation(spec, clus, train, assumptions, defaults, result["candidates"], result["rejected"],
                           records, hints, result["elapsed_s"], points, clear, others, [], proposals, batch_note)
@@ -294,7 +294,7 @@ def _searched(spec, clus, train: Training, tin: TrainingInput, headroom: float, 
     each where the user left it alone; `defaults` gets what they chose."""
     train, result = search_edges(spec, clus, train, headroom, max_mbs, pins, tin.pipeline_edge_layers is None)
     if tin.pipeline_edge_layers is None and train.pipeline_edge_layers != train.engine.pipeline_edge_layers:
-        defaults["pp_edge_layers"] = train.pipeline_edge_layers  # chosen: search.edge_layers_choice
+        defaults["pp_edge_layers"] = train.pipeline_edge_layers  # chosen: variants.edge_layers_choice
     knobs_free = tin.stage3_max_live_parameters is None and tin.stage3_max_reuse_distance is None
     train, result, knobbed = search_zero3_knobs(spec, clus, train, headroom, max_mbs, pins, result, knobs_free)
     if knobs_free and train.zero_config.stage3_max_live_parameters != ZeroConfig().stage3_max_live_parameters:
@@ -345,13 +345,13 @@ def _records(clus, train: Training, tin: TrainingInput, gbs: int, sources: list,
     layout records with their binding constraint, fastest first."""
     ranked = []
     for res, keep in sources:
-        for i in search.distinct_top(res, top if keep is None else top + int(np.count_nonzero(~keep))):
+        for i in results.distinct_top(res, top if keep is None else top + int(np.count_nonzero(~keep))):
             if keep is None or keep[i]:
                 ranked.append((-float(res["eval"]["time"]["throughput"]["tokens_per_s"][i]), len(ranked), res, i))
     records = []
     for _, _, res, i in sorted(ranked, key=lambda r: r[:2])[:top]:
         rec = layout_record(clus, res["valid"], res["eval"], i)
-        rec["binding_constraint"] = search.binding_constraint(res, i, rec["time"]["breakdown"], rec["time"]["step_s"])
+        rec["binding_constraint"] = results.binding_constraint(res, i, rec["time"]["breakdown"], rec["time"]["step_s"])
         if tin.tokens:
             rec["time_to_train"] = _time_to_train(rec["time"]["step_s"], gbs * train.seq_len, tin, clus)
         records.append(rec)
@@ -369,7 +369,7 @@ def _other_engines_answer(model, cin: ClusterInput, tin: TrainingInput, train: T
     answer.defaults["engine"] = chosen["engine"]
     lead = answer.layouts[0] if answer.layouts else None
     answer.notes.insert(0, f"no {train.engine.name} layout fits ({why}); {chosen['engine']}'s fastest fits"
-                        + (f": {search.short(lead['layout'])} at {lead['throughput']['tokens_per_s']:,.0f} tokens/s"
+                        + (f": {results.short(lead['layout'])} at {lead['throughput']['tokens_per_s']:,.0f} tokens/s"
                            if lead else "") + f" (the engine without --engine is {train.engine.name})")
     return answer
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from planner import rules, search
+from planner import rules, search, variants
 from planner.calibration import clears_band
 from planner.errors import InputError
 from planner.hardware import Cluster
@@ -99,10 +99,10 @@ def fastest_clear_fit(clus: Cluster, sources: list, records: list) -> dict | Non
 
 
 def search_edges(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, free: bool) -> tuple:
-    """(training, search result) with the pipeline split search.edge_layers_choice picks where the
+    """(training, search result) with the pipeline split variants.edge_layers_choice picks where the
     engine has the choice and the user left it `free`."""
     if free:
-        train = search.edge_layers_choice(spec, clus, train)
+        train = variants.edge_layers_choice(spec, clus, train)
     return train, search.search(spec, clus, train, headroom, max_mbs, pinned=pins)
 
 
@@ -110,9 +110,9 @@ def search_zero3_knobs(spec, clus, train: Training, headroom: float, max_mbs: in
                         free: bool) -> tuple:
     """(training, search result, ZeRO-3 search result under other knobs or None): where the user left
     DeepSpeed's live-parameter knobs alone, the ZeRO-3 layouts are searched again with them lowered
-    where a faster layout than the best did not fit (search.lean_zero3_training), and raised where
+    where a faster layout than the best did not fit (variants.lean_zero3_training), and raised where
     fitting ones recompute whole blocks that the defaults make the backward gather twice
-    (search.roomy_zero3_training; no other layout reads the knobs); the knobs whose best layout
+    (variants.roomy_zero3_training; no other layout reads the knobs); the knobs whose best layout
     beats the first search's are kept."""
     if not free or pins.get("zero", 3) != 3:
         return train, result, None
@@ -123,9 +123,9 @@ def search_zero3_knobs(spec, clus, train: Training, headroom: float, max_mbs: in
     tries = []
     blocked = speed[~fits & zero3]
     if blocked.size and blocked.max() > best:
-        tries.append(search.lean_zero3_training(spec, train))
+        tries.append(variants.lean_zero3_training(spec, train))
     if np.any(fits & zero3 & (valid.recompute == int(Recompute.FULL))):
-        tries.append(search.roomy_zero3_training(spec, train))
+        tries.append(variants.roomy_zero3_training(spec, train))
     chosen, other = train, None
     for knobs in (t for t in tries if t is not None):
         found = search.search(spec, clus, knobs, headroom, max_mbs, pinned={**pins, "zero": 3})
@@ -140,11 +140,11 @@ def search_zero3_knobs(spec, clus, train: Training, headroom: float, max_mbs: in
 def search_tp_overlap(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, result: dict,
                        free: bool) -> tuple:
     """(training, search result): where the user left --tp-comm-overlap alone and the engine runs it
-    (search.tp_overlap_training), the sequence-parallel layouts searched again with it on, and kept
+    (variants.tp_overlap_training), the sequence-parallel layouts searched again with it on, and kept
     with the first search's other layouts where the fastest is faster. A search, not the first one's
     layouts evaluated again: the flag changes no rule, but TransformerEngine's buffers
     (memory.userbuffers_bytes) move which --recompute-layers variant of a layout fits."""
-    overlapped = search.tp_overlap_training(spec, train, result) if free else None
+    overlapped = variants.tp_overlap_training(spec, train, result) if free else None
     if overlapped is None:
         return train, result
     found = search.search(spec, clus, overlapped, headroom, max_mbs, pinned={**pins, "sequence_parallel": 1})
@@ -166,10 +166,10 @@ def _faster(new: dict, old: dict) -> bool:
 
 def search_offload_share(spec, clus, train: Training, headroom: float, result: dict, free: bool) -> tuple:
     """(training, search result): where the user left --optimizer-offload-fraction alone and the
-    fastest layout offloads an optimizer the engine can split (search.lean_offload_training), the
+    fastest layout offloads an optimizer the engine can split (variants.lean_offload_training), the
     search's layouts again under the smallest share that keeps that one fitting, kept where the
     fastest is faster. The share changes no rule and nothing of the layouts that keep their optimizer."""
-    lean = search.lean_offload_training(spec, clus, train, result, headroom) if free else None
+    lean = variants.lean_offload_training(spec, clus, train, result, headroom) if free else None
     if lean is None:
         return train, result
     again = search.reevaluate(spec, clus, lean, result, headroom, np.flatnonzero(result["valid"].offload_optimizer > 0))
@@ -208,9 +208,9 @@ def engine_best(spec, clus, training: Training, engine: str, headroom: float, ma
 
 def search_overlap_comm(spec, clus, train: Training, headroom: float, result: dict) -> tuple:
     """(training, search result): where the user left DeepSpeed's overlap_comm unset, the ZeRO-1/2
-    candidates evaluated again with it on (search.overlap_comm_rows: DeepSpeed defaults it off there),
+    candidates evaluated again with it on (variants.overlap_comm_rows: DeepSpeed defaults it off there),
     kept where their fastest is faster. It changes no rule, only their speed and second reduce bucket."""
-    on, rows = search.overlap_comm_rows(train, result)
+    on, rows = variants.overlap_comm_rows(train, result)
     if on is None:
         return train, result
     again = search.reevaluate(spec, clus, on, result, headroom, rows)

@@ -7,7 +7,7 @@ import textwrap
 
 from planner.engines import ENGINES
 from planner.memory import BREAKDOWN_KEYS
-from planner.search import short
+from planner.results import short
 
 GiB = 2**30
 
@@ -155,7 +155,7 @@ def label_tokens(text: str, pattern: str) -> list:
 
 
 def legend_text(text: str) -> str | None:
-    """One line (folded at WIDTH) explaining each abbreviation of the layout labels (search.short)
+    """One line (folded at WIDTH) explaining each abbreviation of the layout labels (results.short)
     that appears in `text`; None where none does."""
     parts = []
     axes = [(a, w) for a, w in LEGEND_AXES if label_tokens(text, a + r"\d+")]
@@ -296,7 +296,7 @@ def ratio_text(rel: float) -> str:
 
 
 def binding_code(text: str) -> str:
-    """A binding constraint (search.binding_constraint) as a table cell: 'memory +6%' where a faster
+    """A binding constraint (results.binding_constraint) as a table cell: 'memory +6%' where a faster
     variant does not fit, '<overhead> 12%' for the largest overhead's share of the step."""
     m = re.fullmatch(r"memory: .* would be (\S+) faster but needs \S+ GiB", text)
     if m:

@@ -38,7 +38,7 @@ class Rule:
 
 
 def compiled_block_measured(model) -> bool:
-    """Whether torch.compile of this model's Hugging Face blocks was measured (calibrate/hf_compiled.py)."""
+    """Whether torch.compile of this model's Hugging Face blocks was measured (calibrate/benches/hf_compiled.py)."""
     return model.architecture == "llama" and model.experts == 1 and not model.qk_norm
 
 
@@ -213,7 +213,7 @@ RULES: tuple[Rule, ...] = (
     Rule("torchtitan_no_fp16", ENGINE_RULE,
          lambda m, cl, tr, l: np.full(l.shape, tr.engine.launcher is Launcher.TORCHTITAN and tr.precision == Precision.FP16),
          lambda m, cl, tr: "--precision: torchtitan trains in bf16, bf16-pure or fp32, not fp16"),
-    # calibrate/hf_compiled.py measured transformers' LlamaDecoderLayer compiled (data/references/hf_compiled_cpu.json)
+    # calibrate/benches/hf_compiled.py measured transformers' LlamaDecoderLayer compiled (data/references/hf_compiled_cpu.json)
     Rule("compile_measured", ENGINE_RULE,
          lambda m, cl, tr, l: np.full(l.shape, tr.compile and not compiled_block_measured(m)),
          lambda m, cl, tr: "--compile: measured for transformers' Llama-style dense blocks (Llama, Mistral, Qwen2); "

@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from planner import layout, memory, timing
-from planner.engines import ENGINES, Buffers, ExpertTP, Modules
+from planner import memory, timing
+from planner.engines import ExpertTP
 from planner.errors import InputError
 from planner.grouping import picked
 from planner.hardware import Cluster
@@ -20,7 +20,6 @@ from planner.model import ModelSpec
 from planner.options import Offload, RankOrder, Recompute, Schedule
 from planner.pipeline import interleaved_layers, max_layers_on_stage
 from planner.rules import DIVISIBILITY, ENGINE_RULE, every_n_layers_broken, first_violation
-from planner.sharding import block_params
 
 VPP_CHOICES = (1, 2, 3, 4, 6, 8)
 CP_CHOICES = (1, 2, 4, 8)
@@ -246,143 +245,6 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, training: Training, ma
     return lay, {DIVISIBILITY: dropped, ENGINE_RULE: ruled_out}, space.coarsened
 
 
-def edge_layers_choice(model: ModelSpec, cluster: Cluster, training: Training) -> Training:
-    """`training` with the pipeline split that lets more of the searched interleavings divide, where
-    the engine lets the embedding and the loss count as a block each and its interleaving divides
-    the layer slots (Megatron-LM --account-for-embedding/loss-in-pipeline-split: pipeline.
-    interleaved_layers): the number of (pp, vpp > 1) pairs, pp dividing the GPUs, whose pp x vpp
-    divides the slots, with and without; more wins, a tie keeps the engine's default. Llama 3
-    405B's 126 blocks become 128 slots (pp 16 x vpp 2 as Meta ran it, Dubey et al. 2024 section
-    3.3.2); Llama 3 70B's 80 stay 80. A rule on divisibility, not a second search: both splits
-    cost the same otherwise (one block moved between the edge stages and the embedding's)."""
-    engine = training.engine
-    if not engine.pipeline_edge_choice or engine.modules is not Modules.MEGATRON:
-        return training
-    pps = [p for p in divisors(cluster.num_gpus) if 1 < p <= model.layers]
-
-    def pairs(edges):
-        slots = model.layers + 2 * edges
-        return sum(slots % (p * v) == 0 for p in pps for v in VPP_CHOICES if v > 1 and p * v <= slots)
-
-    default = engine.pipeline_edge_layers
-    best = 1 - default if pairs(1 - default) > pairs(default) else default
-    return training if best == training.pipeline_edge_layers else replace(training, pipeline_edge_layers=best)
-
-
-def lean_zero3_training(model: ModelSpec, training: Training) -> Training | None:
-    """`training` with DeepSpeed's ZeRO-3 live-parameter knobs lowered to what keeps one submodule
-    prefetched beside the one computing: stage3_max_live_parameters = stage3_max_reuse_distance =
-    2 x the largest block submodule, in tens of millions (DeepSpeed 0.19 zero/config.py: "Smaller
-    values use less memory, but perform more communication"; partitioned_param_coordinator.py
-    fetch_sub_module prefetches only under max_live_parameters). Memory falls to the current block
-    and the prefetch bucket (engines/deepspeed/memory.py zero3_live_param_bytes); the backward gathers again what the
-    forward, and under full recompute the recompute, released (engines/deepspeed/timing.py zero3_gather_s). None where
-    the engine has no such knobs or they are not lower."""
-    zc = training.zero_config
-    if training.engine.buffers is not Buffers.DEEPSPEED or 3 not in training.engine.zero_stages:
-        return None
-    lean = -(-2 * model.largest_block_module_params // 10_000_000) * 10_000_000
-    lean = max(lean, zc.stage3_prefetch_bucket_size)
-    if lean >= min(zc.stage3_max_live_parameters, zc.stage3_max_reuse_distance):
-        return None
-    return replace(training, zero_config=replace(zc, stage3_max_live_parameters=lean, stage3_max_reuse_distance=lean))
-
-
-def roomy_zero3_training(model: ModelSpec, training: Training) -> Training | None:
-    """`training` with DeepSpeed's ZeRO-3 live-parameter knobs raised so that a recomputed block
-    keeps what its recompute gathered until its backward: stage3_max_live_parameters =
-    stage3_max_reuse_distance = the largest block's elements (one rank of TP 1), in hundreds of
-    millions. With a prefetch bucket the prefetcher then passes every module's backward use before
-    the module is released (sharding.recompute_fetches: the module and the rest of the block under
-    max_live), so the backward gathers nothing twice (engines/deepspeed/timing.py zero3_gather_s), for the block held
-    gathered meanwhile (engines/deepspeed/memory.py zero3_live_param_bytes). None where the engine has no such knobs,
-    nothing prefetches, or the knobs are already that high."""
-    zc = training.zero_config
-    if training.engine.buffers is not Buffers.DEEPSPEED or 3 not in training.engine.zero_stages \
-            or zc.stage3_prefetch_bucket_size <= 0:
-        return None
-    one = layout.single(dp=1, zero=3)
-    roomy = -(-int(block_params(model, training, one)[0]) // 100_000_000) * 100_000_000
-    if roomy <= min(zc.stage3_max_live_parameters, zc.stage3_max_reuse_distance):
-        return None
-    return replace(training, zero_config=replace(zc, stage3_max_live_parameters=roomy, stage3_max_reuse_distance=roomy))
-
-
-def tp_overlap_training(model: ModelSpec, training: Training, result: dict) -> Training | None:
-    """`training` with Megatron's --tp-comm-overlap on where the engine runs it (Engine.tp_comm_overlap:
-    TransformerEngine Userbuffers) and some candidate of `result` has TP > 1 with sequence
-    parallelism that fits (its buffers only add memory: memory.userbuffers_bytes); else None. The
-    flag is one for the whole launch: it hides a share of each TP collective behind its GEMM and
-    takes SMs from the GEMM (engines/megatron/timing.py ub_pass_exposed_s), so whether it pays depends on the layout
-    and the GPU. MLA blocks get none (timing.tp_pass_exposed_s)."""
-    valid = result["valid"]
-    if training.tp_comm_overlap or not training.engine.tp_comm_overlap or model.kv_lora_rank > 0:
-        return None
-    if not np.any((valid.tp > 1) & (valid.sequence_parallel > 0) & np.asarray(result["eval"]["fits"])):
-        return None
-    return replace(training, tp_comm_overlap=True)
-
-
-def overlap_comm_rows(training: Training, result: dict) -> tuple:
-    """(`training` with DeepSpeed's overlap_comm on, the candidates of `result` it changes) where the
-    user left overlap_comm unset and the engine leaves ZeRO-1/2 without it (DeepSpeed 0.19.8
-    zero/config.py overlap_comm_valid: None -> stage == 3); else (None, empty). With it, stage_1_and_2.py
-    reduces each bucket on its reduction_stream under the backward and setup_buckets allocates a second
-    reduce_bucket_size buffer (engines/deepspeed/memory.py deepspeed_reduce_buckets): faster where the second buffer fits,
-    which the caller decides by evaluating these rows again."""
-    none = np.zeros(0, dtype=np.int64)
-    if training.zero_config.overlap_comm is not None or not training.engine.overlap_flag or not training.engine.deepspeed:
-        return None, none
-    valid, ev = result["valid"], result["eval"]
-    zero12 = layout.among(valid.zero, (1, 2)) & ~layout.among(valid.zero, training.engine.overlap_default)
-    # it hides only the reduction and the gradients' copies to the host (timing.grad_overlaps,
-    # timing.offload_s): where no fitting ZeRO-1/2 candidate has either, nothing changes
-    t, fits = ev["time"], np.asarray(ev["fits"])
-    hidden_s = np.asarray(t["breakdown"]["dp_comm"]) + np.asarray(t["breakdown"]["offload"])
-    if not np.any(zero12 & fits & (hidden_s > 0)):
-        return None, none
-    rows = np.flatnonzero(zero12)  # all: the hints compare neighbours that do not fit (binding_constraint)
-    return replace(training, zero_config=replace(training.zero_config, overlap_comm=True)), rows
-
-
-OFFLOAD_FRACTION_STEP = 0.05
-"""Grid of the optimizer offload share recommend chooses (lean_offload_training)."""
-
-
-def lean_offload_training(model: ModelSpec, cluster: Cluster, training: Training, result: dict,
-                          headroom: float) -> Training | None:
-    """`training` with the smallest share of the optimizer offloaded, on a grid of
-    OFFLOAD_FRACTION_STEP, at which the fastest fitting layout, one that offloads its optimizer,
-    still fits, where the engine can offload part of it (Engine.offload_hybrid_optimizer:
-    megatron-core --optimizer-offload-fraction). The share kept on the GPU adds its memory
-    (memory.optimizer_bytes, affine in the share) and takes it off the host's step and copies
-    (timing.optimizer_s, offload_s), which the GPU runs beside it: the smallest share that fits is
-    that layout's fastest. None where the fastest layout keeps its optimizer, the engine offloads
-    whole, or no smaller share fits."""
-    if not training.engine.offload_hybrid_optimizer or not result["order"].size:
-        return None
-    i = int(result["order"][0])
-    if result["valid"].offload_optimizer[i] == Offload.NONE:
-        return None
-    one = result["valid"].take(np.array([i]))
-    capacity = cluster.gpu.memory_bytes * (1.0 - headroom)
-
-    def total(share: float) -> float:
-        return float(memory.rank_memory(model, cluster, replace(training, optimizer_offload_fraction=share), one)["required"][0])
-
-    whole, least = total(1.0), total(OFFLOAD_FRACTION_STEP)
-    per_share = (least - whole) / (1.0 - OFFLOAD_FRACTION_STEP)  # GPU bytes per unit of share kept there
-    needed = 1.0 - (capacity - whole) / per_share if per_share > 0 else OFFLOAD_FRACTION_STEP
-    steps = max(1, int(np.ceil(round(needed / OFFLOAD_FRACTION_STEP, 9))))
-    for k in range(steps, steps + 3):  # the allocator's rounding may want one step more
-        share = round(k * OFFLOAD_FRACTION_STEP, 6)
-        if share >= 1.0:
-            return None
-        if total(share) <= capacity:
-            return replace(training, optimizer_offload_fraction=share)
-    return None
-
-
 def flat_schedule(training: Training) -> Schedule:
     """The schedule searched without interleaving: ZB-H1 where the engine runs it (same activation
     memory as 1F1B, a smaller bubble: planner/pipeline.py), else 1F1B. GPipe is never searched: the
@@ -448,7 +310,7 @@ def merged(result: dict, found: dict, keep: np.ndarray) -> dict:
 def reevaluate(model: ModelSpec, cluster: Cluster, training: Training, result: dict, headroom: float,
                rows: np.ndarray) -> dict:
     """A search result ranked again under `training`, which changes no rule and only the candidates
-    `rows` (search.lean_offload_training's share: the offloading ones), those evaluated again; the
+    `rows` (variants.lean_offload_training's share: the offloading ones), those evaluated again; the
     out-of-memory count updated."""
     start = time.perf_counter()
     valid, n = result["valid"], result["valid"].size
@@ -528,139 +390,3 @@ def _fastest_per_parent(lighter: Layouts, lev: dict) -> np.ndarray:
     return np.sort(first[np.isfinite(speed[first])])
 
 
-def short(row: dict) -> str:
-    """Compact layout label, e.g. 'tp8 pp4 dp2 z1 mbs1x64 sel-rc sp'."""
-    parts = [f"tp{row['tp']}", f"pp{row['pp']}"]
-    parts += [f"vpp{row['vpp']}"] if row["vpp"] > 1 else []
-    parts += [f"cp{row['cp']}"] if row["cp"] > 1 else []
-    parts += [f"ep{row['ep']}"] if row["ep"] > 1 else []
-    parts += [f"etp{row['etp']}"] if row.get("etp") and row["etp"] != row["tp"] else []
-    parts += [f"dp{row['dp']}", f"z{row['zero']}", f"mbs{row['mbs']}x{row['gas']}"]
-    parts += [] if row["recompute"] == "none" else [row["recompute"][:3] + "-rc"]
-    if row.get("recompute_layers"):
-        parts.append(f"rc-{'groups' if row.get('recompute_method') == 'uniform' else 'layers'}{row['recompute_layers']}")
-    parts += ["sp"] if row["sequence_parallel"] else []
-    parts += ["pp-inner"] if row.get("rank_order") == "tp-cp-pp-dp" else []
-    parts += [row["schedule"]] if row["schedule"] in ("gpipe", "zb-h1") and row["pp"] > 1 else []
-    parts += [f"off-opt:{row['offload_optimizer']}"] if row["offload_optimizer"] != "none" else []
-    parts += [f"off-par:{row['offload_params']}"] if row["offload_params"] != "none" else []
-    return " ".join(parts)
-
-
-CORE_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "zero", "sequence_parallel")
-
-
-def binding_constraint(result: dict, i: int, step_breakdown: dict, step_s: float) -> str:
-    """What keeps candidate i from being faster: memory, when a faster variant of the same layout
-    (less recompute, a larger micro-batch, less offload) does not fit; else its largest overhead."""
-    valid, ev = result["valid"], result["eval"]
-    speed = ev["time"]["throughput"]["tokens_per_s"]
-    same = np.ones(valid.size, dtype=bool)
-    for f in CORE_FIELDS:
-        same &= getattr(valid, f) == getattr(valid, f)[i]
-    blocked = np.flatnonzero(same & ~ev["fits"] & (speed > speed[i] * 1.001))
-    if blocked.size:
-        j = int(blocked[np.argmin(ev["memory"]["required"][blocked])])  # the faster variant nearest to fitting
-        row = valid.row(j)
-        words = {"mbs": f"mbs {row['mbs']}", "recompute": f"recompute {row['recompute']}",
-                 "recompute_layers": f"recompute layers {row['recompute_layers'] or 'all'}",
-                 "offload_optimizer": f"optimizer offload {row['offload_optimizer']}",
-                 "offload_params": f"param offload {row['offload_params']}"}
-        changes = [words[f] for f in words if getattr(valid, f)[j] != getattr(valid, f)[i]]
-        need = ev["memory"]["required"][j] / 2**30
-        return f"memory: {', '.join(changes)} would be {speed[j] / speed[i] - 1:.0%} faster but needs {need:.1f} GiB"
-    parts = {k: v for k, v in step_breakdown.items() if k != "compute"}
-    worst = max(parts, key=parts.get)
-    return f"{worst} ({parts[worst] / step_s:.0%} of step)"
-
-
-def distinct_top(result: dict, k: int) -> list[int]:
-    """The k fastest fitting candidates, dropping variants that differ only in the offload device
-    and are exactly as fast (e.g. NVMe vs CPU when the CPU Adam step hides the NVMe traffic)."""
-    valid, speed = result["valid"], result["eval"]["time"]["throughput"]["tokens_per_s"]
-    seen, picked = set(), []
-    for i in result["order"]:
-        i = int(i)
-        row = valid.row(i)
-        key = tuple(row[f] for f in (*CORE_FIELDS, "mbs", "recompute", "recompute_layers")) + (round(float(speed[i]), 3),)
-        if key in seen:
-            continue
-        seen.add(key)
-        picked.append(i)
-        if len(picked) == k:
-            break
-    return picked
-
-
-HINT_BUDGET = 500_000
-"""Candidates each what-would-fit search materializes (the hints name a layout that fits)."""
-
-
-def what_would_fit(model: ModelSpec, cluster: Cluster, training: Training, headroom: float, max_mbs: int,
-                   result: dict) -> list[str]:
-    """When nothing fits (`result` is that search): the least memory any valid layout needs, and
-    what changes would fit: another engine, or more GPUs."""
-    hints = [lean] if (lean := leanest_text(cluster, headroom, result)) else []
-
-    def attempt(c: Cluster, t: Training):
-        try:
-            res = search(model, c, t, headroom, max_mbs, HINT_BUDGET)
-        except InputError:  # even coarsened, too many layouts to try here
-            return None
-        return res if len(res["order"]) else None
-
-    for engine in ENGINES.values():
-        if engine is not training.engine and (other := attempt(cluster, training.for_engine(engine))):
-            hints.append(f"--engine {engine.name} fits ({best_text(other)})")
-    for factor in (2, 4, 8, 16):
-        if cluster.num_gpus * factor > 2**20:
-            break
-        bigger = replace(cluster, num_gpus=cluster.num_gpus * factor)
-        if res := attempt(bigger, training):
-            hints.append(f"--gpus {bigger.num_gpus} fits ({best_text(res)})")
-            break
-    return hints
-
-
-def leanest_text(cluster: Cluster, headroom: float, result: dict) -> str | None:
-    """The least memory any valid layout of a search needs, against what is usable (None where no
-    layout passed the rules)."""
-    valid, ev = result["valid"], result["eval"]
-    if not valid.size:
-        return None
-    capacity = cluster.gpu.memory_bytes * (1 - headroom)
-    i = int(np.argmin(ev["memory"]["required"]))
-    return (f"the leanest layout ({short(valid.row(i))}) needs {ev['memory']['total'][i] / 2**30:.1f} GiB "
-            f"per GPU of {capacity / 2**30:.1f} GiB usable")
-
-
-def best_text(result: dict) -> str:
-    """The fastest fitting layout of a search result with its memory per GPU."""
-    i = int(result["order"][0])
-    return f"{short(result['valid'].row(i))}, {result['eval']['memory']['total'][i] / 2**30:.1f} GiB per GPU"
-
-
-def pareto_front(memory_bytes: np.ndarray, tokens_per_s: np.ndarray) -> np.ndarray:
-    """Mask of the points no other point beats on both axes (less memory and more speed): sorted by
-    memory, a point is on the front when it is faster than every point that needs less."""
-    order = np.lexsort((-tokens_per_s, memory_bytes))
-    speed = tokens_per_s[order]
-    best_before = np.concatenate(([-np.inf], np.maximum.accumulate(speed)[:-1]))
-    mask = np.zeros(memory_bytes.shape, dtype=bool)
-    mask[order[speed > best_before]] = True
-    return mask
-
-
-def landscape(result: dict, limit: int) -> dict:
-    """Up to `limit` fitting layouts for a speed-versus-memory plot: the whole Pareto front, then
-    layouts evenly spaced through the speed ranking."""
-    fitting = result["order"]
-    memory_bytes = np.asarray(result["eval"]["memory"]["required"])[fitting]
-    speed = np.asarray(result["eval"]["time"]["throughput"]["tokens_per_s"])[fitting]
-    front = np.flatnonzero(pareto_front(memory_bytes, speed))[:limit]
-    spread = np.unique(np.linspace(0, fitting.size - 1, max(0, limit - front.size)).astype(np.int64)) if fitting.size else []
-    picked = np.union1d(front, spread).astype(np.int64)
-    on_front = np.isin(picked, front)
-    return {"label": [short(result["valid"].row(int(fitting[k]))) for k in picked],
-            "gpu_bytes": [int(memory_bytes[k]) for k in picked], "tokens_per_s": [float(speed[k]) for k in picked],
-            "pareto": [bool(f) for f in on_front], "fitting": int(fitting.size)}

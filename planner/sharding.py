@@ -391,7 +391,7 @@ def _grad_partition_excess(flat_key: tuple, d: int) -> float:
 
 # ---------------------------------------------------------------------------------------------
 # DeepSpeed ZeRO-3 sub-groups and ZeRO-Infinity's swap space (DeepSpeed 0.19.8 runtime/zero/stage3.py,
-# runtime/swap_tensor/): measured by calibrate/deepspeed_nvme.py
+# runtime/swap_tensor/): measured by calibrate/engines/deepspeed_nvme.py
 
 
 AIO_MIN_BYTES = 2**20

@@ -1,4 +1,4 @@
-"""A calibrate recorder (`python -m calibrate.<name> --out PATH`) re-run in a process of its own, as
+"""A calibrate recorder (`python -m calibrate.<room>.<name> --out PATH`) re-run in a process of its own, as
 the slow tests that check a committed reference under data/references/ do."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What transformers 5.25's DeepseekV3DecoderLayer (multi-head latent attention), DeepseekV2DecoderLayer
 and Glm4MoeDecoderLayer save for backward, counted on the CPU with saved_tensors_hooks
-(calibrate/saved.py), against planner/activations.py hf_deepseek_v3_saved.
+(calibrate/benches/saved.py), against planner/activations.py hf_deepseek_v3_saved.
 
 One layer is half the difference between a base model (AutoModel) of 4 and of 2 decoder layers,
 every storage once, the weights left out, counting only what the graph still holds once the forward
@@ -33,7 +33,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from calibrate.saved import hf_layer_bytes  # noqa: E402
+from calibrate.benches.saved import hf_layer_bytes  # noqa: E402
 from cuda_sdpa import fp32_gqa_math_extra_bytes  # noqa: E402
 from planner import activations, layout  # noqa: E402
 from planner.hf_config import from_hf_config  # noqa: E402
@@ -258,7 +258,7 @@ def test_what_the_live_count_leaves_out_is_the_router_group_choice():
     mask (T, E) bool, and the last topk's indices (T, k), which scores.gather keeps alive: 16G +
     8 topk_group + E bytes a token gone (48 here). The plain count books them less whatever
     addresses later tensors reuse, which varies from run to run; the live count does not."""
-    from calibrate.saved import hf_saved_counter
+    from calibrate.benches.saved import hf_saved_counter
 
     c = hf_saved_counter(config(DS_BASE, "deepseek_v3", {}, layers=1), SEQ, BATCH, live=True)
     tokens = SEQ * BATCH

@@ -1,7 +1,7 @@
 """DeepSpeed's MoE layer (Megatron-DeepSpeed's deepspeed.moe): what it saves for backward, against the
 planner's Megatron-DeepSpeed block list.
 
-The reference, data/references/deepspeed_moe_cpu.json, is python -m calibrate.deepspeed_moe: DeepSpeed
+The reference, data/references/deepspeed_moe_cpu.json, is python -m calibrate.engines.deepspeed_moe: DeepSpeed
 0.19.8's own deepspeed.moe.layer.MoE (TopKGate, MOELayer, Linear-GELU-Linear experts, ep_size 1, bf16,
 capacity factor 1) on one gloo rank, the bytes its forward leaves saved per token (the difference of
 96 and 192 tokens), each storage once, parameters and the layer input left out, by the code that saved
@@ -78,7 +78,7 @@ def test_deepspeed_saves_what_the_reference_says(tmp_path):
     process group; about 15 s)."""
     from recording import rerecord
 
-    rows = rerecord("calibrate.deepspeed_moe", tmp_path / "deepspeed_moe.json", timeout_s=600)
+    rows = rerecord("calibrate.engines.deepspeed_moe", tmp_path / "deepspeed_moe.json", timeout_s=600)
     assert [r["name"] for r in rows] == list(ROWS)
     for row in rows:
         assert row["bytes_per_token"] == ROWS[row["name"]]["bytes_per_token"], row["name"]

@@ -1,5 +1,5 @@
 """What transformers 5.25's Llama4TextDecoderLayer saves for backward, counted on the CPU with
-saved_tensors_hooks (calibrate/saved.py), against planner/saved/hf_llama.py hf_llama4_saved.
+saved_tensors_hooks (calibrate/benches/saved.py), against planner/saved/hf_llama.py hf_llama4_saved.
 
 A layer is what a base model (AutoModel of a llama4_text config) of more decoder layers saves beyond
 one of fewer, every storage once, the weights left out, counting only what the graph still holds once
@@ -31,7 +31,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from calibrate.saved import hf_layer_bytes, hf_saved_bytes  # noqa: E402
+from calibrate.benches.saved import hf_layer_bytes, hf_saved_bytes  # noqa: E402
 from planner import activations, layout  # noqa: E402
 from planner.saved import hf_llama  # noqa: E402
 from planner.hf_config import from_hf_config  # noqa: E402

@@ -1,6 +1,6 @@
 """megatron-core's MoE layer: what it saves for backward, against the planner's Megatron block list.
 
-The reference, data/references/megatron_moe_cpu.json, is python -m calibrate.megatron_moe: megatron-core
+The reference, data/references/megatron_moe_cpu.json, is python -m calibrate.engines.megatron_moe: megatron-core
 0.16.1's own MoELayer (local spec: SequentialMLP experts, alltoall or allgather dispatcher, Megatron-
 LM's fused SwiGLU, bf16; hidden 64, expert ffn 128) on one gloo rank, the bytes its forward saves per
 token, each storage once, parameters and the layer input left out, by the part that saved them.
@@ -41,7 +41,7 @@ def _planned(row) -> dict:
 def test_megatron_core_saves_what_the_reference_says():
     """The count itself, on the installed megatron-core (a test extra): the same bytes by part as the
     shipped reference, configuration by configuration (about 30 s, a process each)."""
-    from calibrate.megatron_moe import measure
+    from calibrate.engines.megatron_moe import measure
 
     for row in measure():
         assert row["megatron_core"] == "0.16.1"

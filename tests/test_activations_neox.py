@@ -1,6 +1,6 @@
 """transformers 5.25 GPTNeoXLayer with attn_implementation 'eager' at micro-batch 1 and above
 (planner/activations.py hf_gpt_neox_saved, the micro-batch size threaded from layer_bytes through
-saved_tensors), counted with saved_tensors_hooks (calibrate/saved.py hf_layer_bytes) and translated
+saved_tensors), counted with saved_tensors_hooks (calibrate/benches/saved.py hf_layer_bytes) and translated
 to CUDA like the other GPT-NeoX cases (tests/test_activations_real.py hf_measured: LayerNorm
 statistics fp32, dropout masks 1 byte).
 

@@ -1,5 +1,5 @@
 """What real transformers blocks save for backward, counted with saved_tensors_hooks
-(calibrate/saved.py), against planner/activations.py for the engines that train Hugging Face
+(calibrate/benches/saved.py), against planner/activations.py for the engines that train Hugging Face
 modules (deepspeed, fsdp).
 
 A LlamaModel of 2 and of 4 decoder layers runs one forward under the hooks; half the difference is
@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from calibrate.saved import hf_layer_bytes, hf_saved_bytes  # noqa: E402
+from calibrate.benches.saved import hf_layer_bytes, hf_saved_bytes  # noqa: E402
 from cuda_sdpa import fp32_gqa_math_extra_bytes  # noqa: E402
 from planner import activations, layout, memory  # noqa: E402
 from planner.hf_config import from_hf_config  # noqa: E402
@@ -182,7 +182,7 @@ def test_step_peak_is_activations_plus_logits(layers, vocab):
     element, in cross_entropy's backward (_log_softmax_backward_data), where log_softmax's saved
     fp32 output, nll_loss_backward's fp32 gradient and the fp32 result are live together; the
     forward's 16-bit logits and fp32 copy (10 B with the saved output) are gone by then."""
-    from calibrate.saved import transient_peak_bytes
+    from calibrate.benches.saved import transient_peak_bytes
 
     cfg = {**hf_config(layers, "sdpa", {}), "vocab_size": vocab}
     torch.manual_seed(0)
@@ -206,7 +206,7 @@ def test_step_peak_is_activations_plus_logits(layers, vocab):
 
 
 # ---------------------------------------------------------------------------------------------
-# Megatron: a Megatron-style GPT block (calibrate/megatron_block.py: the ops of megatron-core's layer
+# Megatron: a Megatron-style GPT block (calibrate/engines/megatron_block.py: the ops of megatron-core's layer
 # with CUDA's fused softmax as it saves), full recompute of the first N layers of the chunk
 # (--recompute-method block --recompute-num-layers), and megatron-core's own layer beside it
 
@@ -247,7 +247,7 @@ def test_megatron_block_recompute_keeps(recomputed, seq, batch, hidden, heads, f
     """4 layers, the first `recomputed` under a reentrant checkpoint: each of those keeps its 2sbh
     input, every other layer Korthikanti's 34sbh + 5as^2b (Table 2, no TP), counted tensor by tensor
     (e.g. s128 b2 h256 a8 f1024, one recomputed: 2 x 65,536 + 3 x (34 x 65,536 + 5 x 262,144))."""
-    from calibrate.megatron_block import block_method_saved_bytes
+    from calibrate.engines.megatron_block import block_method_saved_bytes
 
     assert torch.ops.aten.dropout(torch.ones(4, dtype=torch.bfloat16), 0.5, True).dtype == torch.bfloat16
     counted = block_method_saved_bytes(4, recomputed, seq, batch, hidden, heads, ffn)
@@ -267,7 +267,7 @@ def test_megatron_core_layer_keeps_what_the_style_block_keeps(seq, batch, hidden
     Softmax upcasts the scores to fp32 (attention_softmax_in_fp32) and keeps that softmax, 2 bytes an
     a s^2 b element more than CUDA's ScaledUpperTriangMaskedSoftmax keeps in bf16, which the style
     block counts. So the style block's tests (above) hold for megatron-core's layer on CUDA."""
-    from calibrate.megatron_block import block_method_saved_bytes, megatron_core_layer_saved_bytes
+    from calibrate.engines.megatron_block import block_method_saved_bytes, megatron_core_layer_saved_bytes
 
     style = block_method_saved_bytes(1, 0, seq, batch, hidden, heads, ffn)
     core = megatron_core_layer_saved_bytes(seq, batch, hidden, heads, ffn)
@@ -281,7 +281,7 @@ def test_megatron_core_unfused_attention_repeats_grouped_keys_and_values():
     value to every head (new tensors the matmuls keep): 8 heads in 2 groups at h 256 keep q, k and v
     at every head's width, 3 e h = 1,536 bytes a token, as MHA does, not e (q + 2 kv) = 768; the
     planner's unfused Megatron list alike (it booked 768 before)."""
-    from calibrate.megatron_block import megatron_core_layer_saved_bytes
+    from calibrate.engines.megatron_block import megatron_core_layer_saved_bytes
     from planner.model import ModelSpec
 
     s, b, h, a, f = 128, 2, 256, 8, 1024
@@ -309,7 +309,7 @@ def test_megatron_core_llama_layer_keeps_what_the_planner_books(seq, batch, hidd
     input in fp32 and the rstd, 8h + 4 bytes a token; on CUDA its fused kernel (and TE's) keeps the
     16-bit input and the rstd, 2h + 4, of which the planner books 2h (the rstd, 4 bytes a norm, is
     Korthikanti's omission too). Then the planner's Megatron list, 16h + 4a + 6f, is exact."""
-    from calibrate.megatron_block import megatron_core_layer_saved_bytes
+    from calibrate.engines.megatron_block import megatron_core_layer_saved_bytes
     from planner.model import ModelSpec
 
     counted = megatron_core_layer_saved_bytes(seq, batch, hidden, heads, ffn, llama=True) / (seq * batch)
@@ -330,7 +330,7 @@ def test_megatron_uniform_recompute_keeps_a_group_input_and_reruns_a_group(group
     kept: N 2: 3,934,208 - 2 x 131,072 = 3,672,064 (measured 3,661,952); N 4: 3 x 3,934,208 -
     3 x 131,072 = 11,409,408 (measured 11,394,240). The planner books ceil(L/N) inputs and N whole
     blocks of recompute working set."""
-    from calibrate.megatron_block import block_method_saved_bytes, uniform_method_bytes
+    from calibrate.engines.megatron_block import block_method_saved_bytes, uniform_method_bytes
 
     s, b, h, a, f = 128, 2, 256, 8, 1024
     layer_cpu, layer_input = block_method_saved_bytes(1, 0, s, b, h, a, f), 2 * s * b * h
@@ -355,7 +355,7 @@ def test_megatron_uniform_recompute_keeps_a_group_input_and_reruns_a_group(group
 
 # ---------------------------------------------------------------------------------------------
 # torchtitan 0.3.0's own Llama3Model under its SelectiveAC and FullAC, measured by
-# `python -m calibrate.torchtitan_sac` (torchtitan is not a test dependency: the measurement is
+# `python -m calibrate.engines.torchtitan_sac` (torchtitan is not a test dependency: the measurement is
 # recorded in data/references/torchtitan_sac_cpu.json with its environment)
 
 def test_torchtitan_checkpointed_blocks_keep_what_the_planner_books():

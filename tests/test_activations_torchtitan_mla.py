@@ -1,6 +1,6 @@
 """torchtitan 0.3.0's DeepSeek-V3 blocks (planner/activations.py torchtitan_mla_attention_saved, the
 torchtitan dispatch's MLA branch, op_sac_matmuls, op_sac_bytes) against what torchtitan's own
-DeepSeekV3Model keeps, measured on the CPU by `python -m calibrate.torchtitan_mla` and recorded in
+DeepSeekV3Model keeps, measured on the CPU by `python -m calibrate.engines.torchtitan_mla` and recorded in
 data/references/torchtitan_mla_cpu.json (torchtitan is not a test dependency). Eight cases move the
 query rank (0: wq; 96: wq_a -> q_norm -> wq_b), the key/value rank, the heads, the head widths
 (non-rotary, rotary, value), h, and the block kind (dense-first, MoE with a shared expert and a softmax
@@ -66,7 +66,8 @@ def cuda_equivalent(row) -> float:
       part (8c kept) and nothing else holds wkv_a's output, while CUDA's fused kernel keeps the view,
       so the whole wkv_a output, 2(c + dr): 6c - 2dr less on CUDA.
     Everything else (FlexAttention run eagerly: q, k, v, out, fp32 lse and max_scores; the linears;
-    the MoE) keeps the same on both devices (calibrate/torchtitan_mla.py, calibrate/torchtitan_moe.py)."""
+    the MoE) keeps the same on both devices (calibrate/engines/torchtitan_mla.py,
+    calibrate/engines/torchtitan_moe.py)."""
     tokens, h, r, c, dr = (row["seq"] * row["batch"], row["dim"], row["q_lora_rank"], row["kv_lora_rank"],
                            row["qk_rope_head_dim"])
     return row["layer_bytes"] - tokens * (6 * 2 * h + 6 * r + 6 * c - 2 * dr) - per_layer(row)

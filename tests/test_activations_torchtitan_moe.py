@@ -1,6 +1,6 @@
 """torchtitan 0.3.0's MoE block (planner/activations.py torchtitan_moe_saved, op_sac_matmuls,
 op_sac_bytes) against what torchtitan's own Qwen3 MoE model keeps, measured on the CPU by
-`python -m calibrate.torchtitan_moe` and recorded in data/references/torchtitan_moe_cpu.json
+`python -m calibrate.engines.torchtitan_moe` and recorded in data/references/torchtitan_moe_cpu.json
 (torchtitan is not a test dependency). Seven cases move h, E, k, f, a shared expert and the router
 kind (softmax + route_norm, sigmoid without) one at a time; no AC, SelectiveAC and FullAC each.
 

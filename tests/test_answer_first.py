@@ -10,7 +10,7 @@ import re
 import pytest
 
 from planner import cli
-from planner.search import short
+from planner.results import short
 
 WIDTH = 120
 

@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from planner import calibration, cli, memory, report, timing  # noqa: E402
 from planner.errors import InputError  # noqa: E402
-from planner.search import short  # noqa: E402
+from planner.results import short  # noqa: E402
 
 APP = Path(__file__).resolve().parent.parent / "app.py"
 GiB = 2**30

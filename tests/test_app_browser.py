@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from planner import cli, report
-from planner.search import short
+from planner.results import short
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")

@@ -1,13 +1,13 @@
-"""Micro-benchmarks (calibrate/bench.py): units and conventions checked by hand, and the fit of the
+"""Micro-benchmarks (calibrate/benches/bench.py): units and conventions checked by hand, and the fit of the
 planner's GEMM curve and collective model to this machine's real measurements."""
 
 from __future__ import annotations
 
 import pytest
 
-from calibrate import bench
-from calibrate.fit import BOUNDS, fit
-from calibrate.record import expand_rows, run_case
+from calibrate.benches import bench
+from calibrate.harness.fit import BOUNDS, fit
+from calibrate.harness.record import expand_rows, run_case
 
 
 def test_bus_bandwidth_follows_nccl_tests():

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from calibrate.cli import last_wall_s, main
+from calibrate.harness.cli import last_wall_s, main
 
 GEMM = "bench/gemm/float32/64"  # an in-process micro-benchmark of a few milliseconds
 

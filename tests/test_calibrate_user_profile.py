@@ -1,6 +1,6 @@
 """A user's calibration runs land in a profile of their own ($PLANNER_HOME/calibration/NAME.json, or
 --out PATH), never in a profile shipped in data/calibration/ unless --update-shipped; a name then
-reads the user's profile before the shipped one (planner/calibration.py, calibrate/cli.py)."""
+reads the user's profile before the shipped one (planner/calibration.py, calibrate/harness/cli.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import json
 
 import pytest
 
-from calibrate import cli as calibrate_cli
+from calibrate.harness import cli as calibrate_cli
 from planner import calibration, cli
 
 SHIPPED = calibration.CALIBRATION_DIR / "cpu-gloo.json"
 LLAMA7 = ["estimate", "--model", "llama-2-7b", "--gpus", "8", "--zero", "3"]
 GEMM = {"m": 64, "n": 64, "k": 64, "dtype": "float32", "flops": 524288.0, "gemm_s": 1.25e-05}
-"""One GEMM as calibrate/bench.py measures it (what the fit takes)."""
+"""One GEMM as calibrate/benches/bench.py measures it (what the fit takes)."""
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def home(tmp_path, monkeypatch):
 @pytest.fixture
 def fake_run(monkeypatch):
     """`calibrate run` with one fake case measured: the command's own path to the profile, no launch."""
-    from calibrate import record
+    from calibrate.harness import record
 
     monkeypatch.setattr(calibrate_cli, "collect", lambda *a: [record.Case(
         "bench/gemm/float32/64", "gemm", {}, dict, lambda ranks: ranks[0], run_inline=lambda: dict(GEMM))])

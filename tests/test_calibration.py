@@ -158,7 +158,7 @@ def test_the_shipped_cpu_profile_still_matches_the_planner():
     every memory case measured there is predicted again by today's planner and must still match
     the measured bytes (up to the optimizers' 0-d scalars)."""
     pytest.importorskip("torch")
-    from calibrate import deepspeed_cases, torch_cases
+    from calibrate.engines import deepspeed_cases, torch_cases
 
     doc = calibration.read_profile("cpu-gloo")
     assert doc["hardware"]["gpu"] == "cpu" and doc["fit"]["error"]

@@ -177,7 +177,7 @@ FROZEN = {
                   "--cp", "--dp", "--ep", "--mbs", "--offload-optimizer", "--offload-params", "--pp", "--recompute",
                   "--sequence-parallel", "--tp", "--vpp", "--zero"],
     "validate": ["--json"],
-    "calibrate": [],  # its own parser (calibrate/cli.py): run|fit|report PROFILE
+    "calibrate": [],  # its own parser (calibrate/harness/cli.py): run|fit|report PROFILE
     "check": ["--accelerate-launch", "--calibration", "--config", "--emit", "--ffn", "--ffn-kind", "--gpu", "--gpu-memory-gib", "--gpus",
               "--gpus-per-node", "--hbm-gb-per-s", "--heads", "--hidden", "--host-ram-gib", "--inter-node-gb-per-s",
               "--intra-node-gb-per-s", "--json", "--kv-heads", "--layers", "--mbs", "--model", "--no-deepspeed",

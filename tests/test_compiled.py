@@ -1,6 +1,6 @@
 """torch.compile of Hugging Face blocks (--compile) against what Inductor really makes of one.
 
-The reference, data/references/hf_compiled_cpu.json, is python -m calibrate.hf_compiled: transformers'
+The reference, data/references/hf_compiled_cpu.json, is python -m calibrate.benches.hf_compiled: transformers'
 LlamaDecoderLayer (SDPA, bf16) eager and torch.compile'd (Inductor, default mode, caches off) on the
 CPU at three shapes: the bytes per token its forward saves (saved_tensors_hooks, each storage once,
 parameters, input and rotary tables left out), and the kernels Inductor generates per forward and

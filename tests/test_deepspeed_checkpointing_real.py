@@ -1,5 +1,5 @@
 """deepspeed.checkpointing as Megatron-DeepSpeed runs it (--deepspeed-activation-checkpointing), on 2
-gloo ranks under torchrun (calibrate/deepspeed_checkpointing_worker.py), against the planner: a fully
+gloo ranks under torchrun (calibrate/engines/deepspeed_checkpointing_worker.py), against the planner: a fully
 recomputed layer keeps its input, s b h x 2 bytes, split over the model-parallel ranks when
 activation_checkpointing.partition_activations is on (DeepSpeed 0.19
 runtime/activation_checkpointing/checkpointing.py partition_activations)."""
@@ -31,8 +31,9 @@ def measured(tmp_path_factory):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    worker = ROOT / "calibrate" / "engines" / "deepspeed_checkpointing_worker.py"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_addr", "127.0.0.1", "--master_port", str(port), str(ROOT / "calibrate" / "deepspeed_checkpointing_worker.py"), str(out)],
+                           "--master_addr", "127.0.0.1", "--master_port", str(port), str(worker), str(out)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())

@@ -1,11 +1,11 @@
 """ZeRO-Infinity's host memory (ZeRO-3 offloading to NVMe) against DeepSpeed's own engine.
 
-The reference, data/references/deepspeed_nvme_cpu.json, is python -m calibrate.deepspeed_nvme:
+The reference, data/references/deepspeed_nvme_cpu.json, is python -m calibrate.engines.deepspeed_nvme:
 DeepSpeed 0.19.8 on 2 gloo ranks through its aio op (swap files in a scratch folder), bf16, the
-2-layer Llama of calibrate/deepspeed_worker.py (158,016 parameters) and the same shape widened
-(calibrate/deepspeed_nvme.py BIG, 29,889,536: 14,944,768 a rank), gradient accumulation 2. Each rank
+2-layer Llama of calibrate/engines/deepspeed_worker.py (158,016 parameters) and the same shape widened
+(calibrate/engines/deepspeed_nvme.py BIG, 29,889,536: 14,944,768 a rank), gradient accumulation 2. Each rank
 counted every distinct storage the engine and its two swappers hold, by attribute, sorted into host
-and device by calibrate/deepspeed_offload.py's lists (each from the DeepSpeed line that allocates it).
+and device by calibrate/engines/deepspeed_offload.py's lists (each from the DeepSpeed line that allocates it).
 Recording it needs libaio's headers, which CI does not have: the slow test re-records where the op
 builds and skips elsewhere, saying why.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.deepspeed_nvme import BIG, aio_available
-from calibrate.deepspeed_offload import split
+from calibrate.engines.deepspeed_nvme import BIG, aio_available
+from calibrate.engines.deepspeed_offload import split
 from planner import layout, memory
 from planner.hf_config import from_hf_config
 
@@ -50,7 +50,7 @@ def _host(row: dict, moment: str) -> int:
 
 
 def _planned(row: dict) -> float:
-    from calibrate.deepspeed_worker import BUCKET, LLAMA
+    from calibrate.engines.deepspeed_worker import BUCKET, LLAMA
 
     model = from_hf_config({**LLAMA, **row.get("llama", {}), "model_type": "llama"})
     assert model.params == row["params"]
@@ -118,7 +118,7 @@ def test_deepspeed_holds_what_the_reference_says(tmp_path):
         pytest.skip(why)
     from recording import rerecord
 
-    rows = rerecord("calibrate.deepspeed_nvme", tmp_path / "nvme.json", timeout_s=900)
+    rows = rerecord("calibrate.engines.deepspeed_nvme", tmp_path / "nvme.json", timeout_s=900)
     assert [r["name"] for r in rows] == list(ROWS)
     for row in rows:
         after = [rank[-1]["held"] for rank in row["ranks"]]

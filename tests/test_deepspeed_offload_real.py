@@ -1,14 +1,14 @@
 """ZeRO-Offload's bytes on the GPU and on the host against DeepSpeed's own engine.
 
-The reference, data/references/deepspeed_offload_cpu.json, is python -m calibrate.deepspeed_offload:
-DeepSpeed 0.19.8 on 2 gloo ranks, the 2-layer Llama of calibrate/deepspeed_worker.py (158,016
+The reference, data/references/deepspeed_offload_cpu.json, is python -m calibrate.engines.deepspeed_offload:
+DeepSpeed 0.19.8 on 2 gloo ranks, the 2-layer Llama of calibrate/engines/deepspeed_worker.py (158,016
 parameters: 79,008 a rank; its largest tensors, embed_tokens and lm_head, 512 x 64 = 32,768), bf16,
 reduce bucket 4,096, the optimizer offloaded to the CPU (torch's AdamW, not DeepSpeedCPUAdam: the same
 fp32 states), and two rows without offload (ZeRO-2/3 accumulating in fp32, "-gpu"). Each rank counted every distinct storage the engine holds, by the attribute it is
 held under, after each micro-batch's backward of the second step and after its step().
 
 On the CPU accelerator the GPU and the host are one memory, so each attribute is sorted by where
-DeepSpeed 0.19.8 allocates it (calibrate/deepspeed_offload.py DEVICE, BUCKETS, HOST, each with the
+DeepSpeed 0.19.8 allocates it (calibrate/engines/deepspeed_offload.py DEVICE, BUCKETS, HOST, each with the
 line of DeepSpeed's source that decides); an attribute of more than a few bytes that is in none of
 them fails the test, so a new buffer is noticed.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.deepspeed_offload import prediction, split
+from calibrate.engines.deepspeed_offload import prediction, split
 from planner import layout, memory
 
 REFERENCE = Path(__file__).resolve().parent.parent / "data" / "references" / "deepspeed_offload_cpu.json"
@@ -37,7 +37,8 @@ def _split(row: dict, held: dict) -> dict:
     parts = split(held, row["offload_param"], row["offload_optimizer"])
     for key, nbytes in parts.pop("unknown").items():
         limit = NORMS_BYTES if key.rsplit(":", 1)[0] == NORMS else SCALAR_BYTES
-        assert nbytes <= limit, f"{row['name']}: {key} ({nbytes} B) is held nowhere calibrate/deepspeed_offload.py knows"
+        assert nbytes <= limit, \
+            f"{row['name']}: {key} ({nbytes} B) is held nowhere calibrate/engines/deepspeed_offload.py knows"
     return parts
 
 
@@ -50,7 +51,7 @@ def _measured(row: dict) -> dict:
 
 def _planned(row: dict) -> dict:
     from planner.hf_config import from_hf_config
-    from calibrate.deepspeed_worker import LLAMA
+    from calibrate.engines.deepspeed_worker import LLAMA
 
     assert from_hf_config({**LLAMA, "model_type": "llama"}).params == PARAMS
     fp32 = row["ds"].get("data_types", {}).get("grad_accum_dtype") == "fp32"
@@ -169,7 +170,7 @@ def test_deepspeed_holds_what_the_reference_says(tmp_path):
     """The count itself, on the installed DeepSpeed under its launcher (about 25 s)."""
     from recording import rerecord
 
-    rows = rerecord("calibrate.deepspeed_offload", tmp_path / "offload.json", timeout_s=900)
+    rows = rerecord("calibrate.engines.deepspeed_offload", tmp_path / "offload.json", timeout_s=900)
     assert [r["name"] for r in rows] == list(ROWS)
     for row in rows:
         assert row["ranks"] == ROWS[row["name"]]["ranks"], row["name"]

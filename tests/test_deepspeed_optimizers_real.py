@@ -1,5 +1,5 @@
 """DeepSpeed's bf16 optimizer wrappers on 2 gloo ranks, started by DeepSpeed's own launcher
-(calibrate/deepspeed_worker.py), against the planner. P = 158,016 parameters, D = 2.
+(calibrate/engines/deepspeed_worker.py), against the planner. P = 158,016 parameters, D = 2.
 
 - bf16 + ZeRO-1 + data_types.grad_accum_dtype fp32 -> BF16_Optimizer (engine.py
   _do_optimizer_sanity_check): bf16 weights 2, bf16 param.grad 2, the full fp32 accumulation buffer
@@ -19,8 +19,8 @@ import os
 
 import pytest
 
-from calibrate.deepspeed_cases import SCALARS_BYTES, cases
-from calibrate.record import run_case
+from calibrate.engines.deepspeed_cases import SCALARS_BYTES, cases
+from calibrate.harness.record import run_case
 from planner import cli
 
 pytestmark = pytest.mark.slow

@@ -1,6 +1,6 @@
 """DeepSpeed's pipeline engine with ZeRO-1 and the optimizer offloaded to the CPU, against the planner.
 
-One torchrun launch of calibrate/deepspeed_pipe_worker.py (DeepSpeed 0.19.8, 2 gloo ranks, one
+One torchrun launch of calibrate/engines/deepspeed_pipe_worker.py (DeepSpeed 0.19.8, 2 gloo ranks, one
 pipeline stage each, dp 1; a stack of 4 bf16 MLP blocks, 64 -> 256 -> 64: 66,176 parameters a stage,
 the largest tensors 64 x 256 = 16,384 elements; gradient accumulation 4; torch's AdamW, not
 DeepSpeedCPUAdam: the same fp32 states). Each rank counts the distinct storages the engine holds
@@ -30,12 +30,12 @@ STAGE_PARAMS, LARGEST, GAS = 66_176, 64 * 256, 4
 @pytest.fixture(scope="module")
 def ranks():
     pytest.importorskip("deepspeed")
-    from calibrate.launch import launch
+    from calibrate.harness.launch import launch
 
     cfg = {"zero": 1, "gas": GAS, "ds": {"zero_force_ds_cpu_optimizer": False, "zero_optimization": {
         "stage": 1, "reduce_bucket_size": 4096, "allgather_bucket_size": 4096,
         "offload_optimizer": {"device": "cpu", "pin_memory": False}}}}
-    out = launch("calibrate.deepspeed_pipe_worker", [json.dumps(cfg)], nproc=2, env={"DS_ACCELERATOR": "cpu"},
+    out = launch("calibrate.engines.deepspeed_pipe_worker", [json.dumps(cfg)], nproc=2, env={"DS_ACCELERATOR": "cpu"},
                  timeout_s=240)
     assert out.status == "ok" and len(out.ranks) == 2, (out.status, out.error, out.log_tail)
     return out.ranks

@@ -1,9 +1,9 @@
 """The planner's per-rank model-state and buffer bytes against a real DeepSpeed engine.
 
 Two gloo processes on CPU train a tiny Llama (transformers) with ZeRO 1, 2 and 3 (bf16, torch
-AdamW passed in: no JIT build), one torchrun launch of calibrate/deepspeed_exact.py running, per stage, 2 steps with
-gradient_accumulation_steps 1 and then 2 steps with GAS = 4. Each rank counts, by unique storage
-(data_ptr dedup, storage nbytes), the buffers the engine holds:
+AdamW passed in: no JIT build), one torchrun launch of calibrate/engines/deepspeed_exact.py
+running, per stage, 2 steps with gradient_accumulation_steps 1 and then 2 steps with GAS = 4. Each
+rank counts, by unique storage (data_ptr dedup, storage nbytes), the buffers the engine holds:
 
 - gas 1: 16-bit weights, fp32 master partition, Adam exp_avg/exp_avg_sq, the 16-bit gradient
   partition, the reduce bucket(s) and the fp32 gradient live at the optimizer step;
@@ -43,7 +43,7 @@ from planner import hardware, layout, memory, sharding, timing
 from planner.hf_config import from_hf_config
 from planner.layout import Training, ZeroConfig
 
-from calibrate.deepspeed_exact import BUCKET, D, GAS, LLAMA, SEQ, STAGES, ZERO
+from calibrate.engines.deepspeed_exact import BUCKET, D, GAS, LLAMA, SEQ, STAGES, ZERO
 
 pytestmark = pytest.mark.slow
 
@@ -77,9 +77,9 @@ def spawned():
         import deepspeed  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure (not only ImportError) means no engine
         pytest.skip(f"deepspeed cannot be imported: {exc!r}")
-    from calibrate.launch import launch
+    from calibrate.harness.launch import launch
 
-    out = launch("calibrate.deepspeed_exact", [], nproc=D, timeout_s=600, env={"DS_ACCELERATOR": "cpu"})
+    out = launch("calibrate.engines.deepspeed_exact", [], nproc=D, timeout_s=600, env={"DS_ACCELERATOR": "cpu"})
     print(f"\n[deepspeed_real] torchrun, {D} ranks x ZeRO {STAGES} x gas 1 and {GAS}: {out.wall_s:.1f} s")
     assert out.status == "ok" and len(out.ranks) == D, (out.status, out.error, out.log_tail)
     return out.ranks

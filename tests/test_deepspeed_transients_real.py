@@ -1,13 +1,13 @@
 """DeepSpeed's transient peaks (backward and step()) on 2 gloo ranks against the planner's buffer terms.
 
-One DeepSpeed-launcher run of calibrate/deepspeed_transient_worker.py (the LLAMA of
-calibrate/deepspeed_worker.py, P = 158,016 parameters, bf16, torch AdamW foreach=False, D = 2,
+One DeepSpeed-launcher run of calibrate/engines/deepspeed_transient_worker.py (the LLAMA of
+calibrate/engines/deepspeed_worker.py, P = 158,016 parameters, bf16, torch AdamW foreach=False, D = 2,
 reduce_bucket_size 4,096 < every large tensor, so the bucket terms are visible). Each rank profiles,
 in the second optimizer step, every micro-batch's forward + engine.backward and every engine.step()
-with calibrate.saved's method (torch.profiler allocation events in time order, peak above what was
+with calibrate.benches.saved's method (torch.profiler allocation events in time order, peak above what was
 live before) and tags each allocation by its innermost frame: autograd node, model forward,
 DeepSpeed's Python code, torch's optimizer. "DeepSpeed's transient" is the peak of the DeepSpeed-made
-allocations alone; the planner's terms come from calibrate/deepspeed_cases.py transient_prediction.
+allocations alone; the planner's terms come from calibrate/engines/deepspeed_cases.py transient_prediction.
 
 Tolerance: SCALARS = 64 B, the 0-d tensors DeepSpeed makes on the way (scaled loss, loss-scale and
 grad-norm scalars: 8-24 B measured); every other difference is named below.
@@ -23,7 +23,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before any deepspeed import
 
 import pytest
 
-from calibrate.deepspeed_cases import transient_prediction
+from calibrate.engines.deepspeed_cases import transient_prediction
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +69,7 @@ PLANNER_ONLY = ("fp32_grad_accum", "precision", "offload_optimizer")
 def measured():
     """{name: [rank0 run, rank1 run]} and the plain (no DeepSpeed) baselines, from one launch."""
     pytest.importorskip("deepspeed")
-    from calibrate.launch import launch
+    from calibrate.harness.launch import launch
 
     offload = {"offload_optimizer": {"device": "cpu", "pin_memory": False}}
     runs = [{"name": n, "zero": z, "gas": g,
@@ -79,7 +79,7 @@ def measured():
                     **({"bf16": {"enabled": False}} if zo.get("precision") == "fp32" else {}),
                     **({"zero_force_ds_cpu_optimizer": False} if "offload_optimizer" in zo else {})}}
             for n, (z, g, zo) in RUNS.items()]
-    out = launch("calibrate.deepspeed_transient_worker", [json.dumps({"runs": runs})], nproc=D, timeout_s=300,
+    out = launch("calibrate.engines.deepspeed_transient_worker", [json.dumps({"runs": runs})], nproc=D, timeout_s=300,
                  launcher="deepspeed", env={"DS_ACCELERATOR": "cpu"})
     print(f"\n[deepspeed_transients] {D} ranks x {len(runs)} runs: {out.wall_s:.1f} s")
     assert out.status == "ok" and len(out.ranks) == D, (out.status, out.error, out.log_tail)
@@ -374,11 +374,11 @@ def test_zero1_boundary_reduction_on_four_ranks():
     whole gradient, which on the straddling ranks is already partly freed by then (measured: 437,964
     on rank 0). allreduce_bucket's flat copy shows among DeepSpeed's own allocations but is freed
     before that peak, as on 2 ranks."""
-    from calibrate.launch import launch
+    from calibrate.harness.launch import launch
 
     zo = {"reduce_bucket_size": 20_000}
     run = {"name": "z1-mid4", "zero": 1, "gas": 1, "zero_optimization": zo}
-    out = launch("calibrate.deepspeed_transient_worker", [json.dumps({"runs": [run], "plain": False})], nproc=4,
+    out = launch("calibrate.engines.deepspeed_transient_worker", [json.dumps({"runs": [run], "plain": False})], nproc=4,
                  timeout_s=300, launcher="deepspeed", env={"DS_ACCELERATOR": "cpu"})
     assert out.status == "ok" and len(out.ranks) == 4, (out.status, out.error, out.log_tail)
     plan = transient_prediction(1, 1, 4, **zo)

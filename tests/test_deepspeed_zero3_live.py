@@ -1,6 +1,6 @@
 """ZeRO-3's gathered parameters against DeepSpeed's own count, under its live, reuse and prefetch knobs.
 
-The reference, data/references/deepspeed_zero3_live_cpu.json, is python -m calibrate.deepspeed_zero3:
+The reference, data/references/deepspeed_zero3_live_cpu.json, is python -m calibrate.engines.deepspeed_zero3:
 DeepSpeed 0.19.8 ZeRO-3 on 2 gloo ranks, a 3-layer Llama (h 256, ffn 704, 4 heads, 2 KV heads, vocab
 512, untied, bf16, persistence threshold 10), the most elements of gathered or in-flight parameters
 after any submodule fetch of the third step, and the elements all-gathered in its forward and its
@@ -37,7 +37,7 @@ MIXTRAL_EXPERTS, MIXTRAL_WHOLE = 4 * 3 * 128 * 96, 460_416
 
 
 def _setup(row):
-    from calibrate.deepspeed_zero3_worker import LLAMA, MIXTRAL
+    from calibrate.engines.deepspeed_zero3_worker import LLAMA, MIXTRAL
 
     if row["model"] == "mixtral":
         model = from_hf_config({**MIXTRAL, "model_type": "mixtral"})
@@ -226,7 +226,7 @@ def test_deepspeed_gathers_what_the_reference_says(tmp_path):
     """The count itself, on the installed DeepSpeed under its launcher (about 30 s)."""
     from recording import rerecord
 
-    rows = rerecord("calibrate.deepspeed_zero3", tmp_path / "zero3.json", timeout_s=900)
+    rows = rerecord("calibrate.engines.deepspeed_zero3", tmp_path / "zero3.json", timeout_s=900)
     assert [r["name"] for r in rows] == list(ROWS)
     keys = ("peak_forward", "peak_backward", "modules_gathered_ahead", "modules_gathered_on_demand", "elements_gathered")
     for row in rows:

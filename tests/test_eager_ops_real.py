@@ -1,12 +1,12 @@
 """The operator counts and bytes planner/compute.py eager_host_s and eager_layer_bytes read (data/references/eager_ops_cpu.json)
-against transformers' own decoder layers, recounted here (calibrate/eager_ops.py: a TorchDispatchMode
+against transformers' own decoder layers, recounted here (calibrate/benches/eager_ops.py: a TorchDispatchMode
 over one training micro-batch, the 2-layer model less the 1-layer model, bf16, SDPA)."""
 
 from __future__ import annotations
 
 import pytest
 
-from calibrate import eager_ops
+from calibrate.benches import eager_ops
 from planner import compute
 from planner.data import catalog
 from planner.model import lookup

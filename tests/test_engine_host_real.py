@@ -1,6 +1,6 @@
 """The counts behind planner/timing.py deepspeed_step_s and param_fetch_s, taken again from the real
 engines: DeepSpeed's ZeRO-1/2 step, ZeRO-3's fetches and FSDP2's unit hooks on one gloo rank (python
--m calibrate.engine_host) against the shipped data/references/engine_host_cpu.json and the priors."""
+-m calibrate.benches.engine_host) against the shipped data/references/engine_host_cpu.json and the priors."""
 
 import json
 from pathlib import Path
@@ -14,7 +14,7 @@ SHIPPED = Path(__file__).resolve().parent.parent / "data" / "references" / "engi
 
 def test_counts_match_the_shipped_file():
     pytest.importorskip("deepspeed")
-    from calibrate import engine_host
+    from calibrate.benches import engine_host
 
     record = json.loads(SHIPPED.read_text())
     shipped, everything = record["zero_step"], engine_host.measure()

@@ -215,12 +215,12 @@ def test_deepspeed_autoep_does_not_initialize_with_the_installed_transformers():
     """DeepSpeed 0.19.8's AutoEP on 2 gloo ranks, a 4-expert Mixtral, ZeRO-3: deepspeed.initialize raises in
     auto_ep_presets/base.py (_CanRecordRegistry.get of transformers 5.25 takes one argument). When an upgrade
     makes this launch, export ds_config "expert_parallel" and set the deepspeed engine's expert_parallel."""
-    from calibrate.launch import launch
+    from calibrate.harness.launch import launch
 
     ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
           "zero_allow_untested_optimizer": True, "zero_optimization": {"stage": 3},
           "expert_parallel": {"enabled": True, "autoep_size": 2, "preset_model": "mixtral"}}
-    out = launch("calibrate.deepspeed_autoep_worker", [json.dumps(ds)], nproc=2, launcher="deepspeed",
+    out = launch("calibrate.engines.deepspeed_autoep_worker", [json.dumps(ds)], nproc=2, launcher="deepspeed",
                  env={"DS_ACCELERATOR": "cpu"}, timeout_s=300)
     assert out.status == "ok" and len(out.ranks) == 2, out.log_tail
     assert not any(r["initialized"] for r in out.ranks), out.ranks
@@ -228,7 +228,7 @@ def test_deepspeed_autoep_does_not_initialize_with_the_installed_transformers():
 
 
 def test_megatron_gradients_are_its_fp32_buffer_whole_on_every_rank():
-    """megatron-core 0.16.1 DistributedDataParallel on one gloo rank (python -m calibrate.megatron_grad_buffer):
+    """megatron-core 0.16.1 DistributedDataParallel on one gloo rank (python -m calibrate.engines.megatron_grad_buffer):
     with grad_reduce_in_fp32, which Megatron-LM sets for bf16, every parameter's main_grad is a float32 view
     of one contiguous buffer of the rank's whole model (12,448 elements padded to 12,544 = 98 x 128), the
     distributed optimizer notwithstanding; without it, bf16. The planner's Megatron gradients: 4 B per
@@ -238,8 +238,8 @@ def test_megatron_gradients_are_its_fp32_buffer_whole_on_every_rank():
     import sys
     from pathlib import Path
 
-    proc = subprocess.run([sys.executable, "-m", "calibrate.megatron_grad_buffer"], capture_output=True, text=True,
-                          timeout=300, cwd=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run([sys.executable, "-m", "calibrate.engines.megatron_grad_buffer"], capture_output=True,
+                          text=True, timeout=300, cwd=str(Path(__file__).resolve().parents[1]))
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["megatron_core"] == "0.16.1" and got["params"] == 64 * 96 + 96 + 96 * 64 + 64

@@ -583,7 +583,7 @@ def test_fp32_grad_accumulation_reaches_deepspeed(tmp_path, monkeypatch):
 # torchtitan: its trainer's own overrides, parsed by its own ConfigManager
 #
 # data/references/torchtitan_cli.json: planner.engines.torchtitan.export's overrides for 13 layouts, parsed by
-# torchtitan 0.3.0's config.manager.ConfigManager (python -m calibrate.torchtitan_cli; torchtitan is not
+# torchtitan 0.3.0's config.manager.ConfigManager (python -m calibrate.engines.torchtitan_cli; torchtitan is not
 # a test dependency). The parsed Trainer.Config must say what the layout means.
 
 TORCHTITAN_CLI = json.loads((Path(__file__).resolve().parent.parent / "data/references/torchtitan_cli.json").read_text())

@@ -1,4 +1,4 @@
-"""The fitter (calibrate/fit.py): it recovers coefficients that generated the data, lowers the
+"""The fitter (calibrate/harness/fit.py): it recovers coefficients that generated the data, lowers the
 held-out error, keeps to its bounds, and the CLI stores the fit without losing runs."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from calibrate import fit as F
-from calibrate.cli import main as calibrate_main
+from calibrate.harness import fit as F
+from calibrate.harness.cli import main as calibrate_main
 from planner import calibration
 
 REF = {"peak_flops_per_s": 1e15, "link_bytes_per_s": 4.5e11}

@@ -1,12 +1,12 @@
 """torchtitan's pipeline stages under FSDP2: what the planner books against torch's own engines.
 
-One torchrun launch per schedule of calibrate/fsdp_pipe_worker.py on 2 gloo ranks: a 2-layer
+One torchrun launch per schedule of calibrate/engines/fsdp_pipe_worker.py on 2 gloo ranks: a 2-layer
 transformers Llama (158,016 parameters) under fully_shard (bf16 parameters, fp32 reduction,
 reshard_after_forward False as torchtitan sets it with a pipeline) inside a torch.distributed.
 pipelining stage, Schedule1F1B with 4 micro-batches and ScheduleGPipe with 2, then AdamW. Each
 rank counts every FSDPParam's tensors and AdamW's states after each micro-batch's backward, around
 perform_reduce_grad and after the step. The planner's figures are those of torchtitan's stage 0 of
-pp 2 over dp 2, per parameter of the stage (calibrate/torch_cases.py pipelined_prediction).
+pp 2 over dp 2, per parameter of the stage (calibrate/engines/torch_cases.py pipelined_prediction).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from calibrate.torch_cases import pipelined_prediction, pipelined_terms
+from calibrate.engines.torch_cases import pipelined_prediction, pipelined_terms
 
 pytestmark = pytest.mark.slow
 RANKS = 2
@@ -23,10 +23,11 @@ RANKS = 2
 
 @pytest.fixture(scope="module", params=[("1f1b", 4), ("gpipe", 2)], ids=["1f1b-m4", "gpipe-m2"])
 def run(request):
-    from calibrate.launch import launch
+    from calibrate.harness.launch import launch
 
     schedule, m = request.param
-    out = launch("calibrate.fsdp_pipe_worker", [json.dumps({"m": m, "schedule": schedule})], nproc=RANKS, timeout_s=300)
+    out = launch("calibrate.engines.fsdp_pipe_worker", [json.dumps({"m": m, "schedule": schedule})], nproc=RANKS,
+                 timeout_s=300)
     assert out.status == "ok" and len(out.ranks) == RANKS, out.to_json()
     return m, out.ranks
 

@@ -1,14 +1,14 @@
-"""FSDP2 on 2 gloo ranks (torchrun, calibrate/fsdp_worker.py) against the planner's fsdp engine.
+"""FSDP2 on 2 gloo ranks (torchrun, calibrate/engines/fsdp_worker.py) against the planner's fsdp engine.
 
 Every dimension of the model is even, so fully_shard's dim-0 shards need no padding and the
-expected bytes are exact: P = 158,016 parameters (the tiny Llama of calibrate/fsdp_worker.py)."""
+expected bytes are exact: P = 158,016 parameters (the tiny Llama of calibrate/engines/fsdp_worker.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from calibrate.record import run_case
-from calibrate.torch_cases import cases
+from calibrate.harness.record import run_case
+from calibrate.engines.torch_cases import cases
 
 pytestmark = pytest.mark.slow
 P, D = 158_016, 2
@@ -30,7 +30,7 @@ def test_model_states(records, name):
     assert m["param_dtype"] == "torch.float32"
     assert m["grad_bytes"] == 4 * P // D
     assert m["model_state_bytes"] == 16 * P // D
-    if "reshard-true" in name:  # --zero 3 (see calibrate/torch_cases.py for --zero 2)
+    if "reshard-true" in name:  # --zero 3 (see calibrate/engines/torch_cases.py for --zero 2)
         assert r["prediction"]["model_state_bytes"] == m["model_state_bytes"]
     assert r["prediction"]["grad_bytes"] == m["grad_bytes"]
 
@@ -49,12 +49,12 @@ def gathers():
     """{reshard_after_forward: rank 0's record} of FSDP2 steps with 1, 2 and 4 micro-batches each."""
     import json
 
-    from calibrate.launch import launch
+    from calibrate.harness.launch import launch
 
     out = {}
     for reshard in (True, False):
         cfg = {"mixed": True, "reshard_after_forward": reshard, "mbs": 2, "seq": 32, "gathers_for": [1, 2, 4]}
-        run = launch("calibrate.fsdp_worker", [json.dumps(cfg)], nproc=D, timeout_s=180)
+        run = launch("calibrate.engines.fsdp_worker", [json.dumps(cfg)], nproc=D, timeout_s=180)
         assert run.status == "ok", run.to_json()
         out[reshard] = run.ranks[0]
     return out

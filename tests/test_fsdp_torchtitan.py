@@ -1,9 +1,9 @@
 """torchtitan's FSDP2 wrapping and chunked loss against the planner's fsdp terms.
 
-The reference, data/references/torchtitan_fsdp_cpu.json, is python -m calibrate.torchtitan_fsdp: torchtitan
+The reference, data/references/torchtitan_fsdp_cpu.json, is python -m calibrate.engines.torchtitan_fsdp: torchtitan
 0.3.0's own Llama3Model (3 blocks, dim 64, 4 heads, 2 KV heads, ffn 160), its apply_fsdp_to_decoder
 and ChunkedLossWrapper (8 chunks) on 2 gloo ranks, FSDP's buffers and unsharded gradients tracked
-buffer by buffer (calibrate/fsdp_transient_worker.py BufferTracker): the exact peak per moment. The
+buffer by buffer (calibrate/engines/fsdp_transient_worker.py BufferTracker): the exact peak per moment. The
 moments: forward (the decoder), loss (lm_head and the loss chunk by chunk, each chunk's backward at
 once), backward (the decoder) and final_callback (after autograd). The planner's 'backward' is the
 larger of loss and backward: both come while the decoder's activations are alive.

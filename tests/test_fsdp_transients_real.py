@@ -1,6 +1,6 @@
 """FSDP2's transient memory (torch 2.13 fully_shard) on 2 gloo ranks against the planner's fsdp terms.
 
-One torchrun launch of calibrate/fsdp_transient_worker.py: the tiny Llama of calibrate/fsdp_worker.py
+One torchrun launch of calibrate/engines/fsdp_transient_worker.py: the tiny Llama of calibrate/engines/fsdp_worker.py
 with 3 decoder layers (the middle one shows a block's steady state in backward: the next block
 prefetched on one side, the previous one's reduce-scatter input on the other), fully_shard per layer
 and at the root, MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) ("bf16") or none ("fp32"),
@@ -9,7 +9,7 @@ step, AdamW(foreach=False), gradients zeroed with set_to_none=False. The worker 
 FSDP allocates and the unsharded gradients autograd makes for it, by storage, and sums them after
 each allocation: the exact peak of FSDP's bytes above the model states, at three moments: forward,
 backward (autograd running) and the final callback (the root unit's post_backward, after autograd).
-The optimizer step is profiled as calibrate/deepspeed_transient_worker.py does.
+The optimizer step is profiled as calibrate/engines/deepspeed_transient_worker.py does.
 
 Sizes (elements; every dimension even, so no shard padding): a block B = 46,208 (q 4,096, k 2,048,
 v 2,048, o 4,096, gate/up/down 3 x 11,264, two norms 2 x 64); the root unit R = 65,600 (embed_tokens
@@ -41,7 +41,7 @@ import json
 
 import pytest
 
-from calibrate.fsdp_worker import LLAMA
+from calibrate.engines.fsdp_worker import LLAMA
 
 pytestmark = pytest.mark.slow
 
@@ -64,11 +64,11 @@ MAIN = [n for n in RUNS if "vocab" not in n]
 @pytest.fixture(scope="module")
 def measured():
     """{name: [rank 0 run, rank 1 run]} from one launch."""
-    from calibrate.launch import launch
+    from calibrate.harness.launch import launch
 
     runs = [{"name": n, "mixed": m, "reshard_after_forward": rf, "gas": g,
              "llama": {"num_hidden_layers": LAYERS, **over}} for n, (m, rf, g, over) in RUNS.items()]
-    out = launch("calibrate.fsdp_transient_worker", [json.dumps({"runs": runs})], nproc=D, timeout_s=240)
+    out = launch("calibrate.engines.fsdp_transient_worker", [json.dumps({"runs": runs})], nproc=D, timeout_s=240)
     print(f"\n[fsdp_transients] {D} ranks x {len(runs)} runs: {out.wall_s:.1f} s")
     assert out.status == "ok" and len(out.ranks) == D, (out.status, out.error, out.log_tail)
     return {r["name"]: [rank["runs"][i] for rank in out.ranks] for i, r in enumerate(runs)}

@@ -75,7 +75,7 @@ def test_nothing_outside_planner_imports_its_private_names():
     # calibrate/, the dashboard and the benchmarks use what planner's modules make public
     private = {str(p.relative_to(ROOT)): sorted(m for m in imports(p) if m.startswith("planner.")
                                                  and m.rsplit(".", 1)[-1].startswith("_"))
-               for p in [ROOT / "app.py", *(ROOT / "calibrate").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]}
+               for p in [ROOT / "app.py", *(ROOT / "calibrate").rglob("*.py"), *(ROOT / "benchmarks").glob("*.py")]}
     assert {k: v for k, v in private.items() if v} == {}
 
 

@@ -1,6 +1,6 @@
 """The harness's launcher: real torchrun and DeepSpeed launcher runs whose failures are results.
 
-Each case starts 2 gloo ranks of calibrate/_selftest_worker.py (an all-reduce, or a failure on rank
+Each case starts 2 gloo ranks of calibrate/harness/_selftest_worker.py (an all-reduce, or a failure on rank
 1 as told) the way users start training, and checks what comes back."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.launch import launch
+from calibrate.harness.launch import launch
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ def _alive(pattern: str) -> list:
 
 @pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
 def test_ranks_report_through_the_launcher(launcher):
-    o = launch("calibrate._selftest_worker", ["ok"], nproc=2, timeout_s=120, launcher=launcher,
+    o = launch("calibrate.harness._selftest_worker", ["ok"], nproc=2, timeout_s=120, launcher=launcher,
                env={"DS_ACCELERATOR": "cpu"})
     assert o.status == "ok" and o.returncode == 0, o.log_tail
     assert [r["rank"] for r in o.ranks] == [0, 1]
@@ -36,7 +36,7 @@ def test_ranks_report_through_the_launcher(launcher):
 
 @pytest.mark.parametrize("mode, status", [("crash", "crash"), ("oom", "oom")])
 def test_a_failing_rank_is_a_recorded_result(mode, status):
-    o = launch("calibrate._selftest_worker", [mode], nproc=2, timeout_s=120)
+    o = launch("calibrate.harness._selftest_worker", [mode], nproc=2, timeout_s=120)
     assert o.status == status and o.returncode not in (0, None)
     assert o.error == {"crash": "RuntimeError: rank 1 fails on purpose",
                        "oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1 GiB (simulated)"}[mode]
@@ -44,16 +44,16 @@ def test_a_failing_rank_is_a_recorded_result(mode, status):
 
 
 def test_a_hung_rank_times_out_and_leaves_no_process():
-    o = launch("calibrate._selftest_worker", ["hang"], nproc=2, timeout_s=8)  # timed out, started or not
+    o = launch("calibrate.harness._selftest_worker", ["hang"], nproc=2, timeout_s=8)  # timed out, started or not
     assert o.status == "timeout" and o.returncode is None and o.ranks == []
     assert not _alive("_selftest_worker hang")  # launcher and both ranks are gone
 
 
 DRIVER = """import sys
-from calibrate import cli, record
+from calibrate.harness import cli, record
 # `calibrate run` whose one case is the self-test worker hanging under DeepSpeed's launcher
 cli.collect = lambda *a: [record.Case("selftest/hang", "memory", {}, dict, lambda ranks: {},
-    module="calibrate._selftest_worker", args=["hang", sys.argv[2]], launcher="deepspeed", timeout_s=120)]
+    module="calibrate.harness._selftest_worker", args=["hang", sys.argv[2]], launcher="deepspeed", timeout_s=120)]
 sys.exit(cli.main(["run", sys.argv[1], "--gpu", "cpu"]))
 """
 

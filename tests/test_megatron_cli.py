@@ -1,10 +1,10 @@
 """Megatron arguments, checked by the real parsers.
 
 data/references/megatron_cli.json: planner.export.megatron_args (and megatron_environment's exports)
-for the layouts in calibrate/megatron_cli.py CASES, parsed and validated by Megatron-LM d98e8a6
+for the layouts in calibrate/engines/megatron_cli.py CASES, parsed and validated by Megatron-LM d98e8a6
 (training/arguments.py parse_args, validate_args, then TransformerConfig) and Megatron-DeepSpeed
 f4157be (megatron/arguments.py parse_args, validate_args), from their source trees
-(python -m calibrate.megatron_cli; neither is a test dependency). Each test rebuilds what planner
+(python -m calibrate.engines.megatron_cli; neither is a test dependency). Each test rebuilds what planner
 writes now, checks it is what was parsed, and that the parse says what the layout means.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.megatron_cli import BASE, CASES, ZERO_CONFIG
+from calibrate.engines.megatron_cli import BASE, CASES, ZERO_CONFIG
 from planner.errors import InputError
 from planner.export import normalise_row, megatron_args, megatron_environment
 from planner.hardware import Cluster, lookup_gpu
@@ -42,7 +42,7 @@ def rebuild(case):
 
 
 def test_the_record_covers_every_case():
-    # the record is the parse of calibrate/megatron_cli.py's case list, one row each, in order
+    # the record is the parse of calibrate/engines/megatron_cli.py's case list, one row each, in order
     assert len(ROWS) == len(CASES)
     for case, (engine, name, precision, changes, row_changes) in zip(ROWS, CASES):
         assert (case["engine"], case["model"], case["precision"]) == (engine, name, precision)

@@ -3,7 +3,7 @@ BLOOM trained on (Megatron-DeepSpeed's GPTModelPipe under deepspeed.runtime.pipe
 
 Two sources, independent of the planner: DeepSpeed 0.19.8 runtime/pipe/engine.py and schedule.py read
 as arithmetic (written beside each assert), and the engine itself on 2 and 4 gloo ranks
-(calibrate/deepspeed_pipe_buffers_worker.py: it counts by distinct storage what the engine holds in
+(calibrate/engines/deepspeed_pipe_buffers_worker.py: it counts by distinct storage what the engine holds in
 pipe_buffers, pipe_recv_buf and grad_layer after every instruction of two steps, and whether a later
 stage runs its first module on the kept buffer or on a copy)."""
 
@@ -78,7 +78,7 @@ def test_other_engines_book_none():
 # ---------------------------------------------------------------------------------------------------
 # measured: DeepSpeed 0.19.8's own PipelineEngine on gloo ranks
 
-WIDTH, SEQ, TOY_MBS, TOY_GAS = 64, 8, 2, 4  # calibrate/deepspeed_pipe_buffers_worker.py
+WIDTH, SEQ, TOY_MBS, TOY_GAS = 64, 8, 2, 4  # calibrate/engines/deepspeed_pipe_buffers_worker.py
 
 
 def _toy(stage: int, tp: int) -> dict:
@@ -96,10 +96,10 @@ def _toy(stage: int, tp: int) -> dict:
 @pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
 def measured(request):
     pytest.importorskip("deepspeed")
-    from calibrate.launch import launch
+    from calibrate.harness.launch import launch
 
     tp = request.param
-    out = launch("calibrate.deepspeed_pipe_buffers_worker", [json.dumps({"gas": TOY_GAS, "tp": tp})],
+    out = launch("calibrate.engines.deepspeed_pipe_buffers_worker", [json.dumps({"gas": TOY_GAS, "tp": tp})],
                  nproc=2 * tp, env={"DS_ACCELERATOR": "cpu"}, timeout_s=420)
     assert out.status == "ok" and len(out.ranks) == 2 * tp, (out.status, out.error, out.log_tail)
     return tp, out.ranks

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from planner import api, hardware, layout, search
+from planner import api, hardware, layout, results, search
 from planner.collectives import members_per_pod, ranks_per_node
 from planner.errors import InputError
 from planner.model import lookup
@@ -65,7 +65,7 @@ def test_recommend_places_llama3s_ranks_as_meta_did():
                         {"engine": "megatron", "seq_len": 8192, "gbs": 2048},
                         pinned={"tp": 8, "pp": 16, "vpp": 2}, top=1)
     assert rec.layouts[0]["layout"]["rank_order"] == "tp-cp-pp-dp"
-    assert "pp-inner" in search.short(rec.layouts[0]["layout"])
+    assert "pp-inner" in results.short(rec.layouts[0]["layout"])
     pinned = api.recommend("llama-3.1-405b", {"gpus": 16384, "pod_gpus": 3072, "oversubscription": 7},
                            {"engine": "megatron", "seq_len": 8192, "gbs": 2048},
                            pinned={"tp": 8, "pp": 16, "vpp": 2, "rank_order": "tp-cp-dp-pp"}, top=1)

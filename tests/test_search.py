@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from planner import cli, hardware, layout, search
+from planner import cli, hardware, layout, results, search, variants
 from planner.engines import NAMES as ENGINE_NAMES
 from planner.model import lookup
 
@@ -250,7 +250,7 @@ def test_pareto_front():
     memory_bytes = np.array([1, 2, 3, 4, 4])
     tokens_per_s = np.array([1.0, 3.0, 2.0, 4.0, 3.5])
     # (3 B, 2 tok/s) is beaten by (2 B, 3 tok/s); (4 B, 3.5) by (4 B, 4)
-    assert search.pareto_front(memory_bytes, tokens_per_s).tolist() == [True, True, False, True, False]
+    assert results.pareto_front(memory_bytes, tokens_per_s).tolist() == [True, True, False, True, False]
 
 
 def test_engine_comparison_is_each_engines_own_recommendation():
@@ -331,7 +331,7 @@ def test_recommend_searches_megatrons_edge_accounting():
     # Llama 3 405B's 126 blocks interleave over 16 stages only with the embedding and the loss counted
     # as a block each ((126 + 2)/(16 x 2) = 4 a chunk; Dubey et al. 2024 section 3.3.2 ran 7, 8 x 14, 7):
     # pinned to pp 16 vpp 2, recommend finds it: Megatron's --account-for-* split lets more pipelines
-    # interleave evenly (search.edge_layers_choice), for 80 blocks it does not (80 divides, 82 = 2 x 41)
+    # interleave evenly (variants.edge_layers_choice), for 80 blocks it does not (80 divides, 82 = 2 x 41)
     from planner import api
 
     rec = api.recommend("llama-3.1-405b", {"gpus": 8192}, {"engine": "megatron", "seq_len": 8192, "gbs": 2048},
@@ -340,7 +340,7 @@ def test_recommend_searches_megatrons_edge_accounting():
     assert rec.layouts[0]["layout"]["vpp"] == 2
     training = layout.Training(engine="megatron")
     h100 = hardware.lookup_gpu("h100-sxm")
-    assert search.edge_layers_choice(lookup("llama-3-70b"), hardware.Cluster(h100, 64, 8), training).pipeline_edge_layers == 0
+    assert variants.edge_layers_choice(lookup("llama-3-70b"), hardware.Cluster(h100, 64, 8), training).pipeline_edge_layers == 0
     # told not to, it cannot: 126 % 32 != 0
     with pytest.raises(Exception, match="--vpp"):
         api.recommend("llama-3.1-405b", {"gpus": 8192},
@@ -399,7 +399,7 @@ def test_recommend_raises_zero3_live_parameters_where_recompute_gathers_twice():
     held = roomy.memory["allocated_bytes"] - default.memory["allocated_bytes"]
     assert held == pytest.approx((3.2e9 - 1e9) * 2, rel=0.01)
     # a 70B block (856M elements) fits under the defaults: nothing to raise
-    assert search.roomy_zero3_training(lookup("llama-3-70b"), layout.Training(engine="deepspeed")) is None
+    assert variants.roomy_zero3_training(lookup("llama-3-70b"), layout.Training(engine="deepspeed")) is None
 
 
 def test_hugging_face_engines_offer_only_the_recompute_gradient_checkpointing_launches():

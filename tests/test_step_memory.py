@@ -1,7 +1,7 @@
 """Peak memory of whole training steps: the optimizer's own step temporaries (measured here on the
 CPU) and the planner's allocated peak against end-to-end steps measured on an NVIDIA H200
-(data/calibration/h200.json, `python -m calibrate run h200`: calibrate/step_cases.py ran
-calibrate/step_worker.py, FSDP2 and DeepSpeed ZeRO-1 on transformers Llamas of published shapes,
+(data/calibration/h200.json, `python -m calibrate run h200`: calibrate/engines/step_cases.py ran
+calibrate/engines/step_worker.py, FSDP2 and DeepSpeed ZeRO-1 on transformers Llamas of published shapes,
 torch.cuda.max_memory_allocated after the first step)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from calibrate.deepspeed_worker import LLAMA
+from calibrate.engines.deepspeed_worker import LLAMA
 
 PROFILE = Path(__file__).resolve().parent.parent / "data" / "calibration" / "h200.json"
 GiB = 2**30
@@ -36,7 +36,7 @@ def test_adamw_step_temporary(foreach, fused):
     (optim/adam.py _multi_tensor_adam: torch._foreach_sqrt), 4 B x all parameters; fused none. The
     planner books the first for FSDP (torch.optim.AdamW as its recipes build it) and nothing for
     torchtitan (fused by default) or DeepSpeed (FusedAdam)."""
-    from calibrate.saved import transient_peak_bytes
+    from calibrate.benches.saved import transient_peak_bytes
     from planner import layout, memory
     from planner.hf_config import from_hf_config
 
@@ -64,7 +64,7 @@ def _step_runs():
 
 
 def _predicted(record: dict) -> dict:
-    from calibrate.step_cases import prediction
+    from calibrate.engines.step_cases import prediction
 
     c = record["config"]
     return prediction(c["engine"], c["llama"], c["zero"], c["mbs"], c["seq"], c["checkpointing"], c["layout"]["dp"],
@@ -126,17 +126,17 @@ def test_h200_reserve_fitted_on_the_steps():
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["fsdp", "deepspeed"])
 def test_step_worker_runs_on_cpu(engine):
-    """The end-to-end instrument (calibrate/step_worker.py) under its own launcher on one gloo rank:
-    it builds the real module (158,016 parameters: the tiny Llama of calibrate/deepspeed_worker.py),
+    """The end-to-end instrument (calibrate/engines/step_worker.py) under its own launcher on one gloo rank:
+    it builds the real module (158,016 parameters: the tiny Llama of calibrate/engines/deepspeed_worker.py),
     times steps and the three phases. On a CPU there is no allocator peak to read (a GPU profile's)."""
-    from calibrate.launch import launch
+    from calibrate.harness.launch import launch
 
     cfg = {"engine": engine, "llama": LLAMA, "zero": 3 if engine == "fsdp" else 1, "mbs": 2, "seq": 16,
            "checkpointing": True, "warmup": 1, "steps": 2}
     if engine == "deepspeed":  # torch's AdamW: DeepSpeed's CPU Adam would be compiled first
         cfg["ds"] = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}
-    out = launch("calibrate.step_worker", [json.dumps(cfg)], 1, 240, "deepspeed" if engine == "deepspeed" else "torchrun",
-                 env={"DS_ACCELERATOR": "cpu"} if engine == "deepspeed" else {})
+    out = launch("calibrate.engines.step_worker", [json.dumps(cfg)], 1, 240,
+                 "deepspeed" if engine == "deepspeed" else "torchrun", env={"DS_ACCELERATOR": "cpu"} if engine == "deepspeed" else {})
     assert out.status == "ok", out.error
     (rank,) = out.ranks
     assert rank["params"] == 158_016

@@ -1,5 +1,5 @@
 """Step time against whole training steps measured on an NVIDIA H200 (data/calibration/h200.json:
-calibrate/step_worker.py, one rank, median of 5 steps after 3 warm-up; phases timed with a device
+calibrate/engines/step_worker.py, one rank, median of 5 steps after 3 warm-up; phases timed with a device
 synchronization between forward, backward and the optimizer step)."""
 
 from __future__ import annotations

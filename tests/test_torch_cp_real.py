@@ -1,6 +1,6 @@
 """torchtitan's context parallelism for FlexAttention keeps K and V of the whole sequence.
 
-One torchrun launch of calibrate/torch_cp_worker.py on 2 gloo ranks (cp = 2) runs torch 2.13's
+One torchrun launch of calibrate/engines/torch_cp_worker.py on 2 gloo ranks (cp = 2) runs torch 2.13's
 flex_cp_allgather (what torchtitan 0.3.0 apply_cp_to_forward calls) and flex_attention on each
 rank's sequence shard and counts what the forward saves. FlexAttention keeps its key and value
 inputs, i.e. the all-gathered ones: b g (cp s_local) d bf16 each, cp times a local shard. The
@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from calibrate.launch import launch
+from calibrate.harness.launch import launch
 from planner import activations, layout
 from planner.model import ModelSpec
 
@@ -30,7 +30,7 @@ SHAPES = [  # (batch, heads, kv heads, local tokens, head dim)
 
 @pytest.fixture(scope="module")
 def measured():
-    out = launch("calibrate.torch_cp_worker", [json.dumps({"shapes": SHAPES})], nproc=CP, timeout_s=240)
+    out = launch("calibrate.engines.torch_cp_worker", [json.dumps({"shapes": SHAPES})], nproc=CP, timeout_s=240)
     assert out.status == "ok" and len(out.ranks) == CP, out.to_json()
     return {(tuple(x["shape"]), x["rank"]): x for r in out.ranks for x in r["runs"]}
 

@@ -1,6 +1,6 @@
 """planner.pipeline.microbatches_in_flight against PyTorch's own pipelining engine, measured.
 
-One torchrun launch of calibrate/torch_pipe_worker.py on 2 gloo ranks (pp = 2) runs ScheduleGPipe,
+One torchrun launch of calibrate/engines/torch_pipe_worker.py on 2 gloo ranks (pp = 2) runs ScheduleGPipe,
 Schedule1F1B and ScheduleInterleaved1F1B (2 chunks per rank) with m = 4 and 8 micro-batches over 16
 MLP blocks, and each rank reports (see the worker's docstring):
   held_max    the engine's own count: the most fwd_cache entries (forwards awaiting their backward)
@@ -27,7 +27,7 @@ import json
 
 import pytest
 
-from calibrate.launch import launch
+from calibrate.harness.launch import launch
 from planner.options import Schedule
 from planner.pipeline import microbatches_in_flight, p2p_buffers
 
@@ -39,7 +39,7 @@ SCHEDULES = {"gpipe": Schedule.GPIPE, "1f1b": Schedule.ONE_F_ONE_B, "interleaved
 @pytest.fixture(scope="module")
 def measured_runs():
     """{(schedule, m, stage): the worker's record} for both ranks, from one torchrun launch."""
-    out = launch("calibrate.torch_pipe_worker", [json.dumps({"ms": [4, 8]})], nproc=2, timeout_s=240)
+    out = launch("calibrate.engines.torch_pipe_worker", [json.dumps({"ms": [4, 8]})], nproc=2, timeout_s=240)
     assert out.status == "ok" and len(out.ranks) == 2, out.to_json()
     return {(x["schedule"], x["m"], r["rank"]): x for r in out.ranks for x in r["runs"]}
 

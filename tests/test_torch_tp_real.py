@@ -1,6 +1,6 @@
 """planner.saved.torchtitan_llama_saved per TP rank against PyTorch's own tensor parallelism.
 
-One torchrun launch of calibrate/torch_tp_worker.py on 2 gloo ranks (tp = 2) builds torchtitan
+One torchrun launch of calibrate/engines/torch_tp_worker.py on 2 gloo ranks (tp = 2) builds torchtitan
 0.3.0's Llama3 block in plain torch (separate wq / wk / wv, see the worker's docstring), applies
 torchtitan's TP plan with parallelize_module (ColwiseParallel / RowwiseParallel / SequenceParallel /
 PrepareModuleInput), with sequence parallelism off and on, at 6 shapes that move h, the heads, the
@@ -36,7 +36,7 @@ import json
 
 import pytest
 
-from calibrate.launch import launch
+from calibrate.harness.launch import launch
 from planner import activations, layout
 from planner.model import ModelSpec
 
@@ -56,7 +56,7 @@ R, S1 = "DTensor(R,)", "DTensor(S(1),)"  # the saved tensor's placements, as the
 @pytest.fixture(scope="module")
 def measured():
     """{(shape, sp, rank): the worker's record}, from one torchrun launch."""
-    out = launch("calibrate.torch_tp_worker", [json.dumps({"shapes": SHAPES, "sp": [False, True]})], nproc=TP,
+    out = launch("calibrate.engines.torch_tp_worker", [json.dumps({"shapes": SHAPES, "sp": [False, True]})], nproc=TP,
                  timeout_s=240)
     assert out.status == "ok" and len(out.ranks) == TP, out.to_json()
     runs = {}

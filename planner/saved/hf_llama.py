@@ -117,7 +117,7 @@ def hf_llama_compiled_saved(model: ModelSpec, training: Training) -> list[Saved]
     """transformers' LlamaDecoderLayer under torch.compile (Inductor, default mode), what AOT
     Autograd's partitioner saves (torch 2.13 _functorch/partitioners.py
     min_cut_rematerialization_partition; counted: data/references/hf_compiled_cpu.json, python -m
-    calibrate.hf_compiled): each RMSNorm its 16-bit output and fp32 rstd (the normalization is
+    calibrate.benches.hf_compiled): each RMSNorm its 16-bit output and fp32 rstd (the normalization is
     recomputed from them, not kept as fp32 copies), SDPA's q and k after rotary, v, output and fp32
     log-sum-exp, o_proj's input as a copy of that output, gate's and up's outputs and down's input
     (act(gate) recomputed): per token 4h + 6q + 4kv + 4a + 6f + 8 bytes in bf16, where eager keeps

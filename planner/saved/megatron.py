@@ -71,14 +71,14 @@ def megatron_saved(model: ModelSpec, training: Training, seq: float, routed) -> 
 def megatron_moe_routing_saved(model: ModelSpec, training: Training, routed) -> list[Saved]:
     """What a routed MoE MLP saves beyond its experts' SwiGLU, per token of the router's shard, with
     `routed` expert rows per token: the experts' first GEMM keeps its input, the permuted copy of each
-    row (h wide). megatron-core 0.16.1 (counted on its MoELayer: calibrate/megatron_moe.py) also keeps,
+    row (h wide). megatron-core 0.16.1 (counted on its MoELayer: calibrate/engines/megatron_moe.py) also keeps,
     for the fused SwiGLU's prob weighting, each row's routing prob (fusions/fused_bias_swiglu.py
     WeightedSwiGLUFunction); in the router (moe_utils.py topk_routing_with_score_function) the top-k
     indices (int64) and the fp32 softmax over them, or with moe_router_pre_softmax (which top-1 needs)
     the fp32 softmax over all E and the indices; in the dispatcher (moe_utils.py permute) the
     routing map (bool, E), the dense probs (E) and each row's sorted index (int64).
     Megatron-DeepSpeed's deepspeed.moe (DeepSpeed 0.19.8 moe/sharded_moe.py, counted on its MoE layer:
-    calibrate/deepspeed_moe.py): TopKGate keeps its input's fp32 copy (4h) and the fp32 softmax (4E),
+    calibrate/engines/deepspeed_moe.py): TopKGate keeps its input's fp32 copy (4h) and the fp32 softmax (4E),
     and per gating function top1gating the int64 one-hot mask (8E); top2gating both routes' fp32 masks
     (8E), the sum of their gates, its clamp and the two normalized gates (16); topkgating the fp32
     scores it gathers and divides (8E), the bool mask (E), the int64 top-k indices (8k) and the

@@ -119,7 +119,7 @@ def torchtitan_moe_saved(model: ModelSpec, training: Training) -> list[Saved]:
     per token, bf16, TP 1 (E experts, top-k k, expert width f, shared width fs):
     4h + 4 + 4h + 4E + 8k (+ 4k + 4 with route_norm) + 16k + 2kh + 8kf + 4kh + 4k
     (+ 2h + 8fs with shared experts). Counted on torchtitan's own Qwen3 MoE model
-    (calibrate/torchtitan_moe.py, tests/test_activations_torchtitan_moe.py). Per layer, not per
+    (calibrate/engines/torchtitan_moe.py, tests/test_activations_torchtitan_moe.py). Per layer, not per
     token, so left out: the gate's fp32 weight copy (4Eh) and grouped_mm's int32 offsets (4E)."""
     e = training.precision.element_bytes
     h, n, k, f, fs = model.hidden, model.experts, model.experts_per_token, model.ffn, model.shared_expert_ffn

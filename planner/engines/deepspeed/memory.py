@@ -30,7 +30,7 @@ def deepspeed_bf16_optimizer(training: Training, lay: Layouts) -> np.ndarray:
 def bf16_optimizer_grad_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
     """BF16_Optimizer's gradients, whole on every rank (bf16_optimizer.py __init__: fp32_groups_gradients_flat
     = zeros_like(bf16_groups_flat, dtype=grad_acc_dtype); the bf16 param.grad stays until step()'s
-    clear_lp_grads). Measured on 2 gloo ranks (calibrate/deepspeed_worker.py): 2 + 4 B/param with
+    clear_lp_grads). Measured on 2 gloo ranks (calibrate/engines/deepspeed_worker.py): 2 + 4 B/param with
     fp32 accumulation before step()."""
     dense, expert = rank_params(model, training, lay, stage)
     accumulate = 4.0 if training.zero_config.fp32_grad_accum else 2.0
@@ -182,7 +182,7 @@ def zero3_kept_params(model: ModelSpec, training: Training, lay: Layouts, stage)
 
 def zero3_live_param_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
     """ZeRO-3 gathered 16-bit parameters alive at once (DeepSpeed 0.19.8 partitioned_param_coordinator.py;
-    counted after every fetch on 2 gloo ranks: calibrate/deepspeed_zero3_worker.py,
+    counted after every fetch on 2 gloo ranks: calibrate/engines/deepspeed_zero3_worker.py,
     tests/test_deepspeed_zero3_live.py), capped at the rank's whole model, plus the persistent
     small parameters (parameter_offload.py): the submodule computing (fetch_sub_module gathers one
     module's own tensors; the largest module's, an embedding or output layer maybe) and what is

@@ -36,7 +36,7 @@ def zero3_rank_copies_s(model: ModelSpec, training: Training, lay: Layouts, c: d
 def deepspeed_step_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
     """DeepSpeed's ZeRO step (0.19.8 stage_1_and_2.py DeepSpeedZeroOptimizer.step, stage3.py) or BF16_Optimizer's
     (bf16_optimizer.py step) around FusedAdam, as counted on the real engine
-    (data/references/engine_host_cpu.json, python -m calibrate.engine_host). ZeRO's: per gradient
+    (data/references/engine_host_cpu.json, python -m calibrate.benches.engine_host). ZeRO's: per gradient
     tensor of the rank's partition an inf/NaN check (runtime/utils.py has_inf_or_nan) and an fp64
     norm (get_grad_norm_direct), ~22 operators a tensor, each launched from the host
     (eager_op_host_s), and 48 B a parameter of memory traffic (the fp32 flat gradient, the unscale,

@@ -31,7 +31,7 @@ def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts
     untied) wraps the embedding and [norm, lm_head] as units of their own, the latter not resharded
     after forward, its root holding nothing, and runs lm_head chunk by chunk in its loss
     (components/loss.py ChunkedLossWrapper), each chunk's backward at once: the exact peaks of its
-    own model, wrapping and loss on 2 gloo ranks (python -m calibrate.torchtitan_fsdp ->
+    own model, wrapping and loss on 2 gloo ranks (python -m calibrate.engines.torchtitan_fsdp ->
     data/references/torchtitan_fsdp_cpu.json), tied ([embedding, norm, lm_head] one unit, kept
     gathered like a Hugging Face root) and untied."""
     s, t = model.sums, lay.tp
@@ -100,7 +100,7 @@ def torchtitan_edge_unit_bytes(model: ModelSpec, training: Training, lay: Layout
     embedding E and [norm, lm_head] Hd units (lm = lm_head's elements); tied, the `held` moments of
     its one [embedding, norm, lm_head] unit X, kept gathered like a Hugging Face root, with the loss's;
     blocks B, the rank's P. Each the exact peak of torchtitan's Llama3Model on 2 gloo ranks
-    (calibrate/torchtitan_fsdp.py)."""
+    (calibrate/engines/torchtitan_fsdp.py)."""
     s, t = model.sums, lay.tp
     w, g, r = training.precision.element_bytes, training.precision.element_bytes, state_bytes(training).grads
     tied = s.tied & (lay.pp == 1)

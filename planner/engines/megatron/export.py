@@ -1,6 +1,6 @@
 """Megatron's export: the Megatron-LM (or Megatron-DeepSpeed) arguments of a layout and the
 environment its launch needs, parsed by both engines' own parsers in data/references/megatron_cli.json
-(python -m calibrate.megatron_cli). planner/export.py writes them into launch.sh."""
+(python -m calibrate.engines.megatron_cli). planner/export.py writes them into launch.sh."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _parallel_args(model: ModelSpec, training: Training, row: dict, mds: bool) -
             a.append(f"--moe-shared-expert-intermediate-size {model.shared_expert_ffn}")
         if not mds:
             # megatron-core 0.16.1 TransformerConfig moe_token_dispatcher_type defaults to "allgather"; the
-            # planner times MoEAlltoAllTokenDispatcher (timing.ep_all_to_all_s, timing.moe_count_sync_s),
+            # planner times MoEAlltoAllTokenDispatcher (mp_comm.ep_all_to_all_s, mp_comm.moe_count_sync_s),
             # which NVIDIA's own MoE recipes set (megatron-bridge 0.3.1 recipes/qwen/qwen3_moe.py, deepseek_v3.py)
             a.append("--moe-token-dispatcher-type alltoall")
         if model.moe_layers != model.layers and not mds:

@@ -3,7 +3,7 @@
 torchtitan 0.3.0 takes a model from its own registry (--module, --config: models/*/config_registry.py)
 and the layout as overrides of its trainer's config (config/manager.py ConfigManager: tyro over
 Trainer.Config, `--section.key value`; the activation-checkpoint policy is a trailing subcommand).
-What this writes is parsed by torchtitan's own ConfigManager in calibrate/torchtitan_cli.py, whose
+What this writes is parsed by torchtitan's own ConfigManager in calibrate/engines/torchtitan_cli.py, whose
 recording tests/test_export.py checks against.
 """
 

@@ -1,0 +1,62 @@
+"""What the standalone recorders share: their command line and the reference file they write
+(data/references/*.json, `python -m calibrate.<room>.<script> [--out PATH]`), and the CPU stand-ins
+that let torchtitan's own modules run where triton and compiled FlexAttention cannot.
+
+record.py is the harness's other record: a Case of `python -m calibrate run` and the profile row it
+leaves; a recorder here measures once and writes a whole reference file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import types
+from pathlib import Path
+
+
+def write_recording(out: Path, source: str, rows: list, package: str = "torchtitan") -> None:
+    """The recording with the installed torch and `package` (the engine measured) versions, written
+    atomically."""
+    from importlib.metadata import version
+
+    import torch
+
+    doc = {"_source": source, "environment": {"torch": torch.__version__, package: version(package),
+                                              "device": "cpu"}, "rows": rows}
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(out)
+
+
+def run_cli(argv, doc: str, default_out: Path, source: str, measure_rows, package: str = "torchtitan") -> int:
+    """`python -m calibrate.<room>.<script> [--out PATH]`: measure and write the recording."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--out", type=Path, default=default_out)
+    write_recording(p.parse_args(argv).out, source, measure_rows(), package)
+    return 0
+
+
+def stub_triton_kernels() -> None:
+    """torchtitan.distributed.minimal_async_ep imports triton at import time (its MoE all-to-all)."""
+    stub = types.ModuleType("torchtitan.distributed.minimal_async_ep")
+
+    def unavailable(*args, **kwargs):
+        raise RuntimeError("MoE async dispatch is not available on the CPU")
+
+    stub.combine_op = stub.dispatch_op = stub.init_buffer = unavailable
+    stub.MinimalAsyncEPDispatchMetadata = type("MinimalAsyncEPDispatchMetadata", (), {})
+    stub.__file__, stub.__path__ = __file__, []
+    sys.modules.setdefault("torchtitan.distributed.minimal_async_ep", stub)
+
+
+def eager_flex_attention() -> None:
+    """torchtitan's FlexAttention run eagerly (it compiles it; both return out, lse and max_scores),
+    with torch's refusal of CPU inputs that need grad lifted."""
+    import torch.nn.attention.flex_attention as fa
+    from torchtitan.models.common.attention import FlexAttention
+
+    # the sac/moe/mla recorders run forward only; torchtitan_fsdp's backward takes the eager math path
+    fa._validate_device = lambda *args, **kwargs: None
+    FlexAttention._compiled_flex_attn = staticmethod(
+        lambda *args, kernel_options=None, **kwargs: fa.flex_attention(*args, **kwargs))
