@@ -67,11 +67,11 @@ def main() -> None:
     res = search.search(spec, cluster, training, max_mbs=16)
     elapsed = time.perf_counter() - start
     line("1T on 4096 GPUs, whole space", elapsed, "< 2 s", "space",
-         f"   ({res['candidates']:,} candidates, {res['valid'].size:,} valid, {len(res['order']):,} fit)")
+         f"   ({res.candidates:,} candidates, {res.valid.size:,} valid, {len(res.order):,} fit)")
     # the rules leave few valid layouts here; time memory + step time on 1e6 of them (tiled)
     runs = []
     for _ in range(5):
-        big = res["valid"].take(np.arange(10**6) % res["valid"].size)
+        big = res.valid.take(np.arange(10**6) % res.valid.size)
         start = time.perf_counter()
         search.evaluate(spec, cluster, training, big)
         runs.append(time.perf_counter() - start)

@@ -248,11 +248,11 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
         defaults["engine"] = train.engine.name
     defaults.update(_training_defaults(tin, cin, train, spec))
     train, result, knobbed, frees = _searched(spec, clus, train, tin, headroom, max_mbs, pins, defaults)
-    if pins and result["valid"].size == 0:
+    if pins and result.valid.size == 0:
         raise_contradiction(spec, clus, train, max_mbs, pins, pinned)
     assumptions = _assumptions(spec, clus, train, gbs, headroom, defaults, pinned if pins else None, result)
     # with other ZeRO-3 knobs, the ZeRO-3 rows are that search's, the others the first search's
-    sources = [(result, result["valid"].zero != 3 if knobbed else None)] + ([(knobbed, None)] if knobbed else [])
+    sources = [(result, result.valid.zero != 3 if knobbed else None)] + ([(knobbed, None)] if knobbed else [])
     records = _records(clus, train, tin, gbs, sources, top)
     clear = fastest_clear_fit(clus, sources, records) if records and records[0]["memory"]["verdict"] != "fits" else None
     points = results.landscape(result, landscape) if landscape else None
@@ -283,8 +283,8 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     if proposals:
         hints.insert(0, f"--gbs {proposals[0]['gbs']} fits ({results.short(proposals[0]['layout'])}, "
                         f"{proposals[0]['tokens_per_s']:,.0f} tokens/s)")
-    return Recommendation(spec, clus, train, assumptions, defaults, result["candidates"], result["rejected"],
-                          records, hints, result["elapsed_s"], points, clear, others, [], proposals, batch_note)
+    return Recommendation(spec, clus, train, assumptions, defaults, result.candidates, result.rejected,
+                          records, hints, result.elapsed_s, points, clear, others, [], proposals, batch_note)
 
 
 def _searched(spec, clus, train: Training, tin: TrainingInput, headroom: float, max_mbs: int, pins: dict,
@@ -335,8 +335,8 @@ def _assumptions(spec, clus, train: Training, gbs: int, headroom: float, default
             assumptions[knob] = defaults[knob]
     if pinned is not None:
         assumptions["pinned"] = {k: pinned[k] for k in search.PINNABLE if k in pinned}
-    if result["coarsened"]:  # the space was larger than one search materializes
-        assumptions["search_coarsened"] = list(result["coarsened"])
+    if result.coarsened:  # the space was larger than one search materializes
+        assumptions["search_coarsened"] = list(result.coarsened)
     return assumptions
 
 
@@ -347,10 +347,10 @@ def _records(clus, train: Training, tin: TrainingInput, gbs: int, sources: list,
     for res, keep in sources:
         for i in results.distinct_top(res, top if keep is None else top + int(np.count_nonzero(~keep))):
             if keep is None or keep[i]:
-                ranked.append((-float(res["eval"]["time"]["throughput"]["tokens_per_s"][i]), len(ranked), res, i))
+                ranked.append((-float(res.eval["time"]["throughput"]["tokens_per_s"][i]), len(ranked), res, i))
     records = []
     for _, _, res, i in sorted(ranked, key=lambda r: r[:2])[:top]:
-        rec = layout_record(clus, res["valid"], res["eval"], i)
+        rec = layout_record(clus, res.valid, res.eval, i)
         rec["binding_constraint"] = results.binding_constraint(res, i, rec["time"]["breakdown"], rec["time"]["step_s"])
         if tin.tokens:
             rec["time_to_train"] = _time_to_train(rec["time"]["step_s"], gbs * train.seq_len, tin, clus)

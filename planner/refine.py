@@ -17,6 +17,7 @@ from planner.hardware import Cluster
 from planner.layout import Training
 from planner.options import Recompute
 from planner.records import band_of, layout_record
+from planner.search import SearchResult
 
 
 BATCH_WINDOW = 0.125
@@ -27,7 +28,7 @@ BATCH_TRIES = 3
 """Batches searched on each side of the asked one, at most: the nearest that allow the most data parallelism."""
 
 
-def batch_proposals(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, result: dict,
+def batch_proposals(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, result: SearchResult,
                      frees: tuple) -> tuple:
     """([proposal], note) where nothing fits `train` and the batch is the cause: most candidates were
     rejected for divisibility (the batch splits over mbs*dp ranks; dp divides the GPU count, so
@@ -36,7 +37,7 @@ def batch_proposals(spec, clus, train: Training, headroom: float, max_mbs: int, 
     data parallelism (a handful of searches, and only on this failing path); a proposal is kept where
     it is faster than every nearer one on its side. ([], None) elsewhere."""
     gbs, gpus = train.gbs, clus.num_gpus
-    rejected = result["rejected"]
+    rejected = result.rejected
     if "dp" in pins or rejected.get("divisibility", 0) * 2 < sum(rejected.values()):
         return [], None
     usable = math.gcd(gbs, gpus)
@@ -81,18 +82,18 @@ def fastest_clear_fit(clus: Cluster, sources: list, records: list) -> dict | Non
     fits), as a layout record with its rank in `records` and its speed against records[0]."""
     capacity, best, band = clus.gpu.memory_bytes, None, band_of(clus, "peak_memory")
     for res, keep in sources:
-        required = np.asarray(res["eval"]["memory"]["required"], dtype=np.float64)
+        required = np.asarray(res.eval["memory"]["required"], dtype=np.float64)
         clear = clears_band(capacity - required, np.ceil(required * band)) & (True if keep is None else keep)
-        order = res["order"][clear[res["order"]]]
+        order = res.order[clear[res.order]]
         if order.size:
             i = int(order[0])
-            speed = float(res["eval"]["time"]["throughput"]["tokens_per_s"][i])
+            speed = float(res.eval["time"]["throughput"]["tokens_per_s"][i])
             if best is None or speed > best[0]:
                 best = (speed, res, i)
     if best is None:
         return None
     speed, res, i = best
-    rec = layout_record(clus, res["valid"], res["eval"], i)
+    rec = layout_record(clus, res.valid, res.eval, i)
     rec["rank"] = next((k for k, r in enumerate(records, 1) if r["layout"] == rec["layout"]), None)
     rec["relative_speed"] = speed / records[0]["throughput"]["tokens_per_s"]
     return rec
@@ -106,7 +107,7 @@ def search_edges(spec, clus, train: Training, headroom: float, max_mbs: int, pin
     return train, search.search(spec, clus, train, headroom, max_mbs, pinned=pins)
 
 
-def search_zero3_knobs(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, result: dict,
+def search_zero3_knobs(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, result: SearchResult,
                         free: bool) -> tuple:
     """(training, search result, ZeRO-3 search result under other knobs or None): where the user left
     DeepSpeed's live-parameter knobs alone, the ZeRO-3 layouts are searched again with them lowered
@@ -116,7 +117,7 @@ def search_zero3_knobs(spec, clus, train: Training, headroom: float, max_mbs: in
     beats the first search's are kept."""
     if not free or pins.get("zero", 3) != 3:
         return train, result, None
-    ev, valid = result["eval"], result["valid"]
+    ev, valid = result.eval, result.valid
     speed = np.asarray(ev["time"]["throughput"]["tokens_per_s"])
     fits, zero3 = np.asarray(ev["fits"]), valid.zero == 3
     best = _fastest_tokens_per_s(result)
@@ -131,13 +132,13 @@ def search_zero3_knobs(spec, clus, train: Training, headroom: float, max_mbs: in
         found = search.search(spec, clus, knobs, headroom, max_mbs, pinned={**pins, "zero": 3})
         fastest = _fastest_tokens_per_s(found)
         if fastest > best:
-            result["candidates"] += found["candidates"]
-            result["elapsed_s"] += found["elapsed_s"]
+            result.candidates += found.candidates
+            result.elapsed_s += found.elapsed_s
             best, chosen, other = fastest, knobs, found
     return chosen, result, other
 
 
-def search_tp_overlap(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, result: dict,
+def search_tp_overlap(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, result: SearchResult,
                        free: bool) -> tuple:
     """(training, search result): where the user left --tp-comm-overlap alone and the engine runs it
     (variants.tp_overlap_training), the sequence-parallel layouts searched again with it on, and kept
@@ -150,13 +151,13 @@ def search_tp_overlap(spec, clus, train: Training, headroom: float, max_mbs: int
     found = search.search(spec, clus, overlapped, headroom, max_mbs, pinned={**pins, "sequence_parallel": 1})
     if not _faster(found, result):
         return train, result
-    return overlapped, search.merged(result, found, result["valid"].sequence_parallel == 0)
+    return overlapped, search.merged(result, found, result.valid.sequence_parallel == 0)
 
 
-def _fastest_tokens_per_s(result: dict) -> float:
+def _fastest_tokens_per_s(result: SearchResult) -> float:
     """Tokens/s of a search result's fastest fitting layout (-1 where none fits)."""
-    order = result["order"]
-    return float(result["eval"]["time"]["throughput"]["tokens_per_s"][order[0]]) if order.size else -1.0
+    order = result.order
+    return float(result.eval["time"]["throughput"]["tokens_per_s"][order[0]]) if order.size else -1.0
 
 
 def _faster(new: dict, old: dict) -> bool:
@@ -164,7 +165,7 @@ def _faster(new: dict, old: dict) -> bool:
     return _fastest_tokens_per_s(new) > max(_fastest_tokens_per_s(old), 0.0)
 
 
-def search_offload_share(spec, clus, train: Training, headroom: float, result: dict, free: bool) -> tuple:
+def search_offload_share(spec, clus, train: Training, headroom: float, result: SearchResult, free: bool) -> tuple:
     """(training, search result): where the user left --optimizer-offload-fraction alone and the
     fastest layout offloads an optimizer the engine can split (variants.lean_offload_training), the
     search's layouts again under the smallest share that keeps that one fitting, kept where the
@@ -172,7 +173,7 @@ def search_offload_share(spec, clus, train: Training, headroom: float, result: d
     lean = variants.lean_offload_training(spec, clus, train, result, headroom) if free else None
     if lean is None:
         return train, result
-    again = search.reevaluate(spec, clus, lean, result, headroom, np.flatnonzero(result["valid"].offload_optimizer > 0))
+    again = search.reevaluate(spec, clus, lean, result, headroom, np.flatnonzero(result.valid.offload_optimizer > 0))
     return (lean, again) if _faster(again, result) else (train, result)
 
 
@@ -190,23 +191,23 @@ def engine_best(spec, clus, training: Training, engine: str, headroom: float, ma
     train, result = search_tp_overlap(spec, clus, train, headroom, max_mbs, pins, result, free_overlap)
     train, result = search_offload_share(spec, clus, train, headroom, result, free_share)
     train, result = search_overlap_comm(spec, clus, train, headroom, result)
-    if not result["order"].size:
+    if not result.order.size:
         why = "nothing fits"
-        if result["valid"].size == 0:
+        if result.valid.size == 0:
             why = "the pinned axes break its rules" if pins else "it cannot train this model (its rules reject every layout)"
         return {"engine": engine, "layout": None, "tokens_per_s": None, "relative_speed": None, "note": why,
                 "settings": {}}
-    i = int(result["order"][0])
-    speed = float(result["eval"]["time"]["throughput"]["tokens_per_s"][i])
+    i = int(result.order[0])
+    speed = float(result.eval["time"]["throughput"]["tokens_per_s"][i])
     searched, start = searched_settings(train), searched_settings(first)
-    return {"engine": engine, "layout": result["valid"].row(i), "tokens_per_s": speed,
+    return {"engine": engine, "layout": result.valid.row(i), "tokens_per_s": speed,
             "relative_speed": None if best_tokens_per_s is None else speed / best_tokens_per_s, "note": None,
             "settings": {k: v for k, v in searched.items() if v != start[k]},
             # an engine without the FP8 path the question asked for answers in bf16 (Training.for_engine)
             "precision": "fp8" if train.fp8_recipe else str(train.precision)}
 
 
-def search_overlap_comm(spec, clus, train: Training, headroom: float, result: dict) -> tuple:
+def search_overlap_comm(spec, clus, train: Training, headroom: float, result: SearchResult) -> tuple:
     """(training, search result): where the user left DeepSpeed's overlap_comm unset, the ZeRO-1/2
     candidates evaluated again with it on (variants.overlap_comm_rows: DeepSpeed defaults it off there),
     kept where their fastest is faster. It changes no rule, only their speed and second reduce bucket."""
@@ -216,7 +217,7 @@ def search_overlap_comm(spec, clus, train: Training, headroom: float, result: di
     again = search.reevaluate(spec, clus, on, result, headroom, rows)
 
     def fastest(res):  # of the ZeRO-1/2 candidates that fit
-        speed = np.where(np.asarray(res["eval"]["fits"])[rows], np.asarray(res["eval"]["time"]["throughput"]["tokens_per_s"])[rows], -1.0)
+        speed = np.where(np.asarray(res.eval["fits"])[rows], np.asarray(res.eval["time"]["throughput"]["tokens_per_s"])[rows], -1.0)
         return float(speed.max())
 
     return (on, again) if fastest(again) > fastest(result) else (train, result)

@@ -12,7 +12,7 @@ from planner.errors import InputError
 from planner.hardware import Cluster
 from planner.layout import Training
 from planner.model import ModelSpec
-from planner.search import search
+from planner.search import SearchResult, search
 
 
 def short(row: dict) -> str:
@@ -37,10 +37,10 @@ def short(row: dict) -> str:
 CORE_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "zero", "sequence_parallel")
 
 
-def binding_constraint(result: dict, i: int, step_breakdown: dict, step_s: float) -> str:
+def binding_constraint(result: SearchResult, i: int, step_breakdown: dict, step_s: float) -> str:
     """What keeps candidate i from being faster: memory, when a faster variant of the same layout
     (less recompute, a larger micro-batch, less offload) does not fit; else its largest overhead."""
-    valid, ev = result["valid"], result["eval"]
+    valid, ev = result.valid, result.eval
     speed = ev["time"]["throughput"]["tokens_per_s"]
     same = np.ones(valid.size, dtype=bool)
     for f in CORE_FIELDS:
@@ -61,12 +61,12 @@ def binding_constraint(result: dict, i: int, step_breakdown: dict, step_s: float
     return f"{worst} ({parts[worst] / step_s:.0%} of step)"
 
 
-def distinct_top(result: dict, k: int) -> list[int]:
+def distinct_top(result: SearchResult, k: int) -> list[int]:
     """The k fastest fitting candidates, dropping variants that differ only in the offload device
     and are exactly as fast (e.g. NVMe vs CPU when the CPU Adam step hides the NVMe traffic)."""
-    valid, speed = result["valid"], result["eval"]["time"]["throughput"]["tokens_per_s"]
+    valid, speed = result.valid, result.eval["time"]["throughput"]["tokens_per_s"]
     seen, picked = set(), []
-    for i in result["order"]:
+    for i in result.order:
         i = int(i)
         row = valid.row(i)
         key = tuple(row[f] for f in (*CORE_FIELDS, "mbs", "recompute", "recompute_layers")) + (round(float(speed[i]), 3),)
@@ -84,7 +84,7 @@ HINT_BUDGET = 500_000
 
 
 def what_would_fit(model: ModelSpec, cluster: Cluster, training: Training, headroom: float, max_mbs: int,
-                   result: dict) -> list[str]:
+                   result: SearchResult) -> list[str]:
     """When nothing fits (`result` is that search): the least memory any valid layout needs, and
     what changes would fit: another engine, or more GPUs."""
     hints = [lean] if (lean := leanest_text(cluster, headroom, result)) else []
@@ -94,7 +94,7 @@ def what_would_fit(model: ModelSpec, cluster: Cluster, training: Training, headr
             res = search(model, c, t, headroom, max_mbs, HINT_BUDGET)
         except InputError:  # even coarsened, too many layouts to try here
             return None
-        return res if len(res["order"]) else None
+        return res if len(res.order) else None
 
     for engine in ENGINES.values():
         if engine is not training.engine and (other := attempt(cluster, training.for_engine(engine))):
@@ -109,10 +109,10 @@ def what_would_fit(model: ModelSpec, cluster: Cluster, training: Training, headr
     return hints
 
 
-def leanest_text(cluster: Cluster, headroom: float, result: dict) -> str | None:
+def leanest_text(cluster: Cluster, headroom: float, result: SearchResult) -> str | None:
     """The least memory any valid layout of a search needs, against what is usable (None where no
     layout passed the rules)."""
-    valid, ev = result["valid"], result["eval"]
+    valid, ev = result.valid, result.eval
     if not valid.size:
         return None
     capacity = cluster.gpu.memory_bytes * (1 - headroom)
@@ -121,10 +121,10 @@ def leanest_text(cluster: Cluster, headroom: float, result: dict) -> str | None:
             f"per GPU of {capacity / 2**30:.1f} GiB usable")
 
 
-def best_text(result: dict) -> str:
+def best_text(result: SearchResult) -> str:
     """The fastest fitting layout of a search result with its memory per GPU."""
-    i = int(result["order"][0])
-    return f"{short(result['valid'].row(i))}, {result['eval']['memory']['total'][i] / 2**30:.1f} GiB per GPU"
+    i = int(result.order[0])
+    return f"{short(result.valid.row(i))}, {result.eval['memory']['total'][i] / 2**30:.1f} GiB per GPU"
 
 
 def pareto_front(memory_bytes: np.ndarray, tokens_per_s: np.ndarray) -> np.ndarray:
@@ -138,16 +138,16 @@ def pareto_front(memory_bytes: np.ndarray, tokens_per_s: np.ndarray) -> np.ndarr
     return mask
 
 
-def landscape(result: dict, limit: int) -> dict:
+def landscape(result: SearchResult, limit: int) -> dict:
     """Up to `limit` fitting layouts for a speed-versus-memory plot: the whole Pareto front, then
     layouts evenly spaced through the speed ranking."""
-    fitting = result["order"]
-    memory_bytes = np.asarray(result["eval"]["memory"]["required"])[fitting]
-    speed = np.asarray(result["eval"]["time"]["throughput"]["tokens_per_s"])[fitting]
+    fitting = result.order
+    memory_bytes = np.asarray(result.eval["memory"]["required"])[fitting]
+    speed = np.asarray(result.eval["time"]["throughput"]["tokens_per_s"])[fitting]
     front = np.flatnonzero(pareto_front(memory_bytes, speed))[:limit]
     spread = np.unique(np.linspace(0, fitting.size - 1, max(0, limit - front.size)).astype(np.int64)) if fitting.size else []
     picked = np.union1d(front, spread).astype(np.int64)
     on_front = np.isin(picked, front)
-    return {"label": [short(result["valid"].row(int(fitting[k]))) for k in picked],
+    return {"label": [short(result.valid.row(int(fitting[k]))) for k in picked],
             "gpu_bytes": [int(memory_bytes[k]) for k in picked], "tokens_per_s": [float(speed[k]) for k in picked],
             "pareto": [bool(f) for f in on_front], "fitting": int(fitting.size)}

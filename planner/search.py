@@ -21,6 +21,27 @@ from planner.options import Offload, RankOrder, Recompute, Schedule
 from planner.pipeline import interleaved_layers, max_layers_on_stage
 from planner.rules import DIVISIBILITY, ENGINE_RULE, every_n_layers_broken, first_violation
 
+@dataclass
+class SearchResult:
+    """One search of the layout space: its valid candidates, their evaluation, the fitting ones'
+    order, and what it counted on the way."""
+
+    valid: Layouts
+    """The candidates that pass every rule."""
+    eval: dict
+    """evaluate()'s {memory, time, fits} over `valid`."""
+    order: np.ndarray
+    """Indices into `valid` of the fitting candidates, fastest first."""
+    candidates: int
+    """Layouts enumerated, the rules' rejects and the recompute variants tried included."""
+    rejected: dict
+    """{reason: count} over the whole space."""
+    coarsened: list
+    """The axes coarsened to keep the space within SEARCH_BUDGET (empty where none was)."""
+    elapsed_s: float
+    """Wall seconds the search took."""
+
+
 VPP_CHOICES = (1, 2, 3, 4, 6, 8)
 CP_CHOICES = (1, 2, 4, 8)
 
@@ -253,7 +274,7 @@ def flat_schedule(training: Training) -> Schedule:
 
 
 def search(model: ModelSpec, cluster: Cluster, training: Training, headroom: float = 0.05, max_mbs: int = 16,
-           budget: int = SEARCH_BUDGET, pinned: dict | None = None) -> dict:
+           budget: int = SEARCH_BUDGET, pinned: dict | None = None) -> SearchResult:
     """All candidates (those with the `pinned` values), the ones that fit ranked by tokens/s, and
     rejection counts per reason."""
     start = time.perf_counter()
@@ -279,9 +300,8 @@ def search(model: ModelSpec, cluster: Cluster, training: Training, headroom: flo
             ev = picked([ev, lev], [n, lighter.size], np.repeat([0, 1], [n, best.size]), np.concatenate([np.arange(n), best]))
     if "rank_order" not in (pinned or {}):
         valid, ev = faster_rank_order(model, cluster, training, valid, ev, headroom)
-    return {"candidates": lay.size + sum(dropped.values()) + tried, "valid": valid, "eval": ev, "order": _ranked(valid, ev),
-            "coarsened": coarsened, "rejected": {k: v for k, v in rejected.items() if v},
-            "elapsed_s": time.perf_counter() - start}
+    return SearchResult(valid, ev, _ranked(valid, ev), lay.size + sum(dropped.values()) + tried,
+                        {k: v for k, v in rejected.items() if v}, coarsened, time.perf_counter() - start)
 
 
 def _ranked(valid: Layouts, ev: dict) -> np.ndarray:
@@ -293,36 +313,36 @@ def _ranked(valid: Layouts, ev: dict) -> np.ndarray:
     return order[np.isfinite(tokens_per_s[order])]
 
 
-def merged(result: dict, found: dict, keep: np.ndarray) -> dict:
+def merged(result: SearchResult, found: SearchResult, keep: np.ndarray) -> SearchResult:
     """`result`'s candidates where `keep`, and every one of `found` (a search of the same space under
     other settings, pinned to what `keep` leaves out), ranked together without evaluating again;
     candidates and rejections are both searches' together."""
-    rows, n = np.flatnonzero(keep), found["valid"].size
-    valid = result["valid"].take(rows).concat(found["valid"])
-    ev = picked([result["eval"], found["eval"]], [result["valid"].size, n], np.repeat([0, 1], [rows.size, n]),
+    rows, n = np.flatnonzero(keep), found.valid.size
+    valid = result.valid.take(rows).concat(found.valid)
+    ev = picked([result.eval, found.eval], [result.valid.size, n], np.repeat([0, 1], [rows.size, n]),
                 np.concatenate([rows, np.arange(n)]))
-    rejected = {k: result["rejected"].get(k, 0) + found["rejected"].get(k, 0)
-                for k in {**result["rejected"], **found["rejected"]}}
-    return {**result, "valid": valid, "eval": ev, "order": _ranked(valid, ev), "rejected": rejected,
-            "candidates": result["candidates"] + found["candidates"], "elapsed_s": result["elapsed_s"] + found["elapsed_s"]}
+    rejected = {k: result.rejected.get(k, 0) + found.rejected.get(k, 0)
+                for k in {**result.rejected, **found.rejected}}
+    return replace(result, valid=valid, eval=ev, order=_ranked(valid, ev), rejected=rejected,
+                   candidates=result.candidates + found.candidates, elapsed_s=result.elapsed_s + found.elapsed_s)
 
 
-def reevaluate(model: ModelSpec, cluster: Cluster, training: Training, result: dict, headroom: float,
-               rows: np.ndarray) -> dict:
+def reevaluate(model: ModelSpec, cluster: Cluster, training: Training, result: SearchResult, headroom: float,
+               rows: np.ndarray) -> SearchResult:
     """A search result ranked again under `training`, which changes no rule and only the candidates
     `rows` (variants.lean_offload_training's share: the offloading ones), those evaluated again; the
     out-of-memory count updated."""
     start = time.perf_counter()
-    valid, n = result["valid"], result["valid"].size
+    valid, n = result.valid, result.valid.size
     which, index = np.zeros(n, dtype=np.int64), np.arange(n)
     which[rows], index[rows] = 1, np.arange(rows.size)
     again = evaluate(model, cluster, training, valid.take(rows), headroom)
-    ev = picked([result["eval"], again], [n, rows.size], which, index)
-    rejected = dict(result["rejected"])
+    ev = picked([result.eval, again], [n, rows.size], which, index)
+    rejected = dict(result.rejected)
     rejected["out of memory"] = rejected.get("out of memory", 0) \
-        + int(np.count_nonzero(~ev["fits"])) - int(np.count_nonzero(~result["eval"]["fits"]))
-    return {**result, "eval": ev, "order": _ranked(result["valid"], ev), "rejected": {k: v for k, v in rejected.items() if v},
-            "elapsed_s": result["elapsed_s"] + time.perf_counter() - start}
+        + int(np.count_nonzero(~ev["fits"])) - int(np.count_nonzero(~result.eval["fits"]))
+    return replace(result, eval=ev, order=_ranked(result.valid, ev), rejected={k: v for k, v in rejected.items() if v},
+                   elapsed_s=result.elapsed_s + time.perf_counter() - start)
 
 
 MORE_RECOMPUTE = "more recompute than a variant that fits"

@@ -15,7 +15,7 @@ from planner.layout import Training
 from planner.model import ModelSpec
 from planner.options import Offload
 from planner.sharding import block_params
-from planner.search import VPP_CHOICES, divisors
+from planner.search import SearchResult, VPP_CHOICES, divisors
 
 
 def edge_layers_choice(model: ModelSpec, cluster: Cluster, training: Training) -> Training:
@@ -80,22 +80,22 @@ def roomy_zero3_training(model: ModelSpec, training: Training) -> Training | Non
     return replace(training, zero_config=replace(zc, stage3_max_live_parameters=roomy, stage3_max_reuse_distance=roomy))
 
 
-def tp_overlap_training(model: ModelSpec, training: Training, result: dict) -> Training | None:
+def tp_overlap_training(model: ModelSpec, training: Training, result: SearchResult) -> Training | None:
     """`training` with Megatron's --tp-comm-overlap on where the engine runs it (Engine.tp_comm_overlap:
     TransformerEngine Userbuffers) and some candidate of `result` has TP > 1 with sequence
     parallelism that fits (its buffers only add memory: memory.userbuffers_bytes); else None. The
     flag is one for the whole launch: it hides a share of each TP collective behind its GEMM and
     takes SMs from the GEMM (engines/megatron/timing.py ub_pass_exposed_s), so whether it pays depends on the layout
     and the GPU. MLA blocks get none (mp_comm.tp_pass_exposed_s)."""
-    valid = result["valid"]
+    valid = result.valid
     if training.tp_comm_overlap or not training.engine.tp_comm_overlap or model.kv_lora_rank > 0:
         return None
-    if not np.any((valid.tp > 1) & (valid.sequence_parallel > 0) & np.asarray(result["eval"]["fits"])):
+    if not np.any((valid.tp > 1) & (valid.sequence_parallel > 0) & np.asarray(result.eval["fits"])):
         return None
     return replace(training, tp_comm_overlap=True)
 
 
-def overlap_comm_rows(training: Training, result: dict) -> tuple:
+def overlap_comm_rows(training: Training, result: SearchResult) -> tuple:
     """(`training` with DeepSpeed's overlap_comm on, the candidates of `result` it changes) where the
     user left overlap_comm unset and the engine leaves ZeRO-1/2 without it (DeepSpeed 0.19.8
     zero/config.py overlap_comm_valid: None -> stage == 3); else (None, empty). With it, stage_1_and_2.py
@@ -105,7 +105,7 @@ def overlap_comm_rows(training: Training, result: dict) -> tuple:
     none = np.zeros(0, dtype=np.int64)
     if training.zero_config.overlap_comm is not None or not training.engine.overlap_flag or not training.engine.deepspeed:
         return None, none
-    valid, ev = result["valid"], result["eval"]
+    valid, ev = result.valid, result.eval
     zero12 = layout.among(valid.zero, (1, 2)) & ~layout.among(valid.zero, training.engine.overlap_default)
     # it hides only the reduction and the gradients' copies to the host (timing.grad_overlaps,
     # timing.offload_s): where no fitting ZeRO-1/2 candidate has either, nothing changes
@@ -121,7 +121,7 @@ OFFLOAD_FRACTION_STEP = 0.05
 """Grid of the optimizer offload share recommend chooses (lean_offload_training)."""
 
 
-def lean_offload_training(model: ModelSpec, cluster: Cluster, training: Training, result: dict,
+def lean_offload_training(model: ModelSpec, cluster: Cluster, training: Training, result: SearchResult,
                           headroom: float) -> Training | None:
     """`training` with the smallest share of the optimizer offloaded, on a grid of
     OFFLOAD_FRACTION_STEP, at which the fastest fitting layout, one that offloads its optimizer,
@@ -131,12 +131,12 @@ def lean_offload_training(model: ModelSpec, cluster: Cluster, training: Training
     (timing.optimizer_s, offload_s), which the GPU runs beside it: the smallest share that fits is
     that layout's fastest. None where the fastest layout keeps its optimizer, the engine offloads
     whole, or no smaller share fits."""
-    if not training.engine.offload_hybrid_optimizer or not result["order"].size:
+    if not training.engine.offload_hybrid_optimizer or not result.order.size:
         return None
-    i = int(result["order"][0])
-    if result["valid"].offload_optimizer[i] == Offload.NONE:
+    i = int(result.order[0])
+    if result.valid.offload_optimizer[i] == Offload.NONE:
         return None
-    one = result["valid"].take(np.array([i]))
+    one = result.valid.take(np.array([i]))
     capacity = cluster.gpu.memory_bytes * (1.0 - headroom)
 
     def total(share: float) -> float:

@@ -24,7 +24,7 @@ def test_search_obeys_and_reaches_every_engine_record(name):
     engine = ENGINES[name]
     model = lookup("llama-2-7b")
     res = search.search(model, hardware.Cluster(H100, 16, 8), layout.Training(gbs=64, engine=name))
-    v = res["valid"]
+    v = res.valid
     pp = v.pp > 1
     assert set(np.unique(v.zero)) == set(engine.zero_stages)
     assert set(np.unique(v.zero[pp])) == set(engine.pipeline_zero_stages)

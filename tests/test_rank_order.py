@@ -103,7 +103,7 @@ def test_moe_pipelines_need_equal_data_parallel_sizes_to_put_the_pipeline_inside
     model = lookup("mixtral-8x7b")
     cluster = hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 128, 8, pod_gpus=16, oversubscription=4.0)
     training = layout.Training(engine="megatron", seq_len=4096, gbs=256)
-    valid = search.search(model, cluster, training, pinned={"pp": 4})["valid"]
+    valid = search.search(model, cluster, training, pinned={"pp": 4}).valid
     assert (rules.first_violation(model, cluster, training, valid)[0] < 0).all()
 
 

@@ -23,8 +23,8 @@ def test_space_size_is_the_product_of_the_searched_choices():
     res = search.search(model, cluster, layout.Training(gbs=64, engine="megatron-deepspeed"))
     # (tp, pp, cp, dp) with tp*pp*cp*dp = 8 = 2^3 and every factor a power of two: C(3+3, 3) = 20
     # ways; x 16 micro-batch sizes x 6 vpp choices x 4 ZeRO x 3 x 3 offloads x 3 recompute x 2 SP
-    assert res["candidates"] == 20 * 16 * 6 * 4 * 3 * 3 * 3 * 2
-    assert sum(res["rejected"].values()) + len(res["order"]) == res["candidates"]
+    assert res.candidates == 20 * 16 * 6 * 4 * 3 * 3 * 3 * 2
+    assert sum(res.rejected.values()) + len(res.order) == res.candidates
 
 
 def test_recommended_layouts_obey_the_rules_and_fit():
@@ -65,7 +65,7 @@ def test_engine_rules_shape_the_answer():
     cluster = hardware.Cluster(hardware.lookup_gpu("a100-80gb"), 32, 8)
     for engine in ENGINE_NAMES:
         res = search.search(model, cluster, layout.Training(gbs=256, engine=engine))
-        v = res["valid"]
+        v = res.valid
         if engine == "deepspeed":
             assert (v.tp == 1).all() and not ((v.pp > 1) & (v.zero >= 2)).any()
         if engine == "megatron":
@@ -161,11 +161,11 @@ def test_pinned_axes_keep_their_values_and_find_the_full_searchs_best_of_them():
     # the unpinned search over the same inputs, filtered to tp 8 / ZeRO-1 afterwards, ranks the same layout first
     model, cluster = lookup("llama-3-70b"), hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 64, 8)
     res = search.search(model, cluster, layout.Training(gbs=1024, engine="megatron"))
-    first = next(int(i) for i in res["order"] if res["valid"].tp[i] == 8 and res["valid"].zero[i] == 1)
+    first = next(int(i) for i in res.order if res.valid.tp[i] == 8 and res.valid.zero[i] == 1)
     assert d["layouts"][0]["throughput"]["tokens_per_s"] == pytest.approx(
-        float(res["eval"]["time"]["throughput"]["tokens_per_s"][first]), rel=1e-9)
+        float(res.eval["time"]["throughput"]["tokens_per_s"][first]), rel=1e-9)
     # pinning removes the other values from the space instead of rejecting them
-    assert d["candidates_evaluated"] < res["candidates"] / 10
+    assert d["candidates_evaluated"] < res.candidates / 10
 
 
 @pytest.mark.parametrize("argv, gains", [
@@ -205,9 +205,9 @@ def test_pinned_optimizer_offload_leaves_the_parameters_offload_searched():
     assert any(r["offload_params"] == "none" and r["zero"] < 3 for r in rows)
     model, cluster = lookup("llama-3-8b"), hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 8, 8)
     res = search.search(model, cluster, layout.Training(gbs=1024, engine="deepspeed"))
-    first = next(int(i) for i in res["order"] if res["valid"].offload_optimizer[i] == 1)
+    first = next(int(i) for i in res.order if res.valid.offload_optimizer[i] == 1)
     assert json.loads(text)["layouts"][0]["throughput"]["tokens_per_s"] >= \
-        float(res["eval"]["time"]["throughput"]["tokens_per_s"][first]) * (1 - 1e-9)
+        float(res.eval["time"]["throughput"]["tokens_per_s"][first]) * (1 - 1e-9)
 
 
 def test_pins_without_an_engine_choose_one_that_has_the_axes():
@@ -452,7 +452,7 @@ def test_combined_evaluations_equal_a_fresh_one():
     model, cluster = resolve_model(100e9), hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 16, 8)
     training = layout.Training(gbs=1024, engine="megatron", pipeline_edge_layers=1)
     res = search.search(model, cluster, training, headroom=0.05)
-    valid, ev = res["valid"], res["eval"]
+    valid, ev = res.valid, res.eval
     assert (valid.recompute_layers > 0).any() and (valid.rank_order == 1).any()  # both paths taken
     fresh = search.evaluate(model, cluster, training, valid, 0.05)
     assert (ev["fits"] == fresh["fits"]).all()
