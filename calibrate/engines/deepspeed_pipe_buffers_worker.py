@@ -18,10 +18,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported
 
+from calibrate.engines.deepspeed_pipe_worker import WIDTH, Block  # noqa: E402  the same residual MLP block
 from calibrate.engines.deepspeed_worker import run_and_leave  # noqa: E402
 from calibrate.harness.worker_io import write_result  # noqa: E402
 
-VOCAB, WIDTH, SEQ, MBS, BLOCKS = 32, 64, 8, 2, 4
+VOCAB, SEQ, MBS, BLOCKS = 32, 8, 2, 4
 
 
 class Embed(torch.nn.Module):
@@ -31,15 +32,6 @@ class Embed(torch.nn.Module):
 
     def forward(self, ids):
         return self.wte(ids)
-
-
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.up, self.down = torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.Linear(4 * WIDTH, WIDTH)
-
-    def forward(self, x):
-        return x + self.down(torch.relu(self.up(x)))
 
 
 def _floating(obj, out: dict) -> None:
