@@ -44,8 +44,12 @@ def settled(at: AppTest) -> AppTest:
     """The page once the other engines' comparison, which the app searches on a worker thread after
     drawing the first answer, is on it (the rerun the page's poll makes when it is done). A comparison
     an earlier page of this process already made is drawn at once, with no search asked for."""
-    if "engines_future" in at.session_state:
-        at.session_state["engines_future"].result(timeout=300)
+    try:  # streamlit's AppTest state may list the key and still miss it on reading: as if none was asked
+        future = at.session_state["engines_future"]
+    except KeyError:
+        future = None
+    if future is not None:
+        future.result(timeout=300)
         at.run()
     assert not any("searching the other engines" in m.value for m in [*at.markdown, *at.caption])
     return at
