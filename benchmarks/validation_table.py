@@ -26,6 +26,8 @@ planner's inputs and asks `planner.api` in-process, the same reading for every r
   `h100-sxm` with 95 GiB; H200, B200, MI300X by name; A100 40 GB / 80 GB (A100 without a size:
   80 GB). A GPU the planner's catalog lacks makes the row not expressible.
 - **Precision** bf16, unless the notes say pure bf16 (`bf16-pure`) or fp16 without bf16 (`fp16`).
+  DGX Cloud's Nemotron-4 340B bf16 recipe keeps bf16 optimizer moments and no fp32 copy
+  (its YAML's `optim.dtype: bf16`): read as `bf16-pure`.
   A row whose id or notes name fp8 / float8 is an FP8 run (`--precision fp8`) with the recipe it
   names (tensorwise, rowwise, mxfp8), else the engine's default; torchtitan rows that name none
   ran tensorwise, the default of torchtitan 0.2.2 and earlier.
@@ -47,7 +49,8 @@ planner's inputs and asks `planner.api` in-process, the same reading for every r
 - **Rows without a layout** (no TP, PP or DP given, an MFU published) are answered by `recommend`:
   its top layout's MFU against the published MFU.
 - **Layout** TP, PP, CP, VPP, micro-batch (default 1), global batch, recompute, sequence
-  parallelism (with TP > 1), FlashAttention unless stated off; DP = GPUs / (TP PP CP) unless
+  parallelism with TP > 1 as stated (the engine's default where unstated), FlashAttention unless
+  stated off; DP = GPUs / (TP PP CP) unless
   stated. A stated layout that does not multiply out to the GPU count, or missing shape fields,
   make the row not expressible.
 - **Throughput**: tokens/s per GPU where published (from the iteration time where given), else
