@@ -10,7 +10,7 @@ figure is the median of several changes to values not seen before (so no cache a
            charts) after the change: the first answer, which adds Streamlit's own work and AppTest's
            round trip to `compute`;
   engines shown  from the change until the rerun after the comparison shows the other engines
-           (the page looks every app.POLL_S whether it is done, which may add up to that).
+           (the page looks every answers.POLL_S whether it is done, which may add up to that).
 A repeat of seen inputs (cache hit) is printed too.
 """
 
@@ -30,15 +30,15 @@ def median_s(times: list[float]) -> float:
 
 
 def engines_searching(at) -> bool:
-    import app
+    from dashboard import answers
 
-    return any(app.SEARCHING in c.value for c in at.caption)
+    return any(answers.SEARCHING in c.value for c in at.caption)
 
 
 def main() -> None:
     from streamlit.testing.v1 import AppTest
 
-    import app  # the page's API calls, timed without Streamlit around them
+    from dashboard import answers  # the page's API calls, timed without Streamlit around them
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()  # llama-3-70b on 16 h100-sxm
     assert not at.exception and not at.error, [e.value for e in at.error]
@@ -69,12 +69,12 @@ def main() -> None:
         training = {"seq_len": seq, "engine": "deepspeed", "precision": "bf16", "optimizer": "adamw",
                     "flash_attention": True, "tokens_per_step": 4 * 2**20}
         start = time.perf_counter()
-        rec = app.recommend_answer.__wrapped__(model, cluster, training, 10, 0.05, {})
+        rec = answers.recommend_answer.__wrapped__(model, cluster, training, 10, 0.05, {})
         fixed = {**{k: v for k, v in training.items() if k != "tokens_per_step"}, "gbs": rec["gbs"]}
-        app.estimate_answer.__wrapped__(model, cluster, fixed, app.layout_input(rec["layouts"][0]["layout"]))
+        answers.estimate_answer.__wrapped__(model, cluster, fixed, answers.layout_input(rec["layouts"][0]["layout"]))
         compute.append(time.perf_counter() - start)
         start = time.perf_counter()
-        app.engines_answer(model, cluster, training, 10, 0.05, {})
+        answers.engines_answer(model, cluster, training, 10, 0.05, {})
         engines.append(time.perf_counter() - start)
 
     for name, seconds, target in (("compute after an input change", median_s(compute), TARGET_S),

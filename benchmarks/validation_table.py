@@ -15,11 +15,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner import api, corpus, report  # noqa: E402
+from planner import api, corpus_score, report  # noqa: E402
 
 HOW_ROWS_ARE_READ = """\
 Every row of `data/references/corpus_runs.json` names its source (a paper table, a README at a
-commit, a docs page, a blog, CI golden values). `planner/corpus.py` reads each row into the
+commit, a docs page, a blog, CI golden values). `planner/corpus_rows.py` reads each row into the
 planner's inputs and asks `planner.api` in-process, the same reading for every row:
 
 - **GPU** from the row's words: H100 -> `h100-sxm`; torchtitan's 96 GB HBM2e H100 (500 W) ->
@@ -27,7 +27,8 @@ planner's inputs and asks `planner.api` in-process, the same reading for every r
   80 GB). A GPU the planner's catalog lacks makes the row not expressible.
 - **Precision** bf16, unless the notes say pure bf16 (`bf16-pure`) or fp16 without bf16 (`fp16`).
   DGX Cloud's Nemotron-4 340B bf16 recipe keeps bf16 optimizer moments and no fp32 copy
-  (its YAML's `optim.dtype: bf16`): read as `bf16-pure`.
+  (its YAML's `optim.dtype: bf16`): read as `bf16-pure`, with its interleaved pipeline sends
+  waited (`overlap_p2p_comm: False`, `--no-overlap-p2p`).
   A row whose id or notes name fp8 / float8 is an FP8 run (`--precision fp8`) with the recipe it
   names (tensorwise, rowwise, mxfp8), else the engine's default; torchtitan rows that name none
   ran tensorwise, the default of torchtitan 0.2.2 and earlier.
@@ -116,7 +117,7 @@ def page(v: dict) -> str:
            "with no fit call (memory-only rows, BLOOM, rows without a layout). Each row is in one column.", "",
            md_table(["source", "rows", "ran: fits", "ran: borderline", "ran: oom", "OOM called oom", "OOM missed",
                      "not expressed", "no fit call"],
-                    [[f["source"], *(str(f[k]) for k in ("rows", *corpus.CALLS))] for f in c["fit_calls"]]), "",
+                    [[f["source"], *(str(f[k]) for k in ("rows", *corpus_score.CALLS))] for f in c["fit_calls"]]), "",
            "## Leave-one-source-out", ""]
     out += loso_md(c["loso"])
     out += ["## Not expressed", "", md_table(["run", "reason"], [[n["id"], n["reason"]] for n in c["not_expressed"]]), "",

@@ -54,16 +54,17 @@ def validate(source: str | None = None) -> dict:
     (planner/validate.py: 'cases', 'mape', 'by_group', 'mape_by_metric') and the published-run
     corpus of data/references/corpus_runs.json ('corpus': planner/corpus.py). `source`: only the
     rows whose id starts with it (InputError naming --source where none does)."""
-    from planner import corpus
+    from planner import corpus, corpus_rows
     from planner import validate as V
 
     if source is not None and not source.strip():
         raise InputError("--source: give an id prefix such as dgxc or mpt")
     compared = V.compare()
-    runs = [r for r in corpus.load_rows() if source is None or r["id"].startswith(source)]
+    runs = [r for r in corpus_rows.load_rows() if source is None or r["id"].startswith(source)]
     rows = [r for r in compared if source is None or r["id"].startswith(source)]
     if not runs and not rows:  # the sources named are those a --source can select
-        known = sorted({corpus.prefix(r) for r in corpus.load_rows()} | {r["id"].split("-")[0] for r in compared})
+        known = sorted({corpus_rows.prefix(r) for r in corpus_rows.load_rows()}
+                       | {r["id"].split("-")[0] for r in compared})
         raise InputError(f"--source: no published run's id starts with {source!r} (sources: {', '.join(known)})")
 
     def finite(x: float) -> float | None:  # no figure of that kind among the chosen rows: null, not NaN

@@ -14,10 +14,11 @@ from planner.engines.deepspeed.memory import zero3_kept_params
 from planner.hardware import Cluster
 from planner.held import deferred_reduction, gathered_param_bytes
 from planner.layout import Layouts, Training, among
-from planner.model import BLOCK, FIRST, LAST, ModelSpec, local_numel
+from planner.model import ModelSpec
 from planner.options import RankOrder
 from planner.pipeline import first_routed_stage, max_layers_on_stage
 from planner.sharding import block_fetches, expert_dp, expert_folds, expert_tp, rank_params, recompute_fetches
+from planner.tensors import BLOCK, FIRST, LAST, local_numel
 
 
 def held_params(model: ModelSpec, training: Training, lay: Layouts) -> tuple:

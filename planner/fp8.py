@@ -64,6 +64,19 @@ def copy_bytes(training: Training) -> float:
     return 1.0 + (MXFP8_SCALE_BYTES if training.fp8_recipe is Fp8Recipe.MXFP8 else 0.0)
 
 
+def tp_gather_scale(training: Training) -> float:
+    """What a sequence-parallel TP all-gather of a block linear layer's input (forward, and again for
+    the wgrad in backward) or output gradient (backward) moves per 16-bit byte. Transformer Engine
+    quantizes before it gathers (TE d0067d0 pytorch/distributed.py gather_along_first_dim:
+    _all_gather_fp8 for delayed and current scaling, _all_gather_mxfp8 with its block scales, given
+    the input or grad_output quantizer by module/layernorm_linear.py and linear.py; its userbuffers
+    gather into FP8 buffers likewise): 1 B an element. The reduce-scatters of outputs and input
+    gradients stay 16-bit. torchtitan 0.3.0's TP plans gather bf16 (no Float8ColwiseParallel)."""
+    if library(training) != TE:
+        return 1.0
+    return copy_bytes(training) / training.precision.element_bytes
+
+
 def saved_input_scale(training: Training, shared: bool) -> float:
     """What a block linear layer's saved input costs over its 16-bit bytes. Transformer Engine keeps
     the FP8 copy backward's wgrad reads, its row-wise data dropped after the forward GEMM (TE 2.18

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner import fp8
 from planner.activations import checkpoint_copies_block, checkpoint_partitions
 from planner.collectives import group_collective_s, members_per_pod, p2p_bytes_per_s, ranks_per_node, ring_pod_share
 from planner.compute import tokens_per_microbatch
@@ -19,11 +20,12 @@ from planner.sharding import expert_folds, expert_tp
 from planner.engines.megatron.timing import ub_pass_exposed_s
 
 
-def tp_all_reduce_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+def tp_all_reduce_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict,
+                    scale: float = 1.0) -> np.ndarray:
     """One TP all-reduce of a block's T*h activations over NVLink (Megatron: 2 in forward, 2 in
     backward; Shoeybi et al. 2019 section 3; with SP a reduce-scatter + all-gather move the same
-    bytes, Korthikanti 2022 section 4.2.2)."""
-    nbytes = tokens_per_microbatch(training, lay) * model.hidden * training.precision.element_bytes
+    bytes, Korthikanti 2022 section 4.2.2), of `scale` times their 16-bit bytes."""
+    nbytes = tokens_per_microbatch(training, lay) * model.hidden * training.precision.element_bytes * scale
     return group_collective_s(cluster, c, "all_reduce", nbytes, lay.tp)
 
 
@@ -48,12 +50,18 @@ def tp_pass_exposed_s(block: ModelSpec, cluster: Cluster, training: Training, la
     equivalents of its T h activations (tp_pass_units): the linear layers' (2 for a dense block)
     and the MoE token dispatcher's of routed rows. With --tp-comm-overlap and SP, the linear
     layers' all-gathers and reduce-scatters (half an all-reduce each) run inside TransformerEngine's
-    userbuffers GEMMs instead (ub_pass_exposed_s). The dispatcher's collectives are not among them."""
+    userbuffers GEMMs instead (ub_pass_exposed_s). Under SP with Transformer Engine's FP8 the
+    all-gathers move FP8 (fp8.tp_gather_scale), the reduce-scatters 16 bits. The dispatcher's
+    collectives are not among them."""
     linear, routed = units
-    overlap = training.tp_comm_overlap & (lay.sequence_parallel > 0) & (lay.tp > 1) & (block.kv_lora_rank == 0)
-    plain = linear * tp_ar
+    sp = lay.sequence_parallel > 0
+    scale = fp8.tp_gather_scale(training)
+    gather_ar = tp_ar if scale == 1.0 else tp_all_reduce_s(block, cluster, training, lay, c, scale)
+    overlap = training.tp_comm_overlap & sp & (lay.tp > 1) & (block.kv_lora_rank == 0)
+    plain = linear * np.where(sp, (gather_ar + tp_ar) / 2.0, tp_ar)
     if np.any(overlap):
-        plain = np.where(overlap, ub_pass_exposed_s(block, cluster, training, lay, c, tp_ar / 2.0, linear, backward), plain)
+        plain = np.where(overlap, ub_pass_exposed_s(block, cluster, training, lay, c, gather_ar / 2.0, linear, backward,
+                                                    scatter_s=tp_ar / 2.0), plain)
     return plain + routed * tp_ar
 
 

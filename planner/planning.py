@@ -259,14 +259,7 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     best = records[0]["throughput"]["tokens_per_s"] if records else None
     # each engine searches overlap_comm itself from the user's value, as its own recommend would
     unsearched = replace(train, zero_config=replace(train.zero_config, overlap_comm=tin.overlap_comm))
-    if not compare_engines:
-        others = []
-    elif _engines is None:
-        others = [engine_best(spec, clus, unsearched, name, headroom, max_mbs, pins, best, *frees)
-                  for name in ENGINE_NAMES if name != train.engine.name]
-    else:  # the first answer's searches of the other engines, against this one's best
-        others = [{**_engines[name], "relative_speed": None if best is None or _engines[name]["tokens_per_s"] is None
-                   else _engines[name]["tokens_per_s"] / best} for name in ENGINE_NAMES if name != train.engine.name]
+    others = _other_engines(spec, clus, unsearched, headroom, max_mbs, pins, best, frees, compare_engines, _engines)
     proposals, batch_note = ([], None) if records else batch_proposals(spec, clus, unsearched, headroom, max_mbs, pins,
                                                                          result, frees)
     fitting = [e for e in others if e["layout"] is not None]
@@ -285,6 +278,19 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
                         f"{proposals[0]['tokens_per_s']:,.0f} tokens/s)")
     return Recommendation(spec, clus, train, assumptions, defaults, result.candidates, result.rejected,
                           records, hints, result.elapsed_s, points, clear, others, [], proposals, batch_note)
+
+
+def _other_engines(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, best: float | None,
+                   frees: tuple, compare: bool, searched: dict | None) -> list[dict]:
+    """The other engines' fastest fitting layouts against `best` (refine.engine_best), none where not
+    `compare`; `searched`: a first answer's searches of them, re-read against this one's best."""
+    names = [name for name in ENGINE_NAMES if name != train.engine.name]
+    if not compare:
+        return []
+    if searched is None:
+        return [engine_best(spec, clus, train, name, headroom, max_mbs, pins, best, *frees) for name in names]
+    return [{**searched[name], "relative_speed": None if best is None or searched[name]["tokens_per_s"] is None
+             else searched[name]["tokens_per_s"] / best} for name in names]
 
 
 def _searched(spec, clus, train: Training, tin: TrainingInput, headroom: float, max_mbs: int, pins: dict,

@@ -33,6 +33,27 @@ def params_name(target_params: float) -> str:
             return f"params-{shown}{suffix}"
 
 
+def _head_choices(fixed: dict, per_head: int) -> list[int]:
+    """The query-head counts derive_shape tries, in increasing order: a fixed `heads`, the count a
+    fixed `hidden` gives, the multiples of a fixed `kv_heads`, else every count up to MAX_HEADS."""
+    if "heads" in fixed:
+        return [fixed["heads"]]
+    if "hidden" in fixed:
+        return [max(1, fixed["hidden"] // per_head)]
+    if "kv_heads" in fixed:
+        return list(range(fixed["kv_heads"], MAX_HEADS + 1, fixed["kv_heads"]))
+    return list(range(1, MAX_HEADS + 1))
+
+
+def _depths(target_params: float) -> range:
+    """The depths derive_shape tries when the depth is free: within 1.5x of the one the count needs,
+    at most 256 unless that whole range lies beyond 256."""
+    # depths near the one a 12 L h^2 block stack with h = 128 L would need (Kaplan et al. 2020 eq. 2.1)
+    depth = (target_params / (12 * DERIVED_WIDTH_PER_LAYER**2)) ** (1 / 3)
+    low, high = max(2, int(depth / 1.5)), int(depth * 1.5) + 2
+    return range(low, (min(256, high) if low <= 256 else high) + 1)
+
+
 def derive_shape(target_params: float, **overrides) -> ModelSpec:
     """A Llama-3-style shape whose exact count is nearest `target_params`; overrides win.
 
@@ -54,14 +75,7 @@ def derive_shape(target_params: float, **overrides) -> ModelSpec:
     if unknown:
         raise TypeError(f"derive_shape() got unexpected shape fields {unknown}")
     per_head = fixed.get("head_dim") or DERIVED_HEAD_DIM
-    if "heads" in fixed:
-        head_choices = [fixed["heads"]]
-    elif "hidden" in fixed:
-        head_choices = [max(1, fixed["hidden"] // per_head)]
-    elif "kv_heads" in fixed:
-        head_choices = list(range(fixed["kv_heads"], MAX_HEADS + 1, fixed["kv_heads"]))
-    else:
-        head_choices = list(range(1, MAX_HEADS + 1))
+    head_choices = _head_choices(fixed, per_head)
     errors: list[InputError] = []
     widths: dict[int, tuple | None] = {}
 
@@ -93,11 +107,7 @@ def derive_shape(target_params: float, **overrides) -> ModelSpec:
         return abs(math.log(count(layers, heads) / target_params)) + kv_penalty + 0.02 * aspect
 
     best, best_score = None, math.inf
-    # depths near the one a 12 L h^2 block stack with h = 128 L would need (Kaplan et al. 2020 eq. 2.1)
-    depth = (target_params / (12 * DERIVED_WIDTH_PER_LAYER**2)) ** (1 / 3)
-    low, high = max(2, int(depth / 1.5)), int(depth * 1.5) + 2
-    depths = range(low, (min(256, high) if low <= 256 else high) + 1)
-    for layers in [fixed["layers"]] if "layers" in fixed else depths:
+    for layers in [fixed["layers"]] if "layers" in fixed else _depths(target_params):
         # the count grows with the heads: bisect for the first choice at or above the target,
         # then score a window around it (wide enough to reach the nearest multiples of 8)
         lo, hi = 0, len(head_choices) - 1

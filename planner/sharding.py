@@ -10,9 +10,10 @@ import numpy as np
 
 from planner.engines import ExpertTP, Modules
 from planner.layout import Layouts, Training
-from planner.model import FIRST, LAST, ModelSpec, local_numel
+from planner.model import ModelSpec
 from planner.options import Optimizer, Precision
 from planner.pipeline import blocks_on_stage, first_layer_on_stage
+from planner.tensors import FIRST, LAST, local_numel
 
 
 def rank_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple[np.ndarray, np.ndarray]:
@@ -23,7 +24,7 @@ def rank_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> tu
 
 def _rank_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple[np.ndarray, np.ndarray]:
     """(dense, expert) parameter elements held by one rank of `stage` before any ZeRO sharding,
-    summed from the model's tensor list (planner/model.py ParamSums).
+    summed from the model's tensor list (planner/tensors.py ParamSums).
 
     Megatron TP splits q/k/v/MLP matrices by t and keeps norms and row-parallel biases whole
     (Shoeybi et al. 2019 section 3); the embedding is vocab-parallel (split by t) on the first

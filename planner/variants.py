@@ -108,7 +108,7 @@ def overlap_comm_rows(training: Training, result: SearchResult) -> tuple:
     valid, ev = result.valid, result.eval
     zero12 = layout.among(valid.zero, (1, 2)) & ~layout.among(valid.zero, training.engine.overlap_default)
     # it hides only the reduction and the gradients' copies to the host (timing.grad_overlaps,
-    # timing.offload_s): where no fitting ZeRO-1/2 candidate has either, nothing changes
+    # optimizer_time.offload_s): where no fitting ZeRO-1/2 candidate has either, nothing changes
     t, fits = ev["time"], np.asarray(ev["fits"])
     hidden_s = np.asarray(t["breakdown"]["dp_comm"]) + np.asarray(t["breakdown"]["offload"])
     if not np.any(zero12 & fits & (hidden_s > 0)):
@@ -127,8 +127,8 @@ def lean_offload_training(model: ModelSpec, cluster: Cluster, training: Training
     OFFLOAD_FRACTION_STEP, at which the fastest fitting layout, one that offloads its optimizer,
     still fits, where the engine can offload part of it (Engine.offload_hybrid_optimizer:
     megatron-core --optimizer-offload-fraction). The share kept on the GPU adds its memory
-    (memory.optimizer_bytes, affine in the share) and takes it off the host's step and copies
-    (timing.optimizer_s, offload_s), which the GPU runs beside it: the smallest share that fits is
+    (states.optimizer_bytes, affine in the share) and takes it off the host's step and copies
+    (optimizer_time.optimizer_s, offload_s), which the GPU runs beside it: the smallest share that fits is
     that layout's fastest. None where the fastest layout keeps its optimizer, the engine offloads
     whole, or no smaller share fits."""
     if not training.engine.offload_hybrid_optimizer or not result.order.size:

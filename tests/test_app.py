@@ -1,7 +1,6 @@
 """The Streamlit dashboard (app.py) under streamlit.testing's AppTest: what it shows equals the CLI's
 `--json` answer for the same inputs, and bad input is a message on the page, not a traceback."""
 
-import importlib.util
 import io
 import json
 import re
@@ -12,6 +11,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
+from dashboard.inputs import config_from_upload  # noqa: E402
 from planner import calibration, cli, memory, report, timing  # noqa: E402
 from planner.errors import InputError  # noqa: E402
 from planner.results import short  # noqa: E402
@@ -356,27 +356,18 @@ def test_profiles_of_the_chosen_gpu_and_nothing_fits():
     assert code == 2  # the CLI agrees
 
 
-def load_app_module():
-    spec = importlib.util.spec_from_file_location("planner_app", APP)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # main() runs only as __main__ (streamlit run)
-    return module
-
-
 @pytest.mark.parametrize("name, raw, words", [
     ("notes.json", b"this is not json", "not valid JSON"),
     ("list.json", b"[1, 2, 3]", "not a Hugging Face model config"),
     ("big.json", b"{" + b" " * (2**20 + 1) + b"}", "a config.json is under 1 MiB"),
 ])
 def test_uploads_that_are_not_a_config_are_one_line(name, raw, words):
-    app = load_app_module()
     with pytest.raises(InputError, match=words):
-        app.config_from_upload(name, raw)
+        config_from_upload(name, raw)
 
 
 def test_an_uploaded_config_with_nonsense_values_is_refused_by_the_api():
-    app = load_app_module()
-    config = app.config_from_upload("config.json", json.dumps(
+    config = config_from_upload("config.json", json.dumps(
         {"model_type": "llama", "hidden_size": -4096, "num_hidden_layers": 32, "num_attention_heads": 32,
          "vocab_size": 32000, "intermediate_size": 11008}).encode())
     from planner import api

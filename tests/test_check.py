@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from planner import cli, ds_config
+from planner import cli, ds_rules
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 GiB = 2**30
@@ -63,14 +63,14 @@ def test_key_lists_are_deepspeeds_own():
     names = set()
     for name, f in zc.DeepSpeedZeroConfig.model_fields.items():
         names |= {name} | ({f.alias} if f.alias else set())
-    assert set(ds_config.ZERO_KEYS) == names
-    assert set(ds_config.OFFLOAD_KEYS["offload_optimizer"]) == set(oc.DeepSpeedZeroOffloadOptimizerConfig.model_fields)
-    assert set(ds_config.OFFLOAD_KEYS["offload_param"]) == set(oc.DeepSpeedZeroOffloadParamConfig.model_fields)
+    assert set(ds_rules.ZERO_KEYS) == names
+    assert set(ds_rules.OFFLOAD_KEYS["offload_optimizer"]) == set(oc.DeepSpeedZeroOffloadOptimizerConfig.model_fields)
+    assert set(ds_rules.OFFLOAD_KEYS["offload_param"]) == set(oc.DeepSpeedZeroOffloadParamConfig.model_fields)
     # every top-level key the doctor knows is a string DeepSpeed's own code reads
     import deepspeed
 
     source = "".join(p.read_text(errors="ignore") for p in Path(deepspeed.__file__).parent.rglob("*.py"))
-    missing = [k for k in ds_config.TOP_LEVEL_KEYS if f'"{k}"' not in source and f"'{k}'" not in source]
+    missing = [k for k in ds_rules.TOP_LEVEL_KEYS if f'"{k}"' not in source and f"'{k}'" not in source]
     assert not missing
     # and every key runtime/config.py looks up is one the doctor knows, or a key of a section it reads
     # (optimizer/scheduler type and params, torch_autocast dtype, ..., which these patterns also catch)
@@ -85,7 +85,7 @@ def test_key_lists_are_deepspeeds_own():
     read = {getattr(ds_runtime_config, c) for c in constants if isinstance(getattr(ds_runtime_config, c, None), str)}
     section_keys = {"type", "params", "dtype", "lower_precision_safe_modules", "legacy_fusion", "log_level",
                     "vocabulary_size"}
-    assert read - section_keys <= set(ds_config.TOP_LEVEL_KEYS), sorted(read - section_keys - set(ds_config.TOP_LEVEL_KEYS))
+    assert read - section_keys <= set(ds_rules.TOP_LEVEL_KEYS), sorted(read - section_keys - set(ds_rules.TOP_LEVEL_KEYS))
     assert {"expert_parallel", "managed_gradient_accumulation", "disable_python_gc"} <= read
 
 
@@ -93,7 +93,7 @@ def test_autoep_is_read_and_reported():
     # DeepSpeed 0.19.8 reads "expert_parallel" (runtime/config.py get_expert_parallel_config); its AutoEP fails to
     # initialize with transformers 5.25 (tests/test_engines.py, slow): an error finding, not "ignored"
     ds = {"train_batch_size": 4, "expert_parallel": {"enabled": True, "autoep_size": 2}, "disable_python_gc": 0}
-    found = ds_config.config_findings(ds, 1)
+    found = ds_rules.config_findings(ds, 1)
     assert not any("not one DeepSpeed reads" in f.message for f in found)
     assert [f.severity for f in found] == ["error"] and "AutoEP" in found[0].message
 
@@ -120,8 +120,8 @@ def deepspeed_refuses(ds: dict) -> bool:
 ])
 def test_config_errors_are_the_ones_deepspeed_raises(name, ds):
     pytest.importorskip("deepspeed")
-    found = ds_config.config_findings(ds, 1)
-    _, _, _, batch_found = ds_config.batch(ds, 1, None)
+    found = ds_rules.config_findings(ds, 1)
+    _, _, _, batch_found = ds_rules.batch(ds, 1, None)
     errors = [f for f in found + batch_found if f.severity == "error"]
     assert bool(errors) == deepspeed_refuses(ds), [f.message for f in found + batch_found]
     if name == "ignored-top-level":  # DeepSpeed starts, silently without ZeRO: the doctor says so
@@ -488,7 +488,7 @@ def test_activation_checkpointing_keys_are_deepspeeds_own(tmp_path):
     cfg = pytest.importorskip("deepspeed.runtime.activation_checkpointing.config")
     theirs = {v for k, v in vars(cfg).items() if k.startswith("ACT_CHKPT_") and k != "ACT_CHKPT" and isinstance(v, str)
               and not k.endswith("_DEFAULT")}
-    assert theirs == set(ds_config.ACTIVATION_CHECKPOINTING_KEYS)
+    assert theirs == set(ds_rules.ACTIVATION_CHECKPOINTING_KEYS)
     ds = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
           "zero_optimization": {"stage": 1}, "activation_checkpointing": {"contiguous_checkpointing": True}}
     _, text, _ = run("check", "--config", write(tmp_path, "c.json", ds), "--model", "llama-3-8b", "--gpus", "8", "--json")

@@ -232,7 +232,7 @@ def test_a_group_setting_zero_does_not_have_is_not_sent_to_a_boolean():
     """DeepSpeed 0.19.8's DeepSpeedZeroConfig has no process-group field beside sub_group_size (a
     parameter-count chunk) and zero_hpz_partition_size; reduce_scatter, the nearest name, is a boolean."""
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-    from planner.ds_config import config_findings
+    from planner.ds_rules import config_findings
 
     fields = DeepSpeedZeroConfig.model_fields
     assert fields["reduce_scatter"].annotation is bool and "reduce_scatter_groups" not in fields

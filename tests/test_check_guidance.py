@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from planner import api, doctor, ds_config, planning
+from planner import api, diagnosis, doctor, ds_config, planning
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 GiB = 2**30
@@ -153,7 +153,7 @@ def test_closest_better_lists_every_changed_layout_field(monkeypatch):
         training = est.training
 
     monkeypatch.setattr(planning, "recommend", lambda *a, **k: Fake)
-    better = doctor.closest_better(est, "llama-2-7b", H200, {"seq_len": 4096}, {})
+    better = diagnosis.closest_better(est, "llama-2-7b", H200, {"seq_len": 4096}, {})
     assert {c.split()[0] for c in better["changes"]} == {"cp", "dp", "gas", "sequence_parallel", "rank_order"}
     # a layout the same in every field but faster by a setting names that setting
     same = {"layout": dict(est.layout), "throughput": rec["throughput"]}
@@ -164,7 +164,7 @@ def test_closest_better_lists_every_changed_layout_field(monkeypatch):
         training = replace(est.training, zero_config=replace(est.training.zero_config, overlap_comm=True))
 
     monkeypatch.setattr(planning, "recommend", lambda *a, **k: Overlap)
-    assert doctor.closest_better(est, "llama-2-7b", H200, {"seq_len": 4096}, {})["changes"] == ["overlap_comm false -> true"]
+    assert diagnosis.closest_better(est, "llama-2-7b", H200, {"seq_len": 4096}, {})["changes"] == ["overlap_comm false -> true"]
 
 
 def test_activation_checkpointing_section_alone_recomputes_nothing():

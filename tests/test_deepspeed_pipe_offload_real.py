@@ -19,8 +19,9 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before any deepspeed import
 
 import pytest
 
-from planner import layout, memory, sharding
+from planner import layout, sharding, states
 from planner.model import lookup
+from planner.engines.deepspeed.memory import deepspeed_offload_staging_bytes
 
 pytestmark = pytest.mark.slow
 
@@ -48,11 +49,11 @@ def _planned_per_param() -> dict:
     lay = layout.single(pp=2, dp=1, zero=1, gas=GAS, offload_optimizer="cpu")
     params = sum(sharding.rank_params(model, training, lay, 0))[0]
     largest = sharding.largest_tensor_params(model, training, lay, 0)[0]
-    staging = memory.deepspeed_offload_staging_bytes(model, training, lay, 0)[0]
-    return {"weights": memory.weight_bytes(model, training, lay, 0)[0] / params,
-            "grads": memory.grad_bytes(model, training, lay, 0)[0] / params,
-            "gpu_optimizer": (memory.optimizer_bytes(model, training, lay, 0)[0] - staging) / params,
-            "host": (memory.host_bytes(model, training, lay, 0)[0] - staging) / params,
+    staging = deepspeed_offload_staging_bytes(model, training, lay, 0)[0]
+    return {"weights": states.weight_bytes(model, training, lay, 0)[0] / params,
+            "grads": states.grad_bytes(model, training, lay, 0)[0] / params,
+            "gpu_optimizer": (states.optimizer_bytes(model, training, lay, 0)[0] - staging) / params,
+            "host": (states.host_bytes(model, training, lay, 0)[0] - staging) / params,
             "staging_per_element": staging / largest}
 
 

@@ -39,7 +39,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before any deepspeed import
 
 import pytest
 
-from planner import hardware, layout, memory, sharding, timing
+from planner import hardware, layout, memory, states, sharding, timing
 from planner.hf_config import from_hf_config
 from planner.layout import Training, ZeroConfig
 
@@ -112,10 +112,10 @@ def _planner(twin, stage: int, zc: ZeroConfig = ZERO, gas: int = 1) -> dict:
     lay = layout.single(dp=D, zero=stage, gas=gas)
     training = Training(seq_len=SEQ, precision="bf16", engine="deepspeed", zero_config=zc)
     fwd, step = memory.engine_buffers(twin, training, lay, 0)
-    out = {"params": float(memory.weight_bytes(twin, training, lay, 0)[0]),
-           "grads": float(memory.grad_bytes(twin, training, lay, 0)[0]),
-           "step_grads": float(memory.grad_bytes(twin, training, lay, 0, at_step=True)[0]),
-           "optimizer": float(memory.optimizer_bytes(twin, training, lay, 0)[0]),
+    out = {"params": float(states.weight_bytes(twin, training, lay, 0)[0]),
+           "grads": float(states.grad_bytes(twin, training, lay, 0)[0]),
+           "step_grads": float(states.grad_bytes(twin, training, lay, 0, at_step=True)[0]),
+           "optimizer": float(states.optimizer_bytes(twin, training, lay, 0)[0]),
            "fwd_buffers": float(fwd[0]), "step_buffers": float(step[0]),
            "buckets": float(memory.deepspeed_reduce_buckets(training, lay)[0]),
            "reductions": float(timing.grad_reductions_per_step(training, lay)[0]),

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from planner import activations, cli, hardware, layout, memory, pipeline, search, sharding, timing
+from planner import activations, cli, hardware, layout, memory, states, pipeline, search, sharding, timing
 from planner.engines import ENGINES, TORCHTITAN
 from planner.errors import InputError
 from planner.model import lookup
@@ -141,9 +141,9 @@ def test_torchtitan_pipeline_keeps_gradients_unsharded_until_the_schedule_ends()
     training = layout.Training(engine="torchtitan")
     piped = layout.single(pp=2, dp=4, zero=3, gas=8)
     dense, _ = sharding.rank_params(m, training, piped, 0)
-    assert memory.grad_bytes(m, training, piped, 0)[0] == 4 * dense[0]
-    assert memory.weight_bytes(m, training, piped, 0)[0] == 2 * dense[0]
-    assert memory.grad_bytes(m, training, piped, 0, at_step=True)[0] == pytest.approx(4 * dense[0] / 4)
+    assert states.grad_bytes(m, training, piped, 0)[0] == 4 * dense[0]
+    assert states.weight_bytes(m, training, piped, 0)[0] == 2 * dense[0]
+    assert states.grad_bytes(m, training, piped, 0, at_step=True)[0] == pytest.approx(4 * dense[0] / 4)
     assert timing.grad_reductions_per_step(training, piped)[0] == 1
     flat = layout.single(dp=8, zero=3, gas=8)
     assert timing.grad_reductions_per_step(training, flat)[0] == 8
@@ -252,7 +252,7 @@ def test_megatron_gradients_are_its_fp32_buffer_whole_on_every_rank():
     for engine, per_param in (("megatron", 4.0), ("megatron-deepspeed", 2.0)):
         training = layout.Training(engine=engine, precision="bf16")
         dense, expert = sharding.rank_params(model, training, lay, 0)
-        assert memory.grad_bytes(model, training, lay, 0)[0] == pytest.approx(per_param * (dense + expert)[0])
+        assert states.grad_bytes(model, training, lay, 0)[0] == pytest.approx(per_param * (dense + expert)[0])
 
 
 def test_megatron_bf16_states_are_its_precision_aware_optimizer(tmp_path):

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from planner import activations, api, cli, corpus, export, layout, timing
+from planner import activations, api, cli, corpus_rows, corpus_score, export, layout, timing
 from planner.errors import InputError
 from planner.engines.torchtitan.export import fp8_module
 from planner.model import lookup
@@ -76,14 +76,15 @@ def test_fp8_published_runs():
     """NVIDIA's NeMo 24.07 FP8 performance table (Transformer Engine, H100) and MosaicML's llm-foundry
     amp_fp8 rows (te.Linear, H100), as planner validate reads them: each source within 8 % on
     average (fp8_gemm_efficiency_max is fitted to them, leave-one-source-out 3.2 % and 5.3 %)."""
-    rows = [r for r in corpus.load_rows() if corpus.precision(r) == "fp8" and r["id"].split("-")[0] in ("nemo", "mpt")]
+    rows = [r for r in corpus_rows.load_rows()
+            if corpus_rows.precision(r) == "fp8" and r["id"].split("-")[0] in ("nemo", "mpt")]
     errors = {}
     for row in rows:
-        reading = corpus.read(row)
+        reading = corpus_rows.read(row)
         if reading.reason:  # no layer count or GPU count published
             continue
-        scored = corpus.score(row, corpus.ask(reading))
-        fig = next((f for f in scored["figures"] if f["metric"] != corpus.MEMORY_METRIC), None)
+        scored = corpus_score.score(row, corpus_rows.ask(reading))
+        fig = next((f for f in scored["figures"] if f["metric"] != corpus_score.MEMORY_METRIC), None)
         if fig and fig.get("predicted"):
             errors.setdefault(scored["source"], []).append(fig["predicted"] / fig["published"] - 1)
     assert set(errors) == {"nemo", "mpt"} and sum(map(len, errors.values())) >= 8
@@ -217,7 +218,38 @@ def test_torchao_float8_all_gather_moves_the_converted_linears_at_one_byte():
     with pytest.raises(InputError, match="--fp8-param-gather: .*tensorwise"):
         layout.Training(engine="torchtitan", precision="fp8", fp8_recipe="rowwise", fp8_param_gather=True)
     # the published runs that say so read it: torchtitan's H200 benchmark and torchao's tensorwise row
-    rows = {r["id"]: r for r in corpus.load_rows()}
-    assert corpus.read(rows["torchtitan-h200-8B-32gpu"]).training.fp8_param_gather is True
-    assert corpus.read(rows["mem-torchao-h100-llama3-8b-fp8-tensorwise"]).training.fp8_param_gather is True
-    assert corpus.read(rows["mem-torchao-h100-llama3-8b-fp8-rowwise"]).training.fp8_param_gather is None
+    rows = {r["id"]: r for r in corpus_rows.load_rows()}
+    assert corpus_rows.read(rows["torchtitan-h200-8B-32gpu"]).training.fp8_param_gather is True
+    assert corpus_rows.read(rows["mem-torchao-h100-llama3-8b-fp8-tensorwise"]).training.fp8_param_gather is True
+    assert corpus_rows.read(rows["mem-torchao-h100-llama3-8b-fp8-rowwise"]).training.fp8_param_gather is None
+
+
+def test_transformer_engine_gathers_sequence_parallel_inputs_in_fp8():
+    """TE d0067d0 pytorch/distributed.py gather_along_first_dim quantizes before it all-gathers
+    (_all_gather_fp8: 1 B an element) the sequence-parallel input of qkv and fc1 and the output
+    gradient of proj and fc2; the reduce-scatters stay bf16. Without userbuffers, one pass of a
+    dense block's two linear pairs loses an all-gather of T h FP8 bytes and a reduce-scatter of
+    T h bf16 bytes each: (AR(T h) + AR(T h / 2)) / 2 per pair in all-reduce equivalents, against
+    AR(T h) in bf16. torchao under torchtitan 0.3.0 gathers bf16."""
+    from planner import mp_comm
+    from planner.collectives import group_collective_s
+    from planner.hardware import Cluster, lookup_gpu
+    from planner.memory import coefficients
+
+    model = api.resolve_model(GPT)
+    cluster = Cluster(lookup_gpu("h100-sxm"), 8, 8)
+    lay = layout.single(tp=8, mbs=2, sequence_parallel=True)
+    c = coefficients("time")
+    tokens_h_bf16 = 2 * 2048 * 2048 * 2.0  # mbs x seq x hidden x 2 B
+
+    def exposed(engine, precision):
+        training = layout.Training(seq_len=2048, precision=precision, engine=engine, tp_comm_overlap=False)
+        tp_ar = mp_comm.tp_all_reduce_s(model, cluster, training, lay, c)
+        units = mp_comm.tp_pass_units(model, training, lay)
+        return float(mp_comm.tp_pass_exposed_s(model, cluster, training, lay, c, tp_ar, units)[0])
+
+    whole = float(group_collective_s(cluster, c, "all_reduce", tokens_h_bf16, lay.tp)[0])
+    half = float(group_collective_s(cluster, c, "all_reduce", tokens_h_bf16 / 2, lay.tp)[0])
+    assert exposed("megatron", "bf16") == pytest.approx(2 * whole, rel=1e-9)
+    assert exposed("megatron", "fp8") == pytest.approx(2 * (whole + half) / 2, rel=1e-9)
+    assert exposed("torchtitan", "fp8") == pytest.approx(exposed("torchtitan", "bf16"), rel=1e-12)

@@ -87,7 +87,7 @@ def _at_peak(measured, name: str, moment: str) -> dict:
 
 def _plan(name: str):
     """The planner's FSDP terms for this run's shape: the worker's Llama read as a config.json."""
-    from planner import layout, memory
+    from planner import layout, memory, states
     from planner.hf_config import from_hf_config
 
     mixed, reshard, gas, over = RUNS[name]
@@ -98,11 +98,11 @@ def _plan(name: str):
                for m in ("forward", "backward", "peak", "reduction")}
     fwd, step = memory.engine_buffers(model, training, lay, 0)
     grads, reduce = memory.reduction_copy_bytes(model, training, lay, 0)
-    return {**moments, "weights": float(memory.weight_bytes(model, training, lay, 0)[0]),
+    return {**moments, "weights": float(states.weight_bytes(model, training, lay, 0)[0]),
             "fwd_buffers": float(fwd[0]), "step_buffers": float(step[0]), "reduce_grads": float(grads[0]),
             "reduce_buffers": float(reduce[0]),
-            "step_grads": float(memory.grad_bytes(model, training, lay, 0, at_step=True)[0]),
-            "optimizer": float(memory.optimizer_bytes(model, training, lay, 0)[0])}
+            "step_grads": float(states.grad_bytes(model, training, lay, 0, at_step=True)[0]),
+            "optimizer": float(states.optimizer_bytes(model, training, lay, 0)[0])}
 
 
 def _w(name: str) -> int:

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner import activations, api, hardware, layout, memory, pipeline, sharding
+from planner import states as model_states
 from planner.model import ModelSpec, lookup
 from planner.options import Recompute
 
@@ -23,9 +24,9 @@ def cluster(n):
 
 
 def states(model, training, lay, stage=0, at_step=False):
-    return {"params": memory.weight_bytes(model, training, lay, stage)[0],
-            "grads": memory.grad_bytes(model, training, lay, stage, at_step)[0],
-            "optimizer": memory.optimizer_bytes(model, training, lay, stage)[0]}
+    return {"params": model_states.weight_bytes(model, training, lay, stage)[0],
+            "grads": model_states.grad_bytes(model, training, lay, stage, at_step)[0],
+            "optimizer": model_states.optimizer_bytes(model, training, lay, stage)[0]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -114,8 +115,8 @@ def test_deepspeed_zero1_holds_full_gradients_until_the_boundary():
     m = lookup("llama-2-7b")
     lay = layout.single(dp=2, zero=1, gas=4)
     training = layout.Training()
-    assert memory.grad_bytes(m, training, lay, 0)[0] / m.params == pytest.approx(2.0)
-    assert memory.grad_bytes(m, training, lay, 0, at_step=True)[0] / m.params == pytest.approx(1.0)
+    assert model_states.grad_bytes(m, training, lay, 0)[0] / m.params == pytest.approx(2.0)
+    assert model_states.grad_bytes(m, training, lay, 0, at_step=True)[0] / m.params == pytest.approx(1.0)
 
 
 def test_deepspeed_zero2_holds_two_partitions_in_later_micro_steps():
@@ -123,9 +124,9 @@ def test_deepspeed_zero2_holds_two_partitions_in_later_micro_steps():
     # grads_in_partition), 2/D with one micro-step and at the step: D = 2 -> 2.0, 1.0, 1.0 B/param
     m = lookup("llama-2-7b")
     training = layout.Training()
-    assert memory.grad_bytes(m, training, layout.single(dp=2, zero=2, gas=4), 0)[0] / m.params == pytest.approx(2.0)
-    assert memory.grad_bytes(m, training, layout.single(dp=2, zero=2, gas=1), 0)[0] / m.params == pytest.approx(1.0)
-    assert memory.grad_bytes(m, training, layout.single(dp=2, zero=2, gas=4), 0, True)[0] / m.params == \
+    assert model_states.grad_bytes(m, training, layout.single(dp=2, zero=2, gas=4), 0)[0] / m.params == pytest.approx(2.0)
+    assert model_states.grad_bytes(m, training, layout.single(dp=2, zero=2, gas=1), 0)[0] / m.params == pytest.approx(1.0)
+    assert model_states.grad_bytes(m, training, layout.single(dp=2, zero=2, gas=4), 0, True)[0] / m.params == \
         pytest.approx(1.0)
 
 
@@ -142,10 +143,10 @@ def test_offload_moves_states_to_the_host():
     per_rank = (16 + 2) * model.params / 8 + 2 * 32_000 * 4_096
     assert cpu["cpu_per_node"][0] == pytest.approx(per_rank * 8, rel=1e-9)  # 8 ranks per node
     lay = layout.single(dp=8, zero=3, offload_optimizer="nvme", offload_params="cpu")
-    assert memory.weight_bytes(model, training, lay, 0)[0] == 0
+    assert model_states.weight_bytes(model, training, lay, 0)[0] == 0
     # the bf16 partition, the bf16 gradient partitions and the NVMe swapper's 4 fp32 buffers of the
     # partition (under sub_group_size 1e9; test_zero3_nvme_offload_keeps_swap_buffers_in_host_memory)
-    assert memory.host_bytes(model, training, lay, 0)[0] == pytest.approx((2 + 2 + 4 * 4) * model.params / 8, rel=1e-9)
+    assert model_states.host_bytes(model, training, lay, 0)[0] == pytest.approx((2 + 2 + 4 * 4) * model.params / 8, rel=1e-9)
 
 
 def test_zero3_offload_host_bytes_per_engine():
@@ -156,7 +157,7 @@ def test_zero3_offload_host_bytes_per_engine():
     model = lookup("llama-2-7b")
     lay = layout.single(dp=8, zero=3, offload_optimizer="cpu", offload_params="cpu")
     for engine, per_param in (("fsdp", 16), ("torchtitan", 16), ("deepspeed", 20)):
-        host = memory.host_bytes(model, layout.Training(engine=engine), lay, 0)[0]
+        host = model_states.host_bytes(model, layout.Training(engine=engine), lay, 0)[0]
         assert host == pytest.approx(per_param * model.params / 8, rel=1e-9), engine
 
 
@@ -171,9 +172,9 @@ def test_zero3_nvme_offload_keeps_swap_buffers_in_host_memory():
     model = lookup("llama-3-70b")
     assert model.params == 70_553_706_496
     training, part = layout.Training(engine="deepspeed"), 70_553_706_496 / 16
-    optimizer = memory.host_bytes(model, training, layout.single(dp=16, zero=3, offload_optimizer="nvme"), 0)[0]
+    optimizer = model_states.host_bytes(model, training, layout.single(dp=16, zero=3, offload_optimizer="nvme"), 0)[0]
     assert optimizer == pytest.approx(4 * 1_013_597_184 * 4 + 2 * part, rel=1e-12)
-    both = memory.host_bytes(model, training, layout.single(dp=16, zero=3, offload_optimizer="nvme",
+    both = model_states.host_bytes(model, training, layout.single(dp=16, zero=3, offload_optimizer="nvme",
                                                             offload_params="nvme"), 0)[0]
     # the parameters' swapper pins 5 x 1e8 bf16 elements (each rounded up to 1,024 B: 100,000,256), keeps
     # the first max_in_cpu 1e9 of the partition, and, the partition spilling past it, a reuse buffer of

@@ -380,7 +380,7 @@ def test_lookup_unknown_without_close_names_lists_catalog():
 
 
 # ---------------------------------------------------------------------------------------------
-# 6. derive_shape. These are rule checks (the Llama-3 family rule in planner/model.py), not
+# 6. derive_shape. These are rule checks (the Llama-3 family rule in planner/shapes.py), not
 # ground truth: no published model has these exact shapes.
 
 

@@ -2,7 +2,6 @@
 the peak. A ZeRO-0 layout whose peak is the optimizer step reads "activations 0" at the peak; its
 forward/backward moment must still show them, in the JSON, the CLI text and the dashboard chart."""
 
-import importlib.util
 import io
 import json
 from pathlib import Path
@@ -155,13 +154,12 @@ def test_cli_names_the_peak_and_the_forward_backward_moment(step_peak):
 # the dashboard
 
 
-def load_app():
+def load_charts():
     pytest.importorskip("streamlit")
     pytest.importorskip("altair")
-    spec = importlib.util.spec_from_file_location("planner_app_phases", APP)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from dashboard import charts
+
+    return charts
 
 
 def chart_values(chart) -> list:
@@ -171,10 +169,10 @@ def chart_values(chart) -> list:
 
 
 def test_memory_chart_draws_the_chosen_moment(step_peak):
-    app = load_app()
+    charts = load_charts()
     est = step_peak.to_json()
-    assert app.memory_moments(est) == ["peak", FWD, STEP]
-    peak, fwd = app.memory_chart(est), app.memory_chart(est, FWD)
+    assert charts.memory_moments(est) == ["peak", FWD, STEP]
+    peak, fwd = charts.memory_chart(est), charts.memory_chart(est, FWD)
     assert peak.to_dict()["title"] == "Memory per pipeline stage at the peak (optimizer step)"
     assert fwd.to_dict()["title"] == "Memory per pipeline stage at the forward/backward moment"
     drawn = {r["component"]: r["GiB"] for r in chart_values(fwd)}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from planner import api, layout, timing
+from planner import api, layout, optimizer_time, timing
 from planner.hardware import Cluster, lookup_gpu
 from planner.hf_config import from_hf_config
 
@@ -29,7 +29,7 @@ def test_foreach_adamw_step():
     c = runs[0]["config"]
     model = from_hf_config({**c["llama"], "model_type": "llama"})
     training = layout.Training(seq_len=c["seq"], engine="fsdp")
-    predicted = timing.gpu_optimizer_step_s(model, Cluster(lookup_gpu("h200"), 1, 1), training,
+    predicted = optimizer_time.gpu_optimizer_step_s(model, Cluster(lookup_gpu("h200"), 1, 1), training,
                                             layout.single(dp=1, zero=3, mbs=c["mbs"]),
                                             timing.coefficients("time"))[0]
     for run in runs:
@@ -57,7 +57,7 @@ def test_fsdp_step_over_dtensors_is_host_bound_for_a_small_model():
     training = layout.Training(seq_len=c["seq"], engine="fsdp")
     assert timing.rank_tensors(model, training, lay, per_expert=False)[1][0] == tensors == 272
     coef = timing.coefficients("time")
-    predicted = timing.gpu_optimizer_step_s(model, Cluster(lookup_gpu("h200"), 1, 1), training, lay, coef)[0]
+    predicted = optimizer_time.gpu_optimizer_step_s(model, Cluster(lookup_gpu("h200"), 1, 1), training, lay, coef)[0]
     assert predicted == 272 * coef["dtensor_step_host_s_per_tensor"]  # over the kernels' 2.6 ms
     for run in runs:
         assert 0.2 < predicted / run["measurement"]["optimizer_s"] < 1.0
@@ -75,7 +75,7 @@ def test_deepspeed_zero1_step_is_host_bound():
     c = runs[0]["config"]
     model = from_hf_config({**c["llama"], "model_type": "llama"})
     training = layout.Training(seq_len=c["seq"], engine="deepspeed", precision="bf16")
-    predicted = timing.optimizer_s(model, Cluster(lookup_gpu("h200"), 1, 1), training,
+    predicted = optimizer_time.optimizer_s(model, Cluster(lookup_gpu("h200"), 1, 1), training,
                                    layout.single(dp=1, zero=1, mbs=c["mbs"]), timing.coefficients("time"))[0]
     assert 0.0745 < predicted < 0.0750
     for run in runs:

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner import collectives, compute, engines, export, hardware, held, layout, memory, pipeline, timing
+from planner import collectives, compute, engines, export, hardware, held, layout, memory, pipeline, optimizer_time, timing
+from planner.engines.deepspeed import timing as deepspeed_timing
 from planner.errors import InputError
 from planner.model import ModelSpec, lookup
 from planner.options import Schedule
@@ -776,7 +777,7 @@ def test_deepspeed_step_host_work_follows_the_tensors_a_rank_holds():
     291 x 10 + 45. On one rank ZeRO-1 holds all 291: 22 x 291 + 62."""
     def host_s(zero, dp):
         training, lay = layout.Training(seq_len=4096, engine="deepspeed"), layout.single(dp=dp, zero=zero)
-        return timing.deepspeed_step_s(LLAMA7, node(), training, lay, dict(C, hbm_efficiency=1e9))[0]
+        return deepspeed_timing.deepspeed_step_s(LLAMA7, node(), training, lay, dict(C, hbm_efficiency=1e9))[0]
 
     f = C["eager_op_host_s"]
     assert host_s(1, 8) == pytest.approx((22 * 38 + 62) * f, rel=1e-6)  # 13.6 ms
@@ -790,14 +791,14 @@ def test_gpu_optimizer_step_is_memory_bound():
     # grads), the norm (r 2 B), FusedAdam (r 2 B grad, r+w 4 B master and 8 B moments), the bf16 copy
     # (w 2 B) and zeroing the grads (w 2 B): 5 x 2 + 2 x 12 + 2 = 36 bytes (DeepSpeed's ZeRO-1/2 step
     # itself: test_step_time_h200.py, deepspeed_step_s)
-    got = timing.gpu_optimizer_step_s(LLAMA7, node(), DS, layout.single(dp=8, zero=1), C)[0]
+    got = optimizer_time.gpu_optimizer_step_s(LLAMA7, node(), DS, layout.single(dp=8, zero=1), C)[0]
     assert got == pytest.approx(PSI7 / 8 * 36 / (2.039e12 * 0.9), rel=1e-12)  # 16.5 ms
 
 
 def test_cpu_adam_shares_the_node():
     # ZeRO-Offload (Ren et al. 2021 s.6): DeepSpeedCPUAdam ~1e9 params/s per node (prior); the node's 8
     # ranks each own Psi/8, so the node updates Psi parameters: 6.7 s
-    got = timing.cpu_adam_s(LLAMA7, node(), DS, layout.single(dp=8, zero=2, offload_optimizer="cpu"), C)[0]
+    got = optimizer_time.cpu_adam_s(LLAMA7, node(), DS, layout.single(dp=8, zero=2, offload_optimizer="cpu"), C)[0]
     assert got == pytest.approx(PSI7 / 1e9, rel=1e-12)
 
 
@@ -806,12 +807,12 @@ def test_fsdp_offload_steps_torch_adamw_in_its_single_tensor_loop():
     # CUDA-only, torch 2.13 _default_to_fused_or_foreach) on the host, a pass per operator; ZeRO-Offload's
     # DeepSpeedCPUAdam makes one: 1e9 against 1.7e8 params/s per node (Ren et al. 2021 s.6: 5-7x)
     lay = layout.single(dp=8, zero=3, offload_optimizer="cpu", offload_params="cpu")
-    fsdp = timing.cpu_adam_s(LLAMA7, node(), layout.Training(engine="fsdp"), lay, C)[0]
-    deepspeed = timing.cpu_adam_s(LLAMA7, node(), DS, lay, C)[0]
+    fsdp = optimizer_time.cpu_adam_s(LLAMA7, node(), layout.Training(engine="fsdp"), lay, C)[0]
+    deepspeed = optimizer_time.cpu_adam_s(LLAMA7, node(), DS, lay, C)[0]
     assert fsdp == pytest.approx(PSI7 / 1.7e8, rel=1e-12)  # 39 s
     assert fsdp / deepspeed == pytest.approx(1e9 / 1.7e8)  # 5.9
     # torchtitan builds torch's fused AdamW (OptimizersContainer implementation "fused"): one pass
-    titan = timing.cpu_adam_s(LLAMA7, node(), layout.Training(engine="torchtitan"), lay, C)[0]
+    titan = optimizer_time.cpu_adam_s(LLAMA7, node(), layout.Training(engine="torchtitan"), lay, C)[0]
     assert titan == deepspeed
 
 
@@ -820,11 +821,11 @@ def test_offload_pcie_traffic():
     # (4 B/param, 70% hidden behind backward with overlap_comm), updated bf16 parameters come up
     # (2 B/param), over PCIe Gen4 (25 GB/s achieved, DGX A100)
     lay = layout.single(dp=8, zero=2, offload_optimizer="cpu")
-    got = timing.offload_s(LLAMA7, node(), OVERLAP, lay, C)[0]
+    got = optimizer_time.offload_s(LLAMA7, node(), OVERLAP, lay, C)[0]
     assert got == pytest.approx(0.3 * PSI7 / 8 * 4 / 25e9 + PSI7 / 8 * 2 / 25e9, rel=1e-12)  # 97 ms
     # DeepSpeed's default for ZeRO-1/2, overlap_comm false: reduce_ipg_grads copies on the compute
     # stream (stage_1_and_2.py: "copy_grad_stream is disabled"), every byte shows
-    assert timing.offload_s(LLAMA7, node(), DS, lay, C)[0] == pytest.approx(PSI7 / 8 * (4 + 2) / 25e9, rel=1e-12)
+    assert optimizer_time.offload_s(LLAMA7, node(), DS, lay, C)[0] == pytest.approx(PSI7 / 8 * (4 + 2) / 25e9, rel=1e-12)
 
 
 def test_offload_accumulation_round_trips_only_zero2_16_bit_gradients():
@@ -833,12 +834,12 @@ def test_offload_accumulation_round_trips_only_zero2_16_bit_gradients():
     # accumulated_grads_in_cpu counted on the real engine: tests/test_deepspeed_offload_real.py); ZeRO-1
     # keeps its gradients on the GPU until the boundary, and fp32 accumulation ZeRO-2's partition
     one = 0.3 * PSI7 / 8 * 4 / 25e9 + PSI7 / 8 * 2 / 25e9
-    zero2 = timing.offload_s(LLAMA7, node(), OVERLAP, layout.single(dp=8, zero=2, gas=4, offload_optimizer="cpu"), C)[0]
+    zero2 = optimizer_time.offload_s(LLAMA7, node(), OVERLAP, layout.single(dp=8, zero=2, gas=4, offload_optimizer="cpu"), C)[0]
     assert zero2 == pytest.approx(one + 0.3 * 7 * PSI7 / 8 * 2 / 25e9, rel=1e-12)
-    zero1 = timing.offload_s(LLAMA7, node(), OVERLAP, layout.single(dp=8, zero=1, gas=4, offload_optimizer="cpu"), C)[0]
+    zero1 = optimizer_time.offload_s(LLAMA7, node(), OVERLAP, layout.single(dp=8, zero=1, gas=4, offload_optimizer="cpu"), C)[0]
     assert zero1 == pytest.approx(one, rel=1e-12)
     fp32 = dataclasses.replace(OVERLAP, zero_config=layout.ZeroConfig(fp32_grad_accum=True, overlap_comm=True))
-    assert timing.offload_s(LLAMA7, node(), fp32, layout.single(dp=8, zero=2, gas=4, offload_optimizer="cpu"), C)[0] \
+    assert optimizer_time.offload_s(LLAMA7, node(), fp32, layout.single(dp=8, zero=2, gas=4, offload_optimizer="cpu"), C)[0] \
         == pytest.approx(one, rel=1e-12)
 
 

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from planner import cli, corpus, memory, report
+from planner import cli, corpus, corpus_rows, corpus_score, memory, report
 from planner.data import DATA_DIR
 
 # the file itself, read without the planner: what the report's counts must add up to
@@ -30,7 +30,7 @@ def test_mpt_rows_run_fsdp_full_shard_with_their_batches():
     assert len(rows) > 100
     grad_op = [r for r in rows if "SHARD_GRAD_OP" in r["notes"]]
     for row in rows[::10] + grad_op[:2]:
-        reading = corpus.read(row)
+        reading = corpus_rows.read(row)
         mbs, gbs = map(int, re.search(r"-mbs(\d+)-gbs(\d+)$", row["id"]).groups())
         gpus = int(re.search(r"-(\d+)gpu-", row["id"]).group(1))
         seq = int(re.search(r"-seq(\d+)-", row["id"]).group(1))
@@ -44,8 +44,8 @@ def test_mpt_rows_run_fsdp_full_shard_with_their_batches():
 
 def test_fp8_row_is_listed_with_its_reason_while_fp8_is_refused():
     row = BY_ID["mpt-3b-h100-amp_fp8-8gpu-seq8192-mbs3-gbs144"]
-    reading = corpus.read(row)
-    if corpus.accepts("fp8"):
+    reading = corpus_rows.read(row)
+    if corpus_rows.accepts("fp8"):
         assert reading.training.precision == "fp8"
         return
     assert reading.command is None and "fp8" in reading.reason
@@ -62,7 +62,7 @@ def test_fp8_row_is_listed_with_its_reason_while_fp8_is_refused():
     ("nemo-24.07-llama3-8b-fp8-8gpu", None),  # Megatron's default (TE delayed scaling)
 ])
 def test_fp8_rows_run_the_recipe_they_name(row_id, recipe):
-    reading = corpus.read(BY_ID[row_id])
+    reading = corpus_rows.read(BY_ID[row_id])
     assert reading.training.precision == "fp8" and reading.training.fp8_recipe == recipe
 
 
@@ -74,7 +74,7 @@ def test_fp8_rows_run_the_recipe_they_name(row_id, recipe):
     ("torchtitan-h200-8B-32gpu", None),  # e7c0cae with compile
 ])
 def test_torchtitan_rows_hold_the_loss_their_release_held(row_id, chunks):
-    assert corpus.read(BY_ID[row_id]).training.loss_chunks == chunks
+    assert corpus_rows.read(BY_ID[row_id]).training.loss_chunks == chunks
 
 
 def test_torchtitan_long_sequence_peak_holds_the_whole_fp32_logits():
@@ -82,7 +82,7 @@ def test_torchtitan_long_sequence_peak_holds_the_whole_fp32_logits():
     eager loss holds the fp32 logits of the whole sequence, 32,768 x 128,256 x 4 B = 16.8 GB; a
     loss holding an eighth of them would read about half the published peak."""
     row = BY_ID["torchtitan-t2-8B-8gpu-fsdp8-cp1"]
-    peak = corpus.ask(corpus.read(row)).record["memory"]["gpu_bytes"] / 2**30
+    peak = corpus_rows.ask(corpus_rows.read(row)).record["memory"]["gpu_bytes"] / 2**30
     assert abs(peak / row["measured"]["memory_gb_per_gpu"] - 1) < 0.15
 
 
@@ -90,17 +90,17 @@ def test_torchtitan_96gb_h100_has_95_gib():
     """torchtitan's benchmarks ran Grand Teton H100s with 96 GB HBM2e, 95 GiB usable."""
     row = BY_ID["torchtitan-t3-8B-128gpu-fsdp"]
     assert "96GB" in row["gpu"]
-    reading = corpus.read(row)
+    reading = corpus_rows.read(row)
     assert reading.cluster.gpu == "h100-sxm" and reading.cluster.gpu_memory_gib == 95
     assert reading.engine == "torchtitan" and reading.layout.mbs == row["mbs"] == 2
-    ans = corpus.ask(reading)
+    ans = corpus_rows.ask(reading)
     assert ans.record["memory"]["capacity_bytes"] == 95 * 2**30
 
 
 def test_bloom_prequel_rows_ran_with_full_recompute_and_the_250k_vocabulary():
     row = BY_ID["bloom-prequel-48node-181B-dp4-pp12-mbs1"]
     assert row["recompute"] is None and row["vocab"] is None  # the source leaves them out
-    reading = corpus.read(row)
+    reading = corpus_rows.read(row)
     assert reading.layout.recompute == "full" and reading.model.vocab == 250880
     assert reading.engine == "megatron-deepspeed"
 
@@ -108,7 +108,7 @@ def test_bloom_prequel_rows_ran_with_full_recompute_and_the_250k_vocabulary():
 def test_moe_row_is_the_catalog_model_with_the_expert_layout_of_its_notes():
     row = BY_ID["dgxc-deepseekv3-671B-bf16-1024gpu"]
     assert "EP=64, ETP=1" in row["notes"]
-    reading = corpus.read(row)
+    reading = corpus_rows.read(row)
     assert reading.model.name == "deepseek-v3" and (reading.layout.ep, reading.layout.etp) == (64, 1)
     assert (reading.layout.tp, reading.layout.pp, reading.training.gbs) == (row["tp"], row["pp"], row["gbs"])
 
@@ -116,14 +116,14 @@ def test_moe_row_is_the_catalog_model_with_the_expert_layout_of_its_notes():
 def test_row_without_a_layout_is_answered_by_recommend():
     row = BY_ID["megatron-readme-h100-strong-177B-96gpu"]
     assert row["tp"] is None and row["measured"]["mfu"] == 0.47
-    reading = corpus.read(row)
+    reading = corpus_rows.read(row)
     assert reading.command == "recommend" and reading.layout is None and reading.cluster.gpus == 96
 
 
 def _answer(row, memory, throughput):
     """A made-up answer to `row`, to check how a record is held against the published figures."""
-    reading = corpus.read(row)
-    return corpus.Answer(reading, {"memory": memory, "throughput": throughput}, reading.engine)
+    reading = corpus_rows.read(row)
+    return corpus_rows.Answer(reading, {"memory": memory, "throughput": throughput}, reading.engine)
 
 
 def test_memory_is_compared_like_with_like():
@@ -132,7 +132,7 @@ def test_memory_is_compared_like_with_like():
     assert row["measured"]["memory_kind"] == "max_allocated"
     mem = {"allocated_bytes": row["measured"]["memory_gb_per_gpu"] * 1e9, "reserved_bytes": 1.5e11, "gpu_bytes": 2e11,
            "verdict": "fits", "fits": True}
-    got = corpus.score(row, _answer(row, mem, {"tokens_per_s": 1.0}))
+    got = corpus_score.score(row, _answer(row, mem, {"tokens_per_s": 1.0}))
     assert got["figures"] == [{"metric": "memory per GPU", "published": 60.49, "predicted": pytest.approx(60.49),
                                "error": pytest.approx(0.0), "kind": "max_allocated", "unit_bytes": 1e9}]
     assert got["call"] == "no_call"  # a memory-only row: no throughput, no fit call
@@ -140,7 +140,7 @@ def test_memory_is_compared_like_with_like():
     row = BY_ID["torchtitan-t3-8B-128gpu-fsdp"]
     mem = {"allocated_bytes": 1, "reserved_bytes": 1, "gpu_bytes": row["measured"]["memory_gb_per_gpu"] * 2**30,
            "verdict": "borderline", "fits": True}
-    got = corpus.score(row, _answer(row, mem, {"tokens_per_s": row["measured"]["tokens_per_s_per_gpu"] * 128}))
+    got = corpus_score.score(row, _answer(row, mem, {"tokens_per_s": row["measured"]["tokens_per_s_per_gpu"] * 128}))
     assert [f["error"] for f in got["figures"]] == [pytest.approx(0.0), pytest.approx(0.0)]
     assert got["call"] == "ran_borderline"
 
@@ -148,7 +148,7 @@ def test_memory_is_compared_like_with_like():
 def test_published_oom_is_a_fit_call():
     row = next(r for r in FILE_ROWS if r["measured"].get("memory_gb_per_gpu") == "OOM")
     mem = {"allocated_bytes": 1, "reserved_bytes": 1, "gpu_bytes": 1, "verdict": "oom", "fits": False}
-    assert corpus.score(row, _answer(row, mem, {"tokens_per_s": 1.0}))["call"] == "oom_called"
+    assert corpus_score.score(row, _answer(row, mem, {"tokens_per_s": 1.0}))["call"] == "oom_called"
 
 
 def test_validate_json_one_source_adds_up():
@@ -161,7 +161,7 @@ def test_validate_json_one_source_adds_up():
     dgxc = [r for r in FILE_ROWS if r["id"].startswith("dgxc-")]
     assert len(c["rows"]) == len(dgxc) == 26
     (calls,) = c["fit_calls"]
-    assert calls["source"] == "dgxc" and calls["rows"] == len(dgxc) == sum(calls[k] for k in corpus.CALLS)
+    assert calls["source"] == "dgxc" and calls["rows"] == len(dgxc) == sum(calls[k] for k in corpus_score.CALLS)
     # every DGX Cloud row states its layout and a throughput: each ran, so each is a fit call or not expressed
     ran = [r for r in dgxc if r["tp"] is not None and r["measured"].get("tokens_per_s")]
     assert len(ran) == len(dgxc)
@@ -238,7 +238,7 @@ def test_loso_refits_a_declared_coefficient(monkeypatch):
     (coef,) = corpus.fitted_coefficients()
     assert (coef["section"], coef["name"], coef["low"], coef["high"]) == ("time", "gemm_efficiency_max", low, high)
     row = BY_ID["ibm-fsdp-llama2-13B-h100-96gpu"]
-    ans = corpus.ask(corpus.read(row))
+    ans = corpus_rows.ask(corpus_rows.read(row))
     at_prior = ans.record["throughput"]["tokens_per_s"] / row["num_gpus"]
     slow = dict(row, id="slow-1", measured={"tokens_per_s_per_gpu": at_prior})
     fast = dict(row, id="fast-1", measured={"tokens_per_s_per_gpu": 1.3 * at_prior})
@@ -262,15 +262,15 @@ def _expandable_peaks():
     """The measured peaks of the corpus's runs launched with expandable segments (torchtitan's
     run_train.sh: its benchmark tables and torchao's float8 benchmarks), with predict(v)."""
     pairs = []
-    for row in corpus.load_rows():
-        reading = corpus.read(row)
-        ans = corpus.ask(reading) if reading.reason is None else None
+    for row in corpus_rows.load_rows():
+        reading = corpus_rows.read(row)
+        ans = corpus_rows.ask(reading) if reading.reason is None else None
         if ans is None or ans.setup is None or not ans.setup[2].expandable_segments:
             continue
-        scored = corpus.score(row, ans)
-        if any(f["metric"] == corpus.MEMORY_METRIC for f in scored["figures"]):
+        scored = corpus_score.score(row, ans)
+        if any(f["metric"] == corpus_score.MEMORY_METRIC for f in scored["figures"]):
             pairs.append((scored, ans))
-    published = np.array([next(f for f in s["figures"] if f["metric"] == corpus.MEMORY_METRIC)["published"]
+    published = np.array([next(f for f in s["figures"] if f["metric"] == corpus_score.MEMORY_METRIC)["published"]
                           for s, _ in pairs])
     return published, corpus._memory_at(pairs, "memory", "allocator_fragmentation_expandable")
 

@@ -6,7 +6,7 @@ data/references/engine_host_cpu.json.
 zero_step: what the ZeRO-1/2 optimizer step (runtime/zero/stage_1_and_2.py DeepSpeedZeroOptimizer.
 step), ZeRO-3's (stage3.py) and BF16_Optimizer's (runtime/bf16_optimizer.py, bf16 with fp32 gradient
 accumulation) dispatch around the inner optimizer, per gradient tensor and fixed, and the bytes per
-parameter its non-view operators read and write (timing.deepspeed_step_s). The step checks every
+parameter its non-view operators read and write (planner/engines/deepspeed/timing.py deepspeed_step_s). The step checks every
 gradient tensor of the rank's partition for inf/NaN (has_overflow_partitioned_grads_serial ->
 runtime/utils.py has_inf_or_nan: abs, ne, eq, mul, amax, amin, ...), takes each one's norm in fp64
 (get_grad_norm_direct: g.to(get_norm_dtype()) then linalg.vector_norm), flattens the partition into

@@ -14,15 +14,15 @@ SCALARS_BYTES = 128
 
 
 def prediction(zero: int, gas: int, fp32_grad_accum: bool, ranks: int) -> dict:
-    from planner import layout, memory
+    from planner import layout, states
     from planner.hf_config import from_hf_config
 
     model = from_hf_config({**LLAMA, "model_type": "llama"})
     training = layout.Training(seq_len=16, engine="deepspeed",
                                zero_config=layout.ZeroConfig(fp32_grad_accum=fp32_grad_accum))
     lay = layout.single(dp=ranks, zero=zero, gas=gas)
-    parts = [memory.weight_bytes(model, training, lay, 0), memory.grad_bytes(model, training, lay, 0),
-             memory.optimizer_bytes(model, training, lay, 0)]
+    parts = [states.weight_bytes(model, training, lay, 0), states.grad_bytes(model, training, lay, 0),
+             states.optimizer_bytes(model, training, lay, 0)]
     return {"model_state_bytes": float(sum(p[0] for p in parts))}
 
 
@@ -57,14 +57,14 @@ def cases(profile_kind: str) -> list:
 def pipe_prediction(zero: int, gas: int) -> dict:
     """The planner's model-state bytes per parameter of a stage of a 2-stage DeepSpeed pipeline, one
     rank per stage (the worker's MLP stack is no catalog model: compared per parameter)."""
-    from planner import layout, memory, sharding
+    from planner import layout, states, sharding
     from planner.model import lookup
 
     model = lookup("llama-2-7b")
     training = layout.Training(seq_len=16, engine="deepspeed")
     lay = layout.single(pp=2, dp=1, zero=zero, gas=gas)
     dense, expert = sharding.rank_params(model, training, lay, 0)
-    held = sum(f(model, training, lay, 0)[0] for f in (memory.weight_bytes, memory.grad_bytes, memory.optimizer_bytes))
+    held = sum(f(model, training, lay, 0)[0] for f in (states.weight_bytes, states.grad_bytes, states.optimizer_bytes))
     return {"model_state_bytes_per_param": float(held / (dense + expert)[0])}
 
 
@@ -89,7 +89,7 @@ def transient_prediction(zero: int, gas: int, ranks: int = 2, precision: str = "
     data-parallel ranks (calibrate/engines/deepspeed_transient_worker.py measures their transients): bytes of
     grad_bytes in backward and at the step, engine_buffers (fwd, step), deepspeed_reduce_buckets,
     deepspeed_straddle_bytes (backward, step), zero3_live_param_bytes and reduction_copy_bytes."""
-    from planner import layout, memory, sharding
+    from planner import layout, memory, states, sharding
     from planner.hf_config import from_hf_config
 
     model = from_hf_config({**LLAMA, "model_type": "llama"})
@@ -98,8 +98,8 @@ def transient_prediction(zero: int, gas: int, ranks: int = 2, precision: str = "
     lay = layout.single(dp=ranks, zero=zero, gas=gas, offload_optimizer=offload_optimizer)
     fwd, step = memory.engine_buffers(model, training, lay, 0)
     reduce_grads, reduce_buffers = memory.reduction_copy_bytes(model, training, lay, 0)
-    terms = {"params": model.params, "grads": memory.grad_bytes(model, training, lay, 0),
-             "step_grads": memory.grad_bytes(model, training, lay, 0, at_step=True),
+    terms = {"params": model.params, "grads": states.grad_bytes(model, training, lay, 0),
+             "step_grads": states.grad_bytes(model, training, lay, 0, at_step=True),
              "fwd_buffers": fwd, "step_buffers": step, "buckets": memory.deepspeed_reduce_buckets(training, lay),
              "straddle_bwd": memory.deepspeed_straddle_bytes(model, training, lay, 0, at_step=False),
              "straddle_step": memory.deepspeed_straddle_bytes(model, training, lay, 0, at_step=True),

@@ -89,7 +89,7 @@ def prediction(zero: int, gas: int, offload_param: bool, fp32_grad_accum: bool, 
     """The planner's bytes for a run of the worker: the GPU's model states between micro-batches
     (weights, optimizer part, gradients), at the boundary, after the step, the reduce buckets and
     the host's (planner.memory terms, deepspeed engine)."""
-    from planner import layout, memory
+    from planner import layout, memory, states
     from planner.hf_config import from_hf_config
 
     from calibrate.engines.deepspeed_offload_worker import SEQ
@@ -101,11 +101,11 @@ def prediction(zero: int, gas: int, offload_param: bool, fp32_grad_accum: bool, 
     training = layout.Training(seq_len=SEQ, precision="bf16", engine="deepspeed", zero_config=zc)
     lay = layout.single(dp=ranks, zero=zero, gas=gas, offload_optimizer="cpu" if offload_optimizer else "none",
                         offload_params="cpu" if offload_param else "none")
-    held = memory.weight_bytes(model, training, lay, 0) + memory.optimizer_bytes(model, training, lay, 0)
-    terms = {"held_bytes": held, "grad_bytes": memory.grad_bytes(model, training, lay, 0),
-             "step_grad_bytes": memory.grad_bytes(model, training, lay, 0, at_step=True),
+    held = states.weight_bytes(model, training, lay, 0) + states.optimizer_bytes(model, training, lay, 0)
+    terms = {"held_bytes": held, "grad_bytes": states.grad_bytes(model, training, lay, 0),
+             "step_grad_bytes": states.grad_bytes(model, training, lay, 0, at_step=True),
              "bucket_bytes": memory.deepspeed_reduce_buckets(training, lay),
-             "host_bytes": memory.host_bytes(model, training, lay, 0)}
+             "host_bytes": states.host_bytes(model, training, lay, 0)}
     out = {k: float(v[0]) for k, v in terms.items()}
     # ZeRO-3's bucket is allocated once and kept (stage3.py __init__); ZeRO-1/2 free theirs at the boundary
     out["model_state_bytes"] = out["held_bytes"] + max(out["grad_bytes"], out["step_grad_bytes"]) \

@@ -12,15 +12,15 @@ from calibrate.engines.fsdp_worker import LLAMA
 
 def fsdp_prediction(precision: str, zero: int, mbs: int, seq: int, ranks: int) -> dict:
     """The planner's per-rank model-state bytes at the optimizer step for this FSDP2 run."""
-    from planner import layout, memory
+    from planner import layout, states
     from planner.hf_config import from_hf_config
 
     model = from_hf_config({**LLAMA, "model_type": "llama"})
     training = layout.Training(seq_len=seq, precision=precision, engine="fsdp")
     lay = layout.single(dp=ranks, zero=zero, mbs=mbs)
-    weights = float(memory.weight_bytes(model, training, lay, 0)[0])
-    grads = float(memory.grad_bytes(model, training, lay, 0, at_step=True)[0])
-    optimizer = float(memory.optimizer_bytes(model, training, lay, 0)[0])
+    weights = float(states.weight_bytes(model, training, lay, 0)[0])
+    grads = float(states.grad_bytes(model, training, lay, 0, at_step=True)[0])
+    optimizer = float(states.optimizer_bytes(model, training, lay, 0)[0])
     if zero == 2:
         # --zero 2 (reshard_after_forward False) books every gathered 16-bit block as weights: they
         # are held from forward into backward, the peak; after step() they are freed, so the
@@ -69,28 +69,28 @@ def cases(profile_kind: str) -> list:
 
 def fsdp_offload_host_bytes(ranks: int) -> float:
     """The planner's host bytes of one rank of the FSDP2 run with everything offloaded (bf16 mixed)."""
-    from planner import layout, memory
+    from planner import layout, states
     from planner.hf_config import from_hf_config
 
     model = from_hf_config({**LLAMA, "model_type": "llama"})
     training = layout.Training(seq_len=32, precision="bf16", engine="fsdp")
     lay = layout.single(dp=ranks, zero=3, mbs=2, offload_optimizer="cpu", offload_params="cpu")
-    return float(memory.host_bytes(model, training, lay, 0)[0])
+    return float(states.host_bytes(model, training, lay, 0)[0])
 
 
 def pipelined_prediction(m: int, ranks: int) -> dict:
     """The planner's bytes per parameter of a torchtitan pipeline stage under FSDP2 (stage 0 of pp 2,
     dp `ranks`, m micro-batches): {"backward": {weights, grads, optimizer}, "reduced": {... at the step}}."""
-    from planner import layout, memory, sharding
+    from planner import layout, states, sharding
     from planner.hf_config import from_hf_config
 
     model = from_hf_config({**LLAMA, "model_type": "llama"})
     training = layout.Training(seq_len=16, engine="torchtitan")
     lay = layout.single(pp=2, dp=ranks, zero=3, gas=m)
     stage_params = float(sum(sharding.rank_params(model, training, lay, 0))[0])
-    per = {"weights": memory.weight_bytes(model, training, lay, 0), "optimizer": memory.optimizer_bytes(model, training, lay, 0)}
+    per = {"weights": states.weight_bytes(model, training, lay, 0), "optimizer": states.optimizer_bytes(model, training, lay, 0)}
     per = {k: float(v[0]) / stage_params for k, v in per.items()}
-    grads = {phase: float(memory.grad_bytes(model, training, lay, 0, at_step=phase == "reduced")[0]) / stage_params
+    grads = {phase: float(states.grad_bytes(model, training, lay, 0, at_step=phase == "reduced")[0]) / stage_params
              for phase in ("backward", "reduced")}
     return {"backward": {**per, "grads": grads["backward"]}, "reduced": {"optimizer": per["optimizer"], "grads": grads["reduced"]}}
 

@@ -193,7 +193,7 @@ def hf_mla_attention_saved(model: ModelSpec, training: Training, seq: float) -> 
     (attention.cu _efficient_attention_forward): o_proj's input is then a view. Where the widths are
     equal the flash kernel writes its output in q's layout (empty_like), as the CPU's does, and o_proj
     reads a contiguous copy. Splits: the latent down projections and their norms run whole on every
-    TP rank (planner/model.py _mla), the up projections' outputs split by heads."""
+    TP rank (planner/hf_layouts.py _mla), the up projections' outputs split by heads."""
     e = training.precision.element_bytes
     h, a, r, c, dr = model.hidden, model.heads, model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
     dn, dv = model.dim_per_head - dr, model.v_head_dim or model.dim_per_head

@@ -99,7 +99,7 @@ def _zero_section(training: Training, row: dict, opts: dict) -> dict:
         if row["offload_optimizer"] != "none":
             # zero/offload_config.py DeepSpeedZeroOffloadOptimizerConfig: device cpu|nvme, nvme_path, pin_memory
             zero["offload_optimizer"] = _offload(row["offload_optimizer"], opts["nvme_path"])
-            if row["offload_optimizer"] == "nvme":  # the buffers planned in host memory (memory.host_bytes)
+            if row["offload_optimizer"] == "nvme":  # the buffers planned in host memory (states.host_bytes)
                 zero["offload_optimizer"]["buffer_count"] = int(zc.nvme_optimizer_buffer_count)
         if stage == 3 and row["offload_params"] != "none":
             # DeepSpeedZeroOffloadParamConfig (ZeRO-3 only)

@@ -28,11 +28,12 @@ UB_PAIRS = (("qkv", "o"), ("fc1", "fc2"), ("shared_fc1", "shared_fc2"))
 
 
 def ub_pass_exposed_s(block: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict, gather_s,
-                      linear: float, backward: bool) -> np.ndarray:
-    """Seconds one pass through a block loses to its TP collectives (`gather_s` each: one all-gather
-    or reduce-scatter of T h) under TransformerEngine's userbuffers, as megatron-core 0.16.1 sets
-    them (extensions/transformer_engine.py: ub_overlap_ag, ub_overlap_rs, ub_bulk_dgrad and
-    ub_bulk_wgrad on; TE 2.20.2 defaults, UB_* above). Per linear pair:
+                      linear: float, backward: bool, scatter_s=None) -> np.ndarray:
+    """Seconds one pass through a block loses to its TP collectives (`gather_s` each all-gather,
+    `scatter_s` each reduce-scatter of T h; the same but under FP8, mp_comm.tp_pass_exposed_s) under
+    TransformerEngine's userbuffers, as megatron-core 0.16.1 sets them (extensions/transformer_engine.py:
+    ub_overlap_ag, ub_overlap_rs, ub_bulk_dgrad and ub_bulk_wgrad on; TE 2.20.2 defaults, UB_* above).
+    Per linear pair:
     - forward: the column GEMM (qkv, fc1) all-gathers its input by "ring_exchange", t chunks on the
       copy engines, each chunk's GEMM beside the next chunk's transfer; the row GEMM (proj, fc2)
       reduce-scatters its output by "pipeline": 4 chunks, each one's reduce-scatter beside the next
@@ -50,24 +51,26 @@ def ub_pass_exposed_s(block: ModelSpec, cluster: Cluster, training: Training, la
     T = tokens_per_microbatch(training, lay)
     flops = {g.name: T * g.flops_per_token / t for g in block.gemms(fused=True) if g.tp_split and not g.expert}
 
+    scatter_s = gather_s if scatter_s is None else scatter_s
+
     def ring(f):  # t chunks, the local one first: t - 1 transfers, each beside a chunk's GEMM (t - 1 of t)
         chunks = C.gemm_s(f, peak, c, count=t)
         return chunks - C.gemm_s(f, peak, c) + np.maximum(gather_s - (t - 1.0) / t * chunks, 0.0)
 
     def pipeline(f):  # chunks on fewer SMs, each one's reduce-scatter beside the next (overlapped_exposed_s)
         chunks = C.gemm_s(f, peak, c, count=UB_PIPELINE_SPLITS) * fewer_sms
-        return chunks - C.gemm_s(f, peak, c) + overlapped_exposed_s(gather_s, UB_PIPELINE_SPLITS, chunks)
+        return chunks - C.gemm_s(f, peak, c) + overlapped_exposed_s(scatter_s, UB_PIPELINE_SPLITS, chunks)
 
-    def bulk(f):  # one GEMM on fewer SMs beside one whole collective
+    def bulk(f, collective_s):  # one GEMM on fewer SMs beside one whole collective
         whole = C.gemm_s(f, peak, c)
-        return whole * (fewer_sms - 1.0) + np.maximum(gather_s - whole * fewer_sms, 0.0)
+        return whole * (fewer_sms - 1.0) + np.maximum(collective_s - whole * fewer_sms, 0.0)
 
     exposed, pairs = 0.0, 0
     for column, row in UB_PAIRS:
         if column in flops:
             pairs += 1
-            exposed = exposed + (ring(flops[row]) + 2.0 * bulk(flops[column]) if backward
-                                 else ring(flops[column]) + pipeline(flops[row]))
+            exposed = exposed + (ring(flops[row]) + bulk(flops[column], gather_s) + bulk(flops[column], scatter_s)
+                                 if backward else ring(flops[column]) + pipeline(flops[row]))
     assert pairs == linear, (pairs, linear)  # tp_pass_units counts the same linear pairs
     return exposed
 
