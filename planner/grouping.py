@@ -9,6 +9,7 @@ formulas give identical values either way (tests/test_search.py checks row by ro
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import fields, is_dataclass
 
 import numpy as np
 
@@ -131,10 +132,14 @@ def _group(codes: FieldCodes, names: tuple) -> tuple:
 
 
 def picked(sources: list, sizes: list, which: np.ndarray, index: np.ndarray):
-    """Evaluations (search.evaluate's nested dicts of arrays and Lazy mappings) combined row by row
-    without evaluating again: row r is row index[r] of sources[which[r]], a source of sizes[which[r]]
-    rows. Every term is elementwise, so a row's values do not depend on the rows beside it."""
+    """Evaluations (search.Evaluation: dataclasses of nested dicts of arrays and Lazy mappings)
+    combined row by row without evaluating again: row r is row index[r] of sources[which[r]], a
+    source of sizes[which[r]] rows. Every term is elementwise, so a row's values do not depend on
+    the rows beside it."""
     first = sources[0]
+    if is_dataclass(first):
+        return type(first)(**{f.name: picked([getattr(s, f.name) for s in sources], sizes, which, index)
+                              for f in fields(first)})
     if isinstance(first, dict):
         return {k: picked([s[k] for s in sources], sizes, which, index) for k in first}
     if isinstance(first, Lazy):

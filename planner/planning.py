@@ -353,7 +353,7 @@ def _records(clus, train: Training, tin: TrainingInput, gbs: int, sources: list,
     for res, keep in sources:
         for i in results.distinct_top(res, top if keep is None else top + int(np.count_nonzero(~keep))):
             if keep is None or keep[i]:
-                ranked.append((-float(res.eval["time"]["throughput"]["tokens_per_s"][i]), len(ranked), res, i))
+                ranked.append((-float(res.eval.tokens_per_s[i]), len(ranked), res, i))
     records = []
     for _, _, res, i in sorted(ranked, key=lambda r: r[:2])[:top]:
         rec = layout_record(clus, res.valid, res.eval, i)

@@ -10,6 +10,7 @@ from planner.calibration import prior_band, verdict
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
+from planner.search import Evaluation
 
 
 def at(parts, i: int) -> dict:
@@ -22,9 +23,9 @@ def band_of(cluster: Cluster, quantity: str) -> float:
     return cluster.calibration.band(quantity) if cluster.calibration else prior_band(quantity)
 
 
-def layout_record(cluster: Cluster, lay: Layouts, ev: dict, i: int) -> dict:
+def layout_record(cluster: Cluster, lay: Layouts, ev: Evaluation, i: int) -> dict:
     """Candidate i as {layout, memory, time, throughput} (the `planner estimate --json` keys)."""
-    mem = ev["memory"]
+    mem = ev.memory
     parts = {k: int(mem.at(k, i)) for k in memory.BREAKDOWN_KEYS}
     total = sum(parts.values())  # = the float total below 2**53 bytes; past it the parts still add up exactly
     capacity = int(cluster.gpu.memory_bytes)
@@ -45,14 +46,14 @@ def layout_record(cluster: Cluster, lay: Layouts, ev: dict, i: int) -> dict:
             "error_band": band,
             "error_band_bytes": band_bytes,
             "verdict": verdict(capacity - required, band_bytes),
-            "fits": bool(ev["fits"].flat[i]),
+            "fits": bool(ev.fits.flat[i]),
             "peak_phase": memory.PHASES[int(mem.at("phase", i))],
             "breakdown": parts,
             "phases": phase_records(lambda k: mem.at(k, i)),
         },
-        "time": {"step_s": float(ev["time"]["step_s"].flat[i]), "error_band": band_of(cluster, "step_time"),
-                 "breakdown": at(ev["time"]["breakdown"], i)},
-        "throughput": at(ev["time"]["throughput"], i),
+        "time": {"step_s": float(ev.time["step_s"].flat[i]), "error_band": band_of(cluster, "step_time"),
+                 "breakdown": at(ev.time["breakdown"], i)},
+        "throughput": at(ev.time["throughput"], i),
     }
 
 

@@ -82,12 +82,12 @@ def fastest_clear_fit(clus: Cluster, sources: list, records: list) -> dict | Non
     fits), as a layout record with its rank in `records` and its speed against records[0]."""
     capacity, best, band = clus.gpu.memory_bytes, None, band_of(clus, "peak_memory")
     for res, keep in sources:
-        required = np.asarray(res.eval["memory"]["required"], dtype=np.float64)
+        required = np.asarray(res.eval.memory["required"], dtype=np.float64)
         clear = clears_band(capacity - required, np.ceil(required * band)) & (True if keep is None else keep)
         order = res.order[clear[res.order]]
         if order.size:
             i = int(order[0])
-            speed = float(res.eval["time"]["throughput"]["tokens_per_s"][i])
+            speed = float(res.eval.tokens_per_s[i])
             if best is None or speed > best[0]:
                 best = (speed, res, i)
     if best is None:
@@ -118,8 +118,8 @@ def search_zero3_knobs(spec, clus, train: Training, headroom: float, max_mbs: in
     if not free or pins.get("zero", 3) != 3:
         return train, result, None
     ev, valid = result.eval, result.valid
-    speed = np.asarray(ev["time"]["throughput"]["tokens_per_s"])
-    fits, zero3 = np.asarray(ev["fits"]), valid.zero == 3
+    speed = np.asarray(ev.tokens_per_s)
+    fits, zero3 = np.asarray(ev.fits), valid.zero == 3
     best = _fastest_tokens_per_s(result)
     tries = []
     blocked = speed[~fits & zero3]
@@ -157,7 +157,7 @@ def search_tp_overlap(spec, clus, train: Training, headroom: float, max_mbs: int
 def _fastest_tokens_per_s(result: SearchResult) -> float:
     """Tokens/s of a search result's fastest fitting layout (-1 where none fits)."""
     order = result.order
-    return float(result.eval["time"]["throughput"]["tokens_per_s"][order[0]]) if order.size else -1.0
+    return float(result.eval.tokens_per_s[order[0]]) if order.size else -1.0
 
 
 def _faster(new: dict, old: dict) -> bool:
@@ -198,7 +198,7 @@ def engine_best(spec, clus, training: Training, engine: str, headroom: float, ma
         return {"engine": engine, "layout": None, "tokens_per_s": None, "relative_speed": None, "note": why,
                 "settings": {}}
     i = int(result.order[0])
-    speed = float(result.eval["time"]["throughput"]["tokens_per_s"][i])
+    speed = float(result.eval.tokens_per_s[i])
     searched, start = searched_settings(train), searched_settings(first)
     return {"engine": engine, "layout": result.valid.row(i), "tokens_per_s": speed,
             "relative_speed": None if best_tokens_per_s is None else speed / best_tokens_per_s, "note": None,
@@ -217,7 +217,7 @@ def search_overlap_comm(spec, clus, train: Training, headroom: float, result: Se
     again = search.reevaluate(spec, clus, on, result, headroom, rows)
 
     def fastest(res):  # of the ZeRO-1/2 candidates that fit
-        speed = np.where(np.asarray(res.eval["fits"])[rows], np.asarray(res.eval["time"]["throughput"]["tokens_per_s"])[rows], -1.0)
+        speed = np.where(np.asarray(res.eval.fits)[rows], np.asarray(res.eval.tokens_per_s)[rows], -1.0)
         return float(speed.max())
 
     return (on, again) if fastest(again) > fastest(result) else (train, result)

@@ -41,20 +41,20 @@ def binding_constraint(result: SearchResult, i: int, step_breakdown: dict, step_
     """What keeps candidate i from being faster: memory, when a faster variant of the same layout
     (less recompute, a larger micro-batch, less offload) does not fit; else its largest overhead."""
     valid, ev = result.valid, result.eval
-    speed = ev["time"]["throughput"]["tokens_per_s"]
+    speed = ev.tokens_per_s
     same = np.ones(valid.size, dtype=bool)
     for f in CORE_FIELDS:
         same &= getattr(valid, f) == getattr(valid, f)[i]
-    blocked = np.flatnonzero(same & ~ev["fits"] & (speed > speed[i] * 1.001))
+    blocked = np.flatnonzero(same & ~ev.fits & (speed > speed[i] * 1.001))
     if blocked.size:
-        j = int(blocked[np.argmin(ev["memory"]["required"][blocked])])  # the faster variant nearest to fitting
+        j = int(blocked[np.argmin(ev.memory["required"][blocked])])  # the faster variant nearest to fitting
         row = valid.row(j)
         words = {"mbs": f"mbs {row['mbs']}", "recompute": f"recompute {row['recompute']}",
                  "recompute_layers": f"recompute layers {row['recompute_layers'] or 'all'}",
                  "offload_optimizer": f"optimizer offload {row['offload_optimizer']}",
                  "offload_params": f"param offload {row['offload_params']}"}
         changes = [words[f] for f in words if getattr(valid, f)[j] != getattr(valid, f)[i]]
-        need = ev["memory"]["required"][j] / 2**30
+        need = ev.memory["required"][j] / 2**30
         return f"memory: {', '.join(changes)} would be {speed[j] / speed[i] - 1:.0%} faster but needs {need:.1f} GiB"
     parts = {k: v for k, v in step_breakdown.items() if k != "compute"}
     worst = max(parts, key=parts.get)
@@ -64,7 +64,7 @@ def binding_constraint(result: SearchResult, i: int, step_breakdown: dict, step_
 def distinct_top(result: SearchResult, k: int) -> list[int]:
     """The k fastest fitting candidates, dropping variants that differ only in the offload device
     and are exactly as fast (e.g. NVMe vs CPU when the CPU Adam step hides the NVMe traffic)."""
-    valid, speed = result.valid, result.eval["time"]["throughput"]["tokens_per_s"]
+    valid, speed = result.valid, result.eval.tokens_per_s
     seen, picked = set(), []
     for i in result.order:
         i = int(i)
@@ -116,15 +116,15 @@ def leanest_text(cluster: Cluster, headroom: float, result: SearchResult) -> str
     if not valid.size:
         return None
     capacity = cluster.gpu.memory_bytes * (1 - headroom)
-    i = int(np.argmin(ev["memory"]["required"]))
-    return (f"the leanest layout ({short(valid.row(i))}) needs {ev['memory']['total'][i] / 2**30:.1f} GiB "
+    i = int(np.argmin(ev.memory["required"]))
+    return (f"the leanest layout ({short(valid.row(i))}) needs {ev.memory['total'][i] / 2**30:.1f} GiB "
             f"per GPU of {capacity / 2**30:.1f} GiB usable")
 
 
 def best_text(result: SearchResult) -> str:
     """The fastest fitting layout of a search result with its memory per GPU."""
     i = int(result.order[0])
-    return f"{short(result.valid.row(i))}, {result.eval['memory']['total'][i] / 2**30:.1f} GiB per GPU"
+    return f"{short(result.valid.row(i))}, {result.eval.memory['total'][i] / 2**30:.1f} GiB per GPU"
 
 
 def pareto_front(memory_bytes: np.ndarray, tokens_per_s: np.ndarray) -> np.ndarray:
@@ -142,8 +142,8 @@ def landscape(result: SearchResult, limit: int) -> dict:
     """Up to `limit` fitting layouts for a speed-versus-memory plot: the whole Pareto front, then
     layouts evenly spaced through the speed ranking."""
     fitting = result.order
-    memory_bytes = np.asarray(result.eval["memory"]["required"])[fitting]
-    speed = np.asarray(result.eval["time"]["throughput"]["tokens_per_s"])[fitting]
+    memory_bytes = np.asarray(result.eval.memory["required"])[fitting]
+    speed = np.asarray(result.eval.tokens_per_s)[fitting]
     front = np.flatnonzero(pareto_front(memory_bytes, speed))[:limit]
     spread = np.unique(np.linspace(0, fitting.size - 1, max(0, limit - front.size)).astype(np.int64)) if fitting.size else []
     picked = np.union1d(front, spread).astype(np.int64)

@@ -6,6 +6,7 @@ Pure functions of resolved inputs (no argparse, no printing): planner/planning.p
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -21,6 +22,27 @@ from planner.options import Offload, RankOrder, Recompute, Schedule
 from planner.pipeline import interleaved_layers, max_layers_on_stage
 from planner.rules import DIVISIBILITY, ENGINE_RULE, every_n_layers_broken, first_violation
 
+@dataclass(frozen=True)
+class Evaluation:
+    """Memory and step time of every candidate of a Layouts, each an array (or lazily gathered
+    mapping of arrays) over the candidates."""
+
+    memory: Mapping
+    """memory.rank_memory: the peak rank's total, required, allocated and reserved bytes, its phase,
+    host bytes per node (cpu_per_node) and the breakdown parts."""
+    time: Mapping
+    """timing.step_time: step_s, the breakdown parts, and throughput (tokens_per_s, mfu, ...)."""
+    fits: np.ndarray
+    """Whether each fits the GPU, less the headroom asked, and its host's memory."""
+    cpu_fits: np.ndarray
+    """Whether each fits its host's memory."""
+
+    @property
+    def tokens_per_s(self) -> np.ndarray:
+        """Tokens per second of the whole job, each candidate."""
+        return self.time["throughput"]["tokens_per_s"]
+
+
 @dataclass
 class SearchResult:
     """One search of the layout space: its valid candidates, their evaluation, the fitting ones'
@@ -28,8 +50,8 @@ class SearchResult:
 
     valid: Layouts
     """The candidates that pass every rule."""
-    eval: dict
-    """evaluate()'s {memory, time, fits} over `valid`."""
+    eval: Evaluation
+    """evaluate() over `valid`."""
     order: np.ndarray
     """Indices into `valid` of the fitting candidates, fastest first."""
     candidates: int
@@ -59,14 +81,14 @@ def divisors(n: int) -> list[int]:
     return small + large[::-1]
 
 
-def evaluate(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, headroom: float = 0.0) -> dict:
+def evaluate(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, headroom: float = 0.0) -> Evaluation:
     """Memory (peak rank) and step time of every candidate, and whether each fits the GPU (less
     `headroom`) and its node's host memory."""
     mem = memory.rank_memory(model, cluster, training, lay)
     capacity = cluster.gpu.memory_bytes * (1.0 - headroom)
     cpu_ok = mem["cpu_per_node"] <= cluster.host_ram_bytes_per_host
     fits = (mem["required"] <= capacity) & cpu_ok
-    return {"memory": mem, "time": timing.step_time(model, cluster, training, lay), "fits": fits, "cpu_fits": cpu_ok}
+    return Evaluation(mem, timing.step_time(model, cluster, training, lay), fits, cpu_ok)
 
 
 SEARCH_BUDGET = 4_000_000
@@ -285,14 +307,14 @@ def search(model: ModelSpec, cluster: Cluster, training: Training, headroom: flo
         rejected[group] = rejected.get(group, 0) + count
     valid = lay.take(reason < 0)
     ev = evaluate(model, cluster, training, valid, headroom)
-    rejected["out of memory"] = int(np.count_nonzero(~ev["fits"]))
+    rejected["out of memory"] = int(np.count_nonzero(~ev.fits))
     tried = 0
     lighter = partial_recompute_variants(model, training, valid, ev) if "recompute_layers" not in (pinned or {}) else None
     if lighter is not None and lighter.size:
         lev = evaluate(model, cluster, training, lighter, headroom)
         best = _fastest_per_parent(lighter, lev)
-        rejected["out of memory"] += int(np.count_nonzero(~lev["fits"]))
-        rejected[MORE_RECOMPUTE] = int(np.count_nonzero(lev["fits"])) - best.size
+        rejected["out of memory"] += int(np.count_nonzero(~lev.fits))
+        rejected[MORE_RECOMPUTE] = int(np.count_nonzero(lev.fits)) - best.size
         tried = lighter.size
         if best.size:
             n = valid.size
@@ -304,12 +326,12 @@ def search(model: ModelSpec, cluster: Cluster, training: Training, headroom: flo
                         {k: v for k, v in rejected.items() if v}, coarsened, time.perf_counter() - start)
 
 
-def _ranked(valid: Layouts, ev: dict) -> np.ndarray:
+def _ranked(valid: Layouts, ev: Evaluation) -> np.ndarray:
     """Indices of the fitting candidates, fastest first; among equals, the simpler layout (less
     offload, less recompute), then less memory."""
-    tokens_per_s = np.where(ev["fits"], ev["time"]["throughput"]["tokens_per_s"], -np.inf)
+    tokens_per_s = np.where(ev.fits, ev.tokens_per_s, -np.inf)
     simpler = valid.offload_optimizer + valid.offload_params
-    order = np.lexsort((ev["memory"]["required"], valid.recompute, simpler, -np.round(tokens_per_s, 6)))
+    order = np.lexsort((ev.memory["required"], valid.recompute, simpler, -np.round(tokens_per_s, 6)))
     return order[np.isfinite(tokens_per_s[order])]
 
 
@@ -340,7 +362,7 @@ def reevaluate(model: ModelSpec, cluster: Cluster, training: Training, result: S
     ev = picked([result.eval, again], [n, rows.size], which, index)
     rejected = dict(result.rejected)
     rejected["out of memory"] = rejected.get("out of memory", 0) \
-        + int(np.count_nonzero(~ev["fits"])) - int(np.count_nonzero(~result.eval["fits"]))
+        + int(np.count_nonzero(~ev.fits)) - int(np.count_nonzero(~result.eval.fits))
     return replace(result, eval=ev, order=_ranked(result.valid, ev), rejected={k: v for k, v in rejected.items() if v},
                    elapsed_s=result.elapsed_s + time.perf_counter() - start)
 
@@ -351,7 +373,7 @@ REFINED_PARENTS = 256
 """Full-recompute layouts whose lighter --recompute-layers variants one search tries at most."""
 
 
-def partial_recompute_variants(model: ModelSpec, training: Training, valid: Layouts, ev: dict) -> Layouts:
+def partial_recompute_variants(model: ModelSpec, training: Training, valid: Layouts, ev: Evaluation) -> Layouts:
     """Where the engine can recompute only N layers of each chunk (Megatron --recompute-method block:
     the first N; transformers every_n_layers: every k-th, N = ceil(L / k)), the variants N = 1 ..
     layers per chunk - 1 of the fitting full-recompute layouts that could beat the fastest fitting
@@ -360,12 +382,12 @@ def partial_recompute_variants(model: ModelSpec, training: Training, valid: Layo
     empty = valid.take(np.zeros(0, dtype=np.int64))
     if not training.engine.partial_recompute or not valid.size:
         return empty
-    tokens_per_s, step_s = ev["time"]["throughput"]["tokens_per_s"], ev["time"]["step_s"]
-    full = ev["fits"] & (valid.recompute == Recompute.FULL) & (valid.recompute_layers == 0)
+    tokens_per_s, step_s = ev.tokens_per_s, ev.time["step_s"]
+    full = ev.fits & (valid.recompute == Recompute.FULL) & (valid.recompute_layers == 0)
     if not full.any():
         return empty
-    bound = tokens_per_s * step_s / np.maximum(step_s - ev["time"]["breakdown"]["recompute"], 1e-12)
-    best = np.max(np.where(ev["fits"], tokens_per_s, -np.inf))
+    bound = tokens_per_s * step_s / np.maximum(step_s - ev.time["breakdown"]["recompute"], 1e-12)
+    best = np.max(np.where(ev.fits, tokens_per_s, -np.inf))
     parents = np.flatnonzero(full & (bound > best))
     parents = parents[np.argsort(-bound[parents], kind="stable")[:REFINED_PARENTS]]
     chunk = max_layers_on_stage(model.layers, valid.pp[parents], training.pipeline_edge_layers) // valid.vpp[parents]
@@ -377,19 +399,19 @@ def partial_recompute_variants(model: ModelSpec, training: Training, valid: Layo
     return out.take(~every_n_layers_broken(model, training, out))
 
 
-def faster_rank_order(model: ModelSpec, cluster: Cluster, training: Training, valid: Layouts, ev: dict,
+def faster_rank_order(model: ModelSpec, cluster: Cluster, training: Training, valid: Layouts, ev: Evaluation,
                       headroom: float) -> tuple:
     """(valid, ev) with each fitting layout in the faster rank placement where the engine offers both
     (Engine.rank_order_choice) and they differ: a pipeline and a data-parallel group both, over more
     than one node. The bytes are the same; which groups share a node or a pod is not."""
     if not training.engine.rank_order_choice or not valid.size:
         return valid, ev
-    differ = np.flatnonzero(ev["fits"] & (valid.pp > 1) & (valid.zero_ranks > 1) & (valid.world > cluster.gpus_per_node))
+    differ = np.flatnonzero(ev.fits & (valid.pp > 1) & (valid.zero_ranks > 1) & (valid.world > cluster.gpus_per_node))
     if not differ.size:
         return valid, ev
     other = replace(valid.take(differ), rank_order=np.full(differ.size, int(RankOrder.PP_INNER)))
     other_ev = evaluate(model, cluster, training, other, headroom)
-    faster = other_ev["time"]["throughput"]["tokens_per_s"] > ev["time"]["throughput"]["tokens_per_s"][differ]
+    faster = other_ev.tokens_per_s > ev.tokens_per_s[differ]
     faster &= first_violation(model, cluster, training, other)[0] < 0  # megatron-core's MoE condition
     if not faster.any():
         return valid, ev
@@ -400,10 +422,10 @@ def faster_rank_order(model: ModelSpec, cluster: Cluster, training: Training, va
     return replace(valid, rank_order=order), picked([ev, other_ev], [valid.size, other.size], which, index)
 
 
-def _fastest_per_parent(lighter: Layouts, lev: dict) -> np.ndarray:
+def _fastest_per_parent(lighter: Layouts, lev: Evaluation) -> np.ndarray:
     """Index of the fastest fitting variant of each parent layout (variants of one parent are
     consecutive, numbered from recompute_layers 1)."""
-    speed = np.where(lev["fits"], lev["time"]["throughput"]["tokens_per_s"], -np.inf)
+    speed = np.where(lev.fits, lev.tokens_per_s, -np.inf)
     parent = np.cumsum(lighter.recompute_layers == 1) - 1
     order = np.lexsort((-speed, parent))
     first = order[np.r_[True, parent[order][1:] != parent[order][:-1]]]

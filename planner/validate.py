@@ -66,7 +66,7 @@ def compare() -> list[dict]:
         model, cluster, training, lay = setup
         measured = run["measured"]
         ev = search.evaluate(model, cluster, training, lay)
-        th, step_s = ev["time"]["throughput"], float(ev["time"]["step_s"][0])
+        th, step_s = ev.time["throughput"], float(ev.time["step_s"][0])
         # Narayanan 2021 TFLOP/s count the recompute pass (eq. 3): compare hardware FLOPs
         if "tflops_per_gpu" in measured:
             rows.append(_row(run, training, "TFLOP/s per GPU (hardware)", measured["tflops_per_gpu"],

@@ -90,7 +90,7 @@ def tp_overlap_training(model: ModelSpec, training: Training, result: SearchResu
     valid = result.valid
     if training.tp_comm_overlap or not training.engine.tp_comm_overlap or model.kv_lora_rank > 0:
         return None
-    if not np.any((valid.tp > 1) & (valid.sequence_parallel > 0) & np.asarray(result.eval["fits"])):
+    if not np.any((valid.tp > 1) & (valid.sequence_parallel > 0) & np.asarray(result.eval.fits)):
         return None
     return replace(training, tp_comm_overlap=True)
 
@@ -109,7 +109,7 @@ def overlap_comm_rows(training: Training, result: SearchResult) -> tuple:
     zero12 = layout.among(valid.zero, (1, 2)) & ~layout.among(valid.zero, training.engine.overlap_default)
     # it hides only the reduction and the gradients' copies to the host (timing.grad_overlaps,
     # optimizer_time.offload_s): where no fitting ZeRO-1/2 candidate has either, nothing changes
-    t, fits = ev["time"], np.asarray(ev["fits"])
+    t, fits = ev.time, np.asarray(ev.fits)
     hidden_s = np.asarray(t["breakdown"]["dp_comm"]) + np.asarray(t["breakdown"]["offload"])
     if not np.any(zero12 & fits & (hidden_s > 0)):
         return None, none

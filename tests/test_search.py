@@ -163,7 +163,7 @@ def test_pinned_axes_keep_their_values_and_find_the_full_searchs_best_of_them():
     res = search.search(model, cluster, layout.Training(gbs=1024, engine="megatron"))
     first = next(int(i) for i in res.order if res.valid.tp[i] == 8 and res.valid.zero[i] == 1)
     assert d["layouts"][0]["throughput"]["tokens_per_s"] == pytest.approx(
-        float(res.eval["time"]["throughput"]["tokens_per_s"][first]), rel=1e-9)
+        float(res.eval.tokens_per_s[first]), rel=1e-9)
     # pinning removes the other values from the space instead of rejecting them
     assert d["candidates_evaluated"] < res.candidates / 10
 
@@ -207,7 +207,7 @@ def test_pinned_optimizer_offload_leaves_the_parameters_offload_searched():
     res = search.search(model, cluster, layout.Training(gbs=1024, engine="deepspeed"))
     first = next(int(i) for i in res.order if res.valid.offload_optimizer[i] == 1)
     assert json.loads(text)["layouts"][0]["throughput"]["tokens_per_s"] >= \
-        float(res.eval["time"]["throughput"]["tokens_per_s"][first]) * (1 - 1e-9)
+        float(res.eval.tokens_per_s[first]) * (1 - 1e-9)
 
 
 def test_pins_without_an_engine_choose_one_that_has_the_axes():
@@ -455,11 +455,11 @@ def test_combined_evaluations_equal_a_fresh_one():
     valid, ev = res.valid, res.eval
     assert (valid.recompute_layers > 0).any() and (valid.rank_order == 1).any()  # both paths taken
     fresh = search.evaluate(model, cluster, training, valid, 0.05)
-    assert (ev["fits"] == fresh["fits"]).all()
-    np.testing.assert_array_equal(ev["time"]["step_s"], fresh["time"]["step_s"])
-    for part, keys in ((lambda e: e["memory"], ("total", "activations", "cpu_per_node")),
-                       (lambda e: e["time"]["breakdown"], ("compute", "recompute", "pp_comm", "optimizer")),
-                       (lambda e: e["time"]["throughput"], ("tokens_per_s",))):
+    assert (ev.fits == fresh.fits).all()
+    np.testing.assert_array_equal(ev.time["step_s"], fresh.time["step_s"])
+    for part, keys in ((lambda e: e.memory, ("total", "activations", "cpu_per_node")),
+                       (lambda e: e.time["breakdown"], ("compute", "recompute", "pp_comm", "optimizer")),
+                       (lambda e: e.time["throughput"], ("tokens_per_s",))):
         for key in keys:
             np.testing.assert_array_equal(part(ev)[key], part(fresh)[key])
             for i in (0, valid.size - 1, int(np.flatnonzero(valid.rank_order == 1)[0])):

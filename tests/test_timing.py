@@ -1284,7 +1284,7 @@ def test_offloaded_checkpoints_cross_pcie_on_the_compute_stream():
 
     def step_s(offload: bool) -> float:
         training = layout.Training(engine="fsdp", seq_len=32768, zero_config=layout.ZeroConfig(cpu_checkpointing=offload))
-        return float(search.evaluate(model, cluster, training, lay)["time"]["step_s"][0])
+        return float(search.evaluate(model, cluster, training, lay).time["step_s"][0])
     copies_s = 2 * (32 * 32768 * 4096 * 2) / 50e9 * 2  # two copies a checkpoint, two micro-batches
     assert step_s(True) - step_s(False) == pytest.approx(copies_s, rel=0.01)
 
@@ -1303,8 +1303,8 @@ def test_deepspeeds_pipeline_offloads_checkpoints_off_the_compute_stream():
         training = layout.Training(engine="deepspeed", seq_len=32768, zero_config=layout.ZeroConfig(cpu_checkpointing=offload))
         return search.evaluate(model, cluster, training, lay)
     on_device, on_host = run(False), run(True)
-    assert on_host["time"]["step_s"][0] == on_device["time"]["step_s"][0]
-    assert on_host["memory"]["total"][0] < on_device["memory"]["total"][0]
+    assert on_host.time["step_s"][0] == on_device.time["step_s"][0]
+    assert on_host.memory["total"][0] < on_device.memory["total"][0]
 
 
 def test_zero_infinity_swaps_states_and_the_fp32_gradient_in_turn_with_the_cpu_step():
