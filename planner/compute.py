@@ -146,7 +146,7 @@ def gemm_fwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layo
     expert_kernels = 1 if training.engine.grouped_experts else np.maximum(model.experts // lay.ep, 1)
     routed = routed_per_token(model, training, lay, T)  # k dropless, E capacity / T padded
     seconds = 0.0
-    for g in model.gemms(fused=training.engine.fused_gemms):
+    for g in model.gemms(fused=training.engine.fused_gemms, fused_qkv=training.engine.fused_qkv):
         flops = T * g.flops_per_token * (routed if g.expert else 1) / (t if g.tp_split else 1.0)
         fp8 = g.tp_split and not (g.expert and training.engine.fp8_library == "torchao")
         seconds = seconds + gemm_s(flops, fp8_peak if fp8 else peak, fp8_c if fp8 else c, expert_kernels if g.expert else 1)

@@ -304,16 +304,16 @@ class ModelSpec:
         submodule there; the embedding and the output layer left out)."""
         return max(_largest_module(self.block_tensors()), _largest_module(self.dense_block.block_tensors()))
 
-    def gemms(self, fused: bool) -> list[Gemm]:
+    def gemms(self, fused: bool, fused_qkv: bool = False) -> list[Gemm]:
         """A block's forward GEMMs as the engine runs them: one per weight matrix (Hugging Face
         modules), or the tensors of one group fused into one GEMM (Megatron-core attention.py
-        linear_qkv, mlp.py linear_fc1 for gated units)."""
+        linear_qkv, mlp.py linear_fc1 for gated units); `fused_qkv` fuses the qkv group alone."""
         groups: dict[str, Gemm] = {}
         for t in self.block_tensors():
             if t.gemm is None:
                 continue
             elements = t.numel // (self.experts if t.expert else 1)
-            key = t.gemm if fused else t.name
+            key = t.gemm if fused or (fused_qkv and t.gemm == "qkv") else t.name
             if key in groups:
                 g = groups[key]
                 groups[key] = replace(g, flops_per_token=g.flops_per_token + 2.0 * elements)

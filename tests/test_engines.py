@@ -299,3 +299,22 @@ def test_deepspeed_pure_bf16_needs_zero_as_deepspeed_asserts():
             api.estimate("llama-3-8b", {"gpus": 8}, {"engine": engine, "precision": "bf16-pure", "gbs": 8}, {"zero": 0})
         api.estimate("llama-3-8b", {"gpus": 8}, {"engine": engine, "precision": "bf16-pure", "gbs": 8}, {"zero": 1})
     api.estimate("llama-3-8b", {"gpus": 8}, {"engine": "fsdp", "precision": "bf16-pure", "gbs": 8}, {"zero": 0})
+
+
+def test_torchtitan_runs_q_k_v_as_one_gemm():
+    """torchtitan 0.3.0 models/llama3/__init__.py builds its attention with fuse_qkv=True
+    (models/common/attention.py FusedQKVLinear: one wqkv linear) and keeps FeedForward's w1, w3, w2
+    apart; Megatron-core fuses linear_qkv and linear_fc1; Hugging Face's Llama runs every projection
+    alone. Llama 3 8B per token: wqkv 2 h (q + 2 kv) = 2 x 4096 x (4096 + 2 x 1024) FLOPs."""
+    from planner.engines import lookup as engine
+
+    m = lookup("llama-3-8b")
+
+    def gemms(name):
+        e = engine(name)
+        return [(g.name, g.flops_per_token) for g in m.gemms(e.fused_gemms, e.fused_qkv) if not g.expert]
+
+    titan = gemms("torchtitan")
+    assert [n for n, _ in titan].count("qkv") == 1 and len(titan) == 5  # wqkv, wo, w1, w3, w2
+    assert dict(titan)["qkv"] == 2 * 4096 * (4096 + 2 * 1024)
+    assert len(gemms("megatron")) == 4 and len(gemms("fsdp")) == 7

@@ -326,6 +326,10 @@ class Engine:
     --grad-reduce-in-bf16 (training/arguments.py; megatron-core DistributedDataParallelConfig
     grad_reduce_in_fp32 False), as NeMo 2's performance recipes set it (nemo/collections/llm/recipes/
     llama3_8b.py pretrain_performance_optimizations: recipe.trainer.plugins.grad_reduce_in_fp32 = False)."""
+    fused_qkv: bool = False
+    """q, k and v run as one GEMM though the other groups stay apart (torchtitan 0.3.0
+    models/common/attention.py FusedQKVLinear, fuse_qkv=True in models/llama3 and models/qwen3
+    __init__.py; FeedForward keeps w1 and w3 apart). fused_gemms fuses every group."""
     sequence_parallel_with_tp: bool = False
     """Sequence parallelism on wherever TP > 1 unless the user turns it off: what the engine's users run
     (NeMo 2 recipes, e.g. nemo/collections/llm/recipes/llama3_70b.py and gpt3_175b.py pretrain_recipe:

@@ -28,9 +28,9 @@ TORCHTITAN = replace(
     # _PipelineScheduleRuntime schedules: SEND_F/SEND_B actions issued and waited at the step's end,
     # RECV_F/RECV_B posted as early as the order allows (_add_send_recv) and waited when consumed
     p2p_overlaps_interleaved=True,
-    # models/llama3: separate wq, wk, wv and w1, w3, w2 (fused_gemms False as Hugging Face's); no
-    # torch.compile by default (CompileConfig.enable = False), so elementwise kernels run eagerly
-    modules=Modules.TORCHTITAN,
+    # models/llama3 and qwen3: one wqkv GEMM (fused_qkv), w1, w3 and w2 apart; no torch.compile by
+    # default (CompileConfig.enable = False), so elementwise kernels run eagerly
+    modules=Modules.TORCHTITAN, fused_qkv=True,
     # torchtitan 0.3 components/optimizer/optimizer.py OptimizersContainer.Config implementation "fused"
     optimizer_step_copy=False,
     expert_tp=ExpertTP.BY_EP,
