@@ -24,6 +24,7 @@ from planner.saved.base import ROWS, SP, TP, WHOLE
 from planner.saved.hf_gpt import hf_layer_norm_saved
 from planner.saved.hf_llama import hf_rms_norm_saved
 from planner.saved.torchtitan import torchtitan_topk_saved
+from planner.stage import Stage
 
 
 def layer_bytes(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
@@ -226,9 +227,10 @@ def recompute_working_bytes(model: ModelSpec, training: Training, lay: Layouts) 
                      [group * whole, np.maximum(selective, 0.0)], 0.0)
 
 
-def embedding_dropout_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+def embedding_dropout_bytes(s: Stage) -> np.ndarray:
     """First stage: the embedding dropout's 1-byte mask per in-flight micro-batch (Korthikanti
     section 4.3)."""
+    model, training, lay, stage = s
     if not model.dropout:
         return 0.0 * lay.tp
     tokens = training.seq_len / lay.cp * lay.mbs
@@ -237,10 +239,11 @@ def embedding_dropout_bytes(model: ModelSpec, training: Training, lay: Layouts, 
     return (stage == 0) * tokens * model.hidden / sp * np.ceil(in_flight)
 
 
-def head_input_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+def head_input_bytes(s: Stage) -> np.ndarray:
     """Last stage: the final norm's saved tensors and the output layer's input, one micro-batch
     (Korthikanti section 4.3: the output layer's activations are kept for the micro-batch in its
     backward; a Hugging Face model's final LlamaRMSNorm keeps what its blocks' norms keep)."""
+    model, training, lay, stage = s
     tokens = training.seq_len / lay.cp * lay.mbs
     sp = np.where(lay.sequence_parallel > 0, lay.tp, 1.0)
     e, h = training.precision.element_bytes, model.hidden
@@ -255,12 +258,13 @@ def head_input_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) 
     return (stage == lay.pp - 1) * tokens * per_token / sp
 
 
-def logits_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, bytes_per_element: float) -> np.ndarray:
+def logits_bytes(s: Stage, bytes_per_element: float) -> np.ndarray:
     """Last stage: the vocab-parallel logits of one micro-batch, split by t, at `bytes_per_element`
     per logit (Megatron-core tensor_parallel/cross_entropy.py: 16-bit logits, their fp32 copy and
     the fp32 softmax it saves for backward: 2 + 4 + 4). An engine computing the loss over sequence
     chunks holds one chunk's logits and an fp32 gradient buffer of the hidden states (torchtitan
     components/loss.py ChunkedLossWrapper: GradAccumulator(dtype=torch.float32) of [B, L, D])."""
+    model, training, lay, stage = s
     tokens = training.seq_len / lay.cp * lay.mbs
     chunks = training.loss_chunks
     held = bytes_per_element * tokens / chunks * model.vocab / lay.tp
@@ -269,31 +273,33 @@ def logits_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, byte
     return (stage == lay.pp - 1) * held
 
 
-def stage_host_activation_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+def stage_host_activation_bytes(s: Stage) -> np.ndarray:
     """Host bytes of one rank of `stage`: its checkpointed inputs in flight under cpu_checkpointing."""
+    model, training, lay, stage = s
     in_flight = microbatches_in_flight(lay.pp, lay.vpp, lay.gas, lay.schedule, stage)
     blocks = blocks_on_stage(model, lay, stage, training.pipeline_edge_layers)
     return sum(host_checkpoint_bytes(block, training, lay, n) for block, n in blocks) * in_flight
 
 
-def stage_activation_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+def stage_activation_bytes(s: Stage) -> np.ndarray:
     """Activation bytes on one rank of `stage` at its backward peak: what each block keeps, times
     its blocks and the micro-batches in flight, the engine's pipeline receive buffers, plus the
     recompute working set of its largest block and the first/last-stage extras. Dense-first and
     routed blocks are each counted as what they are (--recompute-layers then applies to each kind
     apart, an approximation where a stage holds both)."""
+    model, training, lay, stage = s
     in_flight = microbatches_in_flight(lay.pp, lay.vpp, lay.gas, lay.schedule, stage)
     blocks = blocks_on_stage(model, lay, stage, training.pipeline_edge_layers)
     kept = sum(kept_bytes(block, training, lay, n) for block, n in blocks) * in_flight
     if training.engine.pipeline_p2p_buffers:
         kept = kept + p2p_buffers(lay.pp, lay.vpp, lay.gas, lay.schedule, stage) * boundary_bytes(model, training, lay)
-    pipe = deepspeed_pipe_buffer_bytes(model, training, lay, stage)
+    pipe = deepspeed_pipe_buffer_bytes(s)
     working = np.max([np.where(n > 0, recompute_working_bytes(block, training, lay), 0.0) for block, n in blocks], axis=0)
-    return (kept + pipe["held"] + working + pipe["backward"] + embedding_dropout_bytes(model, training, lay, stage)
-            + head_input_bytes(model, training, lay, stage))
+    return (kept + pipe["held"] + working + pipe["backward"] + embedding_dropout_bytes(s)
+            + head_input_bytes(s))
 
 
-def deepspeed_pipe_buffer_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> dict:
+def deepspeed_pipe_buffer_bytes(s: Stage) -> dict:
     """What DeepSpeed's PipelineEngine (0.19.8 runtime/pipe/engine.py; the pp > 1 engine of deepspeed and
     megatron-deepspeed) keeps of the stage boundary beyond the blocks' saved tensors, one rank of
     `stage`, bytes of boundary_bytes b, m micro-batches in flight (microbatches_in_flight: TrainSchedule,
@@ -317,6 +323,7 @@ def deepspeed_pipe_buffer_bytes(model: ModelSpec, training: Training, lay: Layou
     vocab_parallel_cross_entropy works in place, so the tensor held is that fp32 buffer), else 16-bit.
     'held' = outputs + inputs + persistent + model_outputs, beside the blocks; 'backward' beside the
     recompute."""
+    model, training, lay, stage = s
     zero = 0.0 * lay.tp
     if training.engine.buffers is not Buffers.DEEPSPEED:
         return {"outputs": zero, "inputs": zero, "persistent": zero, "model_outputs": zero, "held": zero,

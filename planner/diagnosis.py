@@ -7,6 +7,7 @@ from planner import planning
 from planner.ds_rules import Finding
 from planner.errors import InputError
 from planner.layout import FIELDS, ZeroConfig
+from planner.stage import Stage
 
 
 def zero3_load_findings(est, source: str, init_flag: bool | None) -> list[Finding]:
@@ -193,7 +194,7 @@ def _nvme_reuse_buffer(est, model, cluster: dict, train: dict, lay: dict) -> lis
     if lay["zero"] != 3 or lay["offload_params"] != "nvme":
         return []
     one = single(**{k: est.layout[k] for k in ("tp", "pp", "dp", "ep")}, zero=3, offload_params="nvme")
-    reuse = float(sharding.zero3_swap_elements(est.model, est.training, one, 0)["reuse"][0])
+    reuse = float(sharding.zero3_swap_elements(Stage(est.model, est.training, one, 0))["reuse"][0])
     if reuse <= 0:
         return []
     w = est.training.precision.element_bytes

@@ -19,16 +19,17 @@ from planner.options import RankOrder
 from planner.pipeline import first_routed_stage, max_layers_on_stage
 from planner.sharding import block_fetches, expert_dp, expert_folds, expert_tp, rank_params, recompute_fetches
 from planner.tensors import BLOCK, FIRST, LAST, local_numel
+from planner.stage import Stage
 
 
 def held_params(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
     """(dense, expert) elements of a rank of the heavier end stage (first or last); experts of the
     first stage of routed blocks only where dense-first blocks leave the first with fewer."""
-    d0, expert = rank_params(model, training, lay, 0 * lay.pp)
+    d0, expert = rank_params(Stage(model, training, lay, 0 * lay.pp))
     if model.dense_layers:
         edge = training.pipeline_edge_layers
-        expert = rank_params(model, training, lay, first_routed_stage(model.dense_layers, model.layers, lay.pp, edge))[1]
-    return np.maximum(d0, rank_params(model, training, lay, lay.pp - 1)[0]), expert
+        expert = rank_params(Stage(model, training, lay, first_routed_stage(model.dense_layers, model.layers, lay.pp, edge)))[1]
+    return np.maximum(d0, rank_params(Stage(model, training, lay, lay.pp - 1))[0]), expert
 
 
 def dp_collective_s(cluster: Cluster, training: Training, lay: Layouts, c: dict, kind: str, dense_bytes,
@@ -138,7 +139,7 @@ def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
                                                        & (zc.stage3_max_live_parameters > submodule_elements))
     # DeepSpeed's backward gathers only what its forward released (zero3_kept_params); FSDP2 reshards
     # every unit after forward (--zero 3) and gathers it all again
-    kept, rank = zero3_kept_params(model, training, lay, 0 * lay.pp)
+    kept, rank = zero3_kept_params(Stage(model, training, lay, 0 * lay.pp))
     again = 1.0 if training.engine.zero3_fetch_per_block else 1.0 - kept / np.maximum(rank, 1.0)
     # and a recomputed block's modules that its recompute released before their backward use, again
     recomputed = recomputed_layers(lay, n_layers, lay.vpp) / np.maximum(n_layers, 1)

@@ -27,6 +27,7 @@ from planner.model import ModelSpec
 from planner.options import Fp8Recipe
 from planner.pipeline import blocks_on_stage
 from planner.sharding import _block_params
+from planner.stage import Stage
 
 TE, TORCHAO = "transformer_engine", "torchao"
 
@@ -114,13 +115,14 @@ def gathered_share(model: ModelSpec, training: Training) -> float:
     return converted / model.params
 
 
-def weight_cache_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+def weight_cache_bytes(s: Stage) -> np.ndarray:
     """The FP8 weight and its transpose Transformer Engine keeps for each block linear across the
     micro-batches and steps where the engine passes is_first_microbatch (megatron-core d98e8a6
     extensions/transformer_engine.py TELinear.forward; TE 2.18 module/linear.py Linear.forward:
     cache_name 'weight', self._fp8_workspaces), beside the bf16 parameter: 2 B a parameter on Hopper.
     None where the parameters are FP8 themselves (param_gather: TE's quantize_weight returns the
     parameter, no workspace), nor under FSDP2 (linear.py: no workspace cached with is_fsdp2) or torchao."""
+    model, training, lay, stage = s
     if library(training) != TE or not training.engine.fp8_weight_cache:
         return 0.0 * lay.tp
     params = 0.0

@@ -1,8 +1,8 @@
 """Memory per GPU rank: model states (planner/states.py), activations, logits, engine buffers and
 overheads, assembled per moment of a step.
 
-Every term is a small function of (model, training, layouts, stage) over arrays, so the search
-and `planner estimate` run the same formulas. Three moments of a step are modelled (PHASES:
+Every per-stage term is a small function of one context (planner/stage.py Stage: model, training,
+layouts, stage) over arrays, so the search and `planner estimate` run the same formulas. Three moments of a step are modelled (PHASES:
 forward/backward, the optimizer step, and the gradient reduction where an engine copies reduced
 gradients beside the full ones); the breakdown reports what is live at the largest, so its parts
 add up to the total. Bytes are int-valued float64 arrays.
@@ -30,6 +30,7 @@ from planner.engines.deepspeed.memory import (deepspeed_bf16_optimizer, deepspee
                                               zero3_live_param_bytes)
 from planner.engines.fsdp.memory import fsdp_unsharded_unit_bytes
 from planner.states import grad_bytes, grads_freed, host_bytes, optimizer_bytes, optimizer_step_copy_bytes, weight_bytes
+from planner.stage import Stage
 
 BREAKDOWN_KEYS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
 PHASES = ("forward/backward", "optimizer step", "gradient reduction")
@@ -49,70 +50,72 @@ def coefficients(section: str, calibration=None) -> dict:
 # engine buffers (DeepSpeed 0.19 runtime/zero/stage_1_and_2.py and stage3.py; FSDP2)
 
 
-def reduction_copy_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple:
+def reduction_copy_bytes(s: Stage) -> tuple:
     """(gradients, buffers) at the accumulation boundary's reduction where the engine copies reduced
     gradients into a new partition while the full ones are still held (DeepSpeed ZeRO-1: the full
     16-bit gradient, the new grads_in_partition with its straddling parameters, the reduce buckets;
     measured: the worst rank's transient equals it to the byte); FSDP2: the root unit's reduce-scatter
     after autograd has finished, beside the sharded gradients (fsdp_unsharded_unit_bytes 'reduction');
     zeros elsewhere."""
+    model, training, lay, stage = s
     if training.engine.buffers is Buffers.FSDP:
         # torch 2.13 _fsdp_state.py _root_post_backward_final_callback: the root's post_backward runs after
         # the last autograd node, the activations freed (measured: tests/test_fsdp_transients_real.py)
-        buffers = fsdp_unsharded_unit_bytes(model, training, lay, stage, moment="reduction")
-        sharded = grad_bytes(model, training, lay, stage, at_step=True)
+        buffers = fsdp_unsharded_unit_bytes(s, moment="reduction")
+        sharded = grad_bytes(s, at_step=True)
         return np.where(buffers > 0, sharded, 0.0), buffers
     bf16_opt = deepspeed_bf16_optimizer(training, lay)
     on = among(lay.zero, training.engine.reduction_copy) & (lay.offload_optimizer == Offload.NONE) & ~bf16_opt \
         & ~deepspeed_compact_fp32_grads(training, lay)  # copy_grads_in_partition returns early
-    grads = grad_bytes(model, training, lay, stage) + grad_bytes(model, training, lay, stage, at_step=True)
-    buffers = deepspeed_straddle_bytes(model, training, lay, stage, at_step=True) + deepspeed_reduce_buckets(training, lay)
+    grads = grad_bytes(s) + grad_bytes(s, at_step=True)
+    buffers = deepspeed_straddle_bytes(s, at_step=True) + deepspeed_reduce_buckets(training, lay)
     # BF16_Optimizer at the boundary (DeepSpeed 0.19.8 engine.py buffered_allreduce_fallback ->
     # allreduce_bucket): each param group's whole fp32 gradient buffer is cast to the bf16
     # communication_data_type for the all-reduce, 2 B/param beside the gradients (measured exact:
     # tests/test_deepspeed_transients_real.py); none when it accumulates in bf16 (no cast)
-    cast = np.where(bf16_opt & training.zero_config.fp32_grad_accum, 2.0 * sum(rank_params(model, training, lay, stage)), 0.0)
-    return np.where(on, grads, np.where(cast > 0, grad_bytes(model, training, lay, stage), 0.0)), \
+    cast = np.where(bf16_opt & training.zero_config.fp32_grad_accum, 2.0 * sum(rank_params(s)), 0.0)
+    return np.where(on, grads, np.where(cast > 0, grad_bytes(s), 0.0)), \
         np.where(on, buffers, cast)
 
 
-def engine_buffers(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple:
+def engine_buffers(s: Stage) -> tuple:
     """(buffers during forward/backward, extra buffers during the optimizer step), bytes.
     allgather_bucket_size allocates nothing in DeepSpeed 0.19: runtime/utils.py
     all_gather_dp_groups gathers into the flat 16-bit buffer with all_gather_into_tensor."""
+    model, training, lay, stage = s
     kind = training.engine.buffers
     if kind is Buffers.DEEPSPEED:
         zero3 = lay.zero == 3
-        fwd = np.where(zero3, zero3_live_param_bytes(model, training, lay, stage),
-                       deepspeed_straddle_bytes(model, training, lay, stage, at_step=False))
+        fwd = np.where(zero3, zero3_live_param_bytes(s),
+                       deepspeed_straddle_bytes(s, at_step=False))
         fwd = fwd + deepspeed_reduce_buckets(training, lay)
         # ZeRO-2, DeepSpeed 0.19.8 stage_1_and_2.py average_tensor -> allreduce_and_scatter -> allreduce_bucket:
         # self.flatten (torch.cat) of a bucket whose slices go to >= 2 partitions (one holding a partition
         # edge; one slice is a view), w x the bucket's elements beside grads_in_partition and the buckets
         # (a bucket is full to within one parameter; measured full: tests/test_deepspeed_transients_real.py)
-        dense, expert = rank_params(model, training, lay, stage)
+        dense, expert = rank_params(s)
         rank = dense + expert
         w = training.precision.element_bytes
         contiguous = training.zero_config.contiguous_gradients | (lay.offload_optimizer > Offload.NONE)
         bucket = training.zero_config.reduce_bucket_size
         # bucket >= the model: one reduction (backward epilogue), its w x P flat copy made before
         # grads_in_partition exists: only what exceeds the partition and its straddle shows (measured)
-        single = np.maximum(0.0, w * rank - grad_bytes(model, training, lay, stage)
-                            - deepspeed_straddle_bytes(model, training, lay, stage, at_step=False))
+        single = np.maximum(0.0, w * rank - grad_bytes(s)
+                            - deepspeed_straddle_bytes(s, at_step=False))
         # the compact fp32 partition exists before it (average_tensor: _get_compact_grad_partition_slice)
         compact = deepspeed_compact_fp32_grads(training, lay)
         flat = np.where(bucket < rank, w * bucket, np.where(compact, w * rank, single))
         flat = np.where((lay.zero == 2) & contiguous & (lay.zero_ranks > 1), flat, 0.0)
-        fwd = fwd + deepspeed_reduction_transient_bytes(model, training, lay, stage, flat)
-        step = deepspeed_step_grad_copies(model, training, lay, stage) \
-            + np.where(zero3, 0.0, deepspeed_straddle_bytes(model, training, lay, stage, at_step=True))
+        fwd = fwd + deepspeed_reduction_transient_bytes(s, flat)
+        step = deepspeed_step_grad_copies(s) \
+            + np.where(zero3, 0.0, deepspeed_straddle_bytes(s, at_step=True))
         # BF16_Optimizer all-reduces its flat gradient buffer in place: no ZeRO buckets or copies
         bf16_opt = deepspeed_bf16_optimizer(training, lay)
         return np.where(bf16_opt, 0.0, fwd), np.where(bf16_opt, 0.0, step)
     if kind is Buffers.FSDP:
         # optimizer step: FSDP2 allocates nothing (torch 2.13 fully_shard has no optimizer hook; measured 0 B
         # beside AdamW's own temporaries, tests/test_fsdp_transients_real.py), AdamW its foreach temporary
-        return fsdp_unsharded_unit_bytes(model, training, lay, stage), optimizer_step_copy_bytes(model, training, lay, stage)
+        return fsdp_unsharded_unit_bytes(s), optimizer_step_copy_bytes(s)
     return 0.0 * lay.tp, 0.0 * lay.tp  # Megatron's grads live in its contiguous grad buffer (counted in grads)
 
 
@@ -180,14 +183,14 @@ def _stage(where, model: ModelSpec, training: Training, lay: Layouts):
 
 
 def _states_part(model, cluster, training, lay, where) -> dict:
-    stage = _stage(where, model, training, lay)
-    fwd, step = engine_buffers(model, training, lay, stage)
+    s = Stage(model, training, lay, _stage(where, model, training, lay))
+    fwd, step = engine_buffers(s)
     # Transformer Engine's FP8 weight copies sit beside the 16-bit weights all step (planner/fp8.py)
-    weights = weight_bytes(model, training, lay, stage) + fp8.weight_cache_bytes(model, training, lay, stage)
-    parts = {"params": weights, "grads": grad_bytes(model, training, lay, stage),
-             "step_grads": grad_bytes(model, training, lay, stage, at_step=True),
-             "optimizer": optimizer_bytes(model, training, lay, stage), "fwd_buffers": fwd, "step_buffers": step}
-    parts["reduce_grads"], parts["reduce_buffers"] = reduction_copy_bytes(model, training, lay, stage)
+    weights = weight_bytes(s) + fp8.weight_cache_bytes(s)
+    parts = {"params": weights, "grads": grad_bytes(s),
+             "step_grads": grad_bytes(s, at_step=True),
+             "optimizer": optimizer_bytes(s), "fwd_buffers": fwd, "step_buffers": step}
+    parts["reduce_grads"], parts["reduce_buffers"] = reduction_copy_bytes(s)
     parts = {k: np.ceil(v) for k, v in parts.items()}
     coef = coefficients("memory", cluster.calibration)
     held = parts["params"] + parts["optimizer"]
@@ -197,7 +200,7 @@ def _states_part(model, cluster, training, lay, where) -> dict:
     # so they come back with them; but not the casts, norm copies and clones of the largest parameter's
     # reduction, which is lm_head's, at backward's start beside the activations; FSDP2's are gathered
     # parameters, held from backward's start
-    early = np.ceil(deepspeed_reduction_transient_bytes(model, training, lay, stage, 0.0))
+    early = np.ceil(deepspeed_reduction_transient_bytes(s, 0.0))
     grad_buffers = np.where(freed & (training.engine.buffers is Buffers.DEEPSPEED),
                             np.maximum(parts["fwd_buffers"] - early, 0.0), 0.0)
     return {**parts, "fwd_states": held + parts["fwd_buffers"] - grad_buffers, "grads_freed": freed * 1.0,
@@ -206,7 +209,7 @@ def _states_part(model, cluster, training, lay, where) -> dict:
             "reduce_states": np.where(parts["reduce_grads"] > 0, held + parts["reduce_grads"] + parts["reduce_buffers"], 0.0),
             "fixed_overhead": coef["cuda_context_bytes"] + coef["nccl_bytes_per_group"] * process_groups(lay),
             # one host's ranks share its RAM: a DGX node, or an NVL72 compute tray (Cluster.gpus_per_host)
-            "cpu_per_node": host_bytes(model, training, lay, stage) * cluster.gpus_per_host}
+            "cpu_per_node": host_bytes(s) * cluster.gpus_per_host}
 
 
 def loss_bytes_per_logit(model: ModelSpec, training: Training, coef: dict) -> float:
@@ -219,24 +222,25 @@ def loss_bytes_per_logit(model: ModelSpec, training: Training, coef: dict) -> fl
 
 
 def _activation_part(model, training, lay, where, coef) -> dict:
-    stage = _stage(where, model, training, lay)
+    s = Stage(model, training, lay, _stage(where, model, training, lay))
     if block_modules(model, training) is Modules.HF_LIGER:
-        logits = np.ceil(liger_fused_loss_bytes(model, training, lay, stage))
+        logits = np.ceil(liger_fused_loss_bytes(s))
     else:
-        logits = np.ceil(A.logits_bytes(model, training, lay, stage, loss_bytes_per_logit(model, training, coef)))
-    acts = np.ceil(A.stage_activation_bytes(model, training, lay, stage) + autocast_weight_bytes(model, training, lay, stage))
+        logits = np.ceil(A.logits_bytes(s, loss_bytes_per_logit(model, training, coef)))
+    acts = np.ceil(A.stage_activation_bytes(s) + autocast_weight_bytes(s))
     return {"activations": acts, "logits": logits, "total": acts + logits,
-            "host": A.stage_host_activation_bytes(model, training, lay, stage),
+            "host": A.stage_host_activation_bytes(s),
             "userbuffers": userbuffers_bytes(model, training, lay)}  # outside the allocator: overhead
 
 
-def liger_fused_loss_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+def liger_fused_loss_bytes(s: Stage) -> np.ndarray:
     """Last stage: Liger's fused linear cross-entropy in place of logits (liger_kernel 0.8.5
     ops/fused_linear_cross_entropy.py fused_linear_cross_entropy_forward): it never holds the BT x V
     logits, only one chunk of chunk_size rows (_CHUNK_MEM_CONST 1: next_power_of_2(ceil(BT /
     ceil(V / H))), at most BT) in the input's dtype, beside the gradients it computes in forward and
     keeps for backward: grad_input (BT x H, the input's dtype), grad_weight (V x H, the weight's dtype:
     accum_dtype None) and the fp32 per-token loss."""
+    model, training, lay, stage = s
     e, h, v = training.precision.element_bytes, model.hidden, model.vocab
     tokens = np.asarray(training.seq_len / lay.cp * lay.mbs, dtype=np.float64)
     inc = np.ceil(v / h)
@@ -245,7 +249,7 @@ def liger_fused_loss_bytes(model: ModelSpec, training: Training, lay: Layouts, s
     return (stage == lay.pp - 1) * held
 
 
-def autocast_weight_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+def autocast_weight_bytes(s: Stage) -> np.ndarray:
     """The 16-bit weight copies autograd keeps from forward to backward where autocast casts fp32
     parameters: Composer's FSDP 'DEFAULT' mixed precision gathers fp32 parameters (composer/distributed/
     mosaic_parallelism.py get_mixed_precision: param_dtype fp32), so each F.linear under autocast casts
@@ -253,13 +257,14 @@ def autocast_weight_bytes(model: ModelSpec, training: Training, lay: Layouts, st
     gathered fp32 unit after forward, not the cast. Every block that runs forward with grad keeps its
     copy (a checkpointed block keeps none until its recompute), and the unembedding keeps wte's (tied
     in MPT). llm-foundry's modules only (planner/modules.py); 0 elsewhere."""
+    model, training, lay, stage = s
     if not autocasts_fp32_params(model, training):
         return 0.0 * lay.tp
-    s, e = model.sums, training.precision.element_bytes
+    sums, e = model.sums, training.precision.element_bytes
     blocks = sum(n for _, n in blocks_on_stage(model, lay, stage, training.pipeline_edge_layers))
     kept_blocks = np.where(lay.recompute == Recompute.FULL, 1, blocks)  # the one recomputing block
-    block = (s.block_split + s.expert_split) / lay.tp + s.block_replicated + s.expert_replicated
-    head = np.where(stage == lay.pp - 1, (s.first_split if s.tied else s.output) / lay.tp, 0.0)
+    block = (sums.block_split + sums.expert_split) / lay.tp + sums.block_replicated + sums.expert_replicated
+    head = np.where(stage == lay.pp - 1, (sums.first_split if sums.tied else sums.output) / lay.tp, 0.0)
     return e * (kept_blocks * block + head)
 
 

@@ -14,15 +14,18 @@ from planner.model import ModelSpec
 from planner.options import Optimizer, Precision
 from planner.pipeline import blocks_on_stage, first_layer_on_stage
 from planner.tensors import FIRST, LAST, local_numel
+from planner.stage import Stage
 
 
-def rank_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple[np.ndarray, np.ndarray]:
+def rank_params(s: Stage) -> tuple[np.ndarray, np.ndarray]:
     """(dense, expert) parameter elements held by one rank of `stage` before any ZeRO sharding
-    (_rank_params), once per stage array."""
-    return lay.memo("rank_params", (model, training, stage), lambda: _rank_params(model, training, lay, stage))
+    (_rank_params): counted once per context, and once per model, training and stage array of
+    the candidates (Layouts.memo) for the contexts the terms build alike."""
+    model, training, lay, stage = s
+    return s.memo("rank_params", lambda: lay.memo("rank_params", (model, training, stage), lambda: _rank_params(s)))
 
 
-def _rank_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple[np.ndarray, np.ndarray]:
+def _rank_params(s: Stage) -> tuple[np.ndarray, np.ndarray]:
     """(dense, expert) parameter elements held by one rank of `stage` before any ZeRO sharding,
     summed from the model's tensor list (planner/tensors.py ParamSums).
 
@@ -31,16 +34,17 @@ def _rank_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> t
     stage, the output layer on the last; tied embeddings need a second copy when p > 1
     (Megatron-LM `shared_embedding`). Experts are split over EP ranks (Lepikhin et al. 2020), and
     over TP where the engine splits them (expert_tp)."""
-    s = model.sums
+    model, training, lay, stage = s
+    sums = model.sums
     t, p = lay.tp, lay.pp
     dense, expert = 0.0, 0.0
     for block, n in blocks_on_stage(model, lay, stage, training.pipeline_edge_layers):
         block_dense, block_expert = _block_params(block, training, lay)
         dense, expert = dense + n * block_dense, expert + n * block_expert
     first, last = stage == 0, stage == p - 1
-    embedding = s.first_split / t + s.first_replicated
-    output = np.where(s.tied & (p == 1), 0, s.output / t)
-    dense = dense + first * embedding + last * (s.last_replicated + output)
+    embedding = sums.first_split / t + sums.first_replicated
+    output = np.where(sums.tied & (p == 1), 0, sums.output / t)
+    dense = dense + first * embedding + last * (sums.last_replicated + output)
     return np.ceil(dense), np.ceil(expert)
 
 
@@ -134,10 +138,11 @@ def largest_module_params(model: ModelSpec, training: Training, lay: Layouts, bl
     return np.ceil(best)
 
 
-def largest_tensor_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+def largest_tensor_params(s: Stage) -> np.ndarray:
     """Elements one rank holds of the largest single parameter tensor on `stage`, after TP and EP
     (DeepSpeed 0.19.8 stage_1_and_2.py __init__: largest_param_numel, the max of param.numel()
     over the rank's 16-bit groups); the embedding and output layer count on their stages only."""
+    model, training, lay, stage = s
     stage = np.asarray(stage)
     best = 0.0 * lay.tp
     for tensors, experts in _block_kinds(model):
@@ -150,12 +155,13 @@ def largest_tensor_params(model: ModelSpec, training: Training, lay: Layouts, st
     return np.ceil(best)
 
 
-def oversized_tensor_params(model: ModelSpec, training: Training, lay: Layouts, stage, threshold) -> np.ndarray:
+def oversized_tensor_params(s: Stage, threshold) -> np.ndarray:
     """Elements, counted whole, of the tensors of more than `threshold` elements that one rank's
     ZeRO-1/2 partition of `stage` overlaps at most. The flat buffer runs embedding, blocks, output layer
     (DeepSpeed 0.19.8 stage_1_and_2.py flattens each group's parameters in order), so a partition of
     a data-parallel group larger than one holds at most one edge, the blocks' such tensors by their
     share of the blocks' elements, and one more straddling its end."""
+    model, training, lay, stage = s
     def over(tensors, experts):
         total, top = 0.0 * lay.tp, 0.0 * lay.tp
         for t in tensors:
@@ -173,7 +179,7 @@ def oversized_tensor_params(model: ModelSpec, training: Training, lay: Layouts, 
         straddle = np.maximum(straddle, top)
     first = np.where(stage == 0, over(model.tensors_at(FIRST), model.experts)[0], 0.0)
     last = np.where(stage == lay.pp - 1, over(model.tensors_at(LAST), model.experts)[0], 0.0)
-    partition = sum(rank_params(model, training, lay, stage)) / lay.zero_ranks
+    partition = sum(rank_params(s)) / lay.zero_ranks
     window = np.maximum(first, last) + density * partition + straddle
     everything = blocks + first + last
     return np.ceil(np.where(lay.zero_ranks > 1, np.minimum(everything, window), everything))
@@ -343,11 +349,12 @@ EXACT_TENSORS = 20_000
 layers of Llama-3.1-405B are ~1,100)."""
 
 
-def _per_stage_flat(model: ModelSpec, training: Training, lay: Layouts, stage, where, value, count: int = 1) -> np.ndarray:
+def _per_stage_flat(s: Stage, where, value, count: int = 1) -> np.ndarray:
     """value(flat key, zero ranks) -> `count` floats for each candidate `where` is true (0
     elsewhere), from the flat parameter list of its stage (_flat(*flat key)), evaluated once per
     distinct (tp, blocks, first or last stage, zero ranks, ep, expert tp, first block): shape
     (count, *lay.shape)."""
+    model, training, lay, stage = s
     stage = np.broadcast_to(stage, lay.shape)
     where = np.ones(lay.shape, dtype=bool) if where is None else np.broadcast_to(where, lay.shape)
     out = np.zeros((count, *lay.shape))
@@ -366,7 +373,7 @@ def _per_stage_flat(model: ModelSpec, training: Training, lay: Layouts, stage, w
     return out
 
 
-def deepspeed_grad_partition_excess(model: ModelSpec, training: Training, lay: Layouts, stage, where=None) -> np.ndarray:
+def deepspeed_grad_partition_excess(s: Stage, where=None) -> np.ndarray:
     """Elements by which the worst rank's ZeRO-1/2 gradient partition exceeds rank_params/D, for the
     candidates `where` is true (all by default; 0 elsewhere).
 
@@ -375,7 +382,8 @@ def deepspeed_grad_partition_excess(model: ModelSpec, training: Training, lay: L
     edges count whole (a whole embedding when an edge falls inside it). The flat order is the
     model's tensor list. Past EXACT_TENSORS tensors on a stage (thousands of layers) it takes the
     bound of two whole largest tensors."""
-    return _per_stage_flat(model, training, lay, stage, where, _grad_partition_excess)[0]
+    model, training, lay, stage = s
+    return _per_stage_flat(s, where, _grad_partition_excess)[0]
 
 
 @lru_cache(maxsize=4096)
@@ -423,7 +431,7 @@ def _sub_groups(sizes: np.ndarray, ranks: int, sub_group_size: int) -> list:
     return groups
 
 
-def zero3_swap_elements(model: ModelSpec, training: Training, lay: Layouts, stage, where=None) -> dict:
+def zero3_swap_elements(s: Stage, where=None) -> dict:
     """What sizes ZeRO-Infinity's host buffers, per candidate (elements; 0 where `where` is false):
     'largest': the partition of the largest sub-group (the optimizer swapper's buffers hold one of
     its tensors each, optimizer_utils.py OptimizerSwapper.__init__ largest_numel); 'unswapped': the
@@ -434,6 +442,7 @@ def zero3_swap_elements(model: ModelSpec, training: Training, lay: Layouts, stag
     total_elements <= the CPU buffer, else the sub-group lives on NVMe and
     reserve_partitioned_swap_space takes [t.ds_numel for t in the largest sub-group]: full numels,
     not partitions, as measured)."""
+    model, training, lay, stage = s
     zc, w = training.zero_config, training.precision.element_bytes
 
     def walk(flat_key, d):
@@ -448,4 +457,4 @@ def zero3_swap_elements(model: ModelSpec, training: Training, lay: Layouts, stag
         reuse = float(aio_aligned(sizes[first:end], w).sum()) if spills else 0.0
         return size, sum(g[0] for g in groups if g[0] * 4 < AIO_MIN_BYTES), reuse
 
-    return dict(zip(("largest", "unswapped", "reuse"), _per_stage_flat(model, training, lay, stage, where, walk, 3)))
+    return dict(zip(("largest", "unswapped", "reuse"), _per_stage_flat(s, where, walk, 3)))

@@ -7,7 +7,6 @@ import numpy as np
 
 from planner.engines import Buffers
 from planner.layout import Layouts, Training, among
-from planner.model import ModelSpec
 from planner.options import Offload, Optimizer, Precision
 from planner.sharding import (deepspeed_grad_partition_excess, optimizer_bytes_per_param, rank_params, state_bytes,
                               aio_aligned, zero3_swap_elements)
@@ -15,12 +14,14 @@ from planner.engines.deepspeed.memory import (bf16_optimizer_grad_bytes, deepspe
                                               deepspeed_compact_fp32_grads, deepspeed_fp32_accum_offload,
                                               deepspeed_fp32_accumulation, deepspeed_offload_staging_bytes)
 from planner.held import deferred_reduction, sharded_bytes
+from planner.stage import Stage
 
 
-def weight_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+def weight_bytes(s: Stage) -> np.ndarray:
     """16/32-bit weights on the GPU: sharded by ZeRO-3 (unless a pipeline keeps them gathered),
     none when ZeRO-3 offloads them."""
-    dense, expert = rank_params(model, training, lay, stage)
+    model, training, lay, stage = s
+    dense, expert = rank_params(s)
     sharded = (lay.zero >= 3) & ~deferred_reduction(training, lay)
     held = sharded_bytes(state_bytes(training).weights, sharded, dense, expert, training, lay)
     # FSDP2 (_fsdp_param.py FSDPParam): the fp32 shard is the master, counted with the optimizer
@@ -28,14 +29,15 @@ def weight_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> n
     return np.where((lay.offload_params > Offload.NONE) | master_only, 0.0, held)
 
 
-def grad_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, at_step: bool = False) -> np.ndarray:
+def grad_bytes(s: Stage, at_step: bool = False) -> np.ndarray:
     """Gradients on the GPU while backward runs (or, `at_step`, at the optimizer step): sharded
     over the ZeRO ranks for the stages the engine shards them in that phase, whole otherwise
     (DeepSpeed ZeRO-1 holds the full 16-bit gradient until the accumulation boundary); a second
     partition where the engine keeps one per micro-batch beside the accumulated one. ZeRO-Offload
     moves sharded gradients to the host as fp32."""
+    model, training, lay, stage = s
     engine = training.engine
-    dense, expert = rank_params(model, training, lay, stage)
+    dense, expert = rank_params(s)
     sharded = among(lay.zero, engine.grads_sharded_step if at_step else engine.grads_sharded_backward)
     if not at_step:
         sharded = sharded & ~deferred_reduction(training, lay)
@@ -52,7 +54,7 @@ def grad_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, at_ste
     # tests/test_deepspeed_offload_real.py)
     whole = (lay.zero == 1) & ~np.asarray(at_step)
     held = np.where(deepspeed_compact_fp32_grads(training, lay), sharded_bytes(4.0, ~whole, dense, expert, training, lay), held)
-    return np.where(deepspeed_bf16_optimizer(training, lay), bf16_optimizer_grad_bytes(model, training, lay, stage), held)
+    return np.where(deepspeed_bf16_optimizer(training, lay), bf16_optimizer_grad_bytes(s), held)
 
 
 def grads_freed(training: Training, lay: Layouts) -> np.ndarray:
@@ -63,19 +65,21 @@ def grads_freed(training: Training, lay: Layouts) -> np.ndarray:
     return freed & (lay.gas == 1)
 
 
-def optimizer_step_copy_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+def optimizer_step_copy_bytes(s: Stage) -> np.ndarray:
     """The temporary torch's foreach AdamW allocates in its step: sqrt of every second moment the rank
     holds, at once (torch 2.13 optim/adam.py _multi_tensor_adam: torch._foreach_sqrt(device_exp_avg_sqs);
     the moment is half of Adam's two states). None where the step runs on the host or is fused."""
+    model, training, lay, stage = s
     if not (training.engine.optimizer_step_copy and training.optimizer is Optimizer.ADAMW):
         return 0.0 * lay.tp
-    dense, expert = rank_params(model, training, lay, stage)
+    dense, expert = rank_params(s)
     held = sharded_bytes(state_bytes(training).moment, lay.zero >= 1, dense, expert, training, lay)
     return np.where(lay.offload_optimizer > Offload.NONE, 0.0, held)
 
 
-def _optimizer_partition_bytes(model, training, lay, stage):
-    dense, expert = rank_params(model, training, lay, stage)
+def _optimizer_partition_bytes(s: Stage):
+    model, training, lay, stage = s
+    dense, expert = rank_params(s)
     per_param = optimizer_bytes_per_param(model, training)
     if training.precision is Precision.FP32 and training.engine.fp32_full_weights:
         per_param = per_param + np.where(lay.zero >= 1, 4.0, 0.0)  # ZeRO-1/2 keep a separate fp32 master partition
@@ -83,19 +87,20 @@ def _optimizer_partition_bytes(model, training, lay, stage):
     return sharded_bytes(per_param, (lay.zero >= 1) | deepspeed_bf16_optimizer(training, lay), dense, expert, training, lay)
 
 
-def optimizer_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+def optimizer_bytes(s: Stage) -> np.ndarray:
     """Optimizer states and fp32 master weights on the GPU, sharded by ZeRO-1 and above; with them
     offloaded, what the offloading optimizer keeps on the GPU (deepspeed_offload_staging_bytes), and
     the share megatron-core's HybridDeviceOptimizer leaves there (Training.optimizer_offload_fraction:
     hybrid_optimizer.py _get_sub_optimizer_param_groups steps the rest on the GPU, from an fp32 clone
     of each 16-bit shard with the GPU optimizer's states, as the distributed optimizer would)."""
-    partition = _optimizer_partition_bytes(model, training, lay, stage)
+    model, training, lay, stage = s
+    partition = _optimizer_partition_bytes(s)
     kept = (1.0 - training.optimizer_offload_fraction) * partition
     return np.where(lay.offload_optimizer > Offload.NONE,
-                    deepspeed_offload_staging_bytes(model, training, lay, stage) + kept, partition)
+                    deepspeed_offload_staging_bytes(s) + kept, partition)
 
 
-def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+def host_bytes(s: Stage) -> np.ndarray:
     """Host memory of one rank: ZeRO-Offload (Ren et al. 2021 section 4) keeps fp32 master, states
     and fp32 gradients on the CPU, ZeRO-3 parameter offload the 16-bit partition; NVMe
     (ZeRO-Infinity) keeps its swap buffers in host memory (below). DeepSpeed 0.19.8 keeps more there
@@ -106,15 +111,16 @@ def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.
     never freed; not with fp32 accumulation, deepspeed_fp32_accum_offload); ZeRO-3 its gradient
     partitions in the accumulation dtype (stage3.py grad_partitions_flat_buffer on self.device,
     'cpu' under offload_optimizer)."""
-    dense, expert = rank_params(model, training, lay, stage)
+    model, training, lay, stage = s
+    dense, expert = rank_params(s)
     w = training.precision.element_bytes
-    optimizer = _optimizer_partition_bytes(model, training, lay, stage) + sharded_bytes(4.0, True, dense, expert, training, lay)
+    optimizer = _optimizer_partition_bytes(s) + sharded_bytes(4.0, True, dense, expert, training, lay)
     deepspeed = training.engine.buffers is Buffers.DEEPSPEED
     zero12 = deepspeed & among(lay.zero, (1, 2))
     accumulated = (lay.zero == 2) & (lay.gas > 1) & zero12 & ~deepspeed_fp32_accum_offload(training, lay)
-    excess = deepspeed_grad_partition_excess(model, training, lay, stage, accumulated)
+    excess = deepspeed_grad_partition_excess(s, accumulated)
     optimizer = optimizer + np.where(zero12, sharded_bytes(w, True, dense, expert, training, lay), 0.0) \
-        + deepspeed_offload_staging_bytes(model, training, lay, stage) \
+        + deepspeed_offload_staging_bytes(s) \
         + np.where(accumulated, sharded_bytes(w, True, dense, expert, training, lay) + w * excess, 0.0)
     grad_accum = 4.0 if training.zero_config.fp32_grad_accum else w
     optimizer = optimizer + np.where(deepspeed & (lay.zero == 3), sharded_bytes(grad_accum, True, dense, expert, training, lay), 0.0)
@@ -132,7 +138,7 @@ def host_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.
     partition = (dense + expert) / lay.zero_ranks
     zero3 = deepspeed & (lay.zero == 3)
     on_nvme = zero3 & ((lay.offload_optimizer == Offload.NVME) | (lay.offload_params == Offload.NVME))
-    swap = zero3_swap_elements(model, training, lay, stage, on_nvme)
+    swap = zero3_swap_elements(s, on_nvme)
     nvme_optimizer = sharded_bytes(grad_accum, True, dense, expert, training, lay) \
         + zc.nvme_optimizer_buffer_count * aio_aligned(swap["largest"], 4) * 4.0 \
         + swap["unswapped"] * (state_bytes(training).optimizer + 4.0)

@@ -10,6 +10,7 @@ import numpy as np
 
 from planner import activations, engines, hardware, layout, search
 from planner.model import ModelSpec
+from planner.stage import Stage
 
 # Where a paper leaves a layout field out we assume the Megatron-LM default and say so.
 ASSUMED_MBS = 1  # Narayanan 2021 Table 1 omits the micro-batch size; Megatron-LM's default is 1
@@ -74,7 +75,7 @@ def compare() -> list[dict]:
         if "iter_time_s" in measured:
             rows.append(_row(run, training, "iteration time s", measured["iter_time_s"], step_s))
         if "memory_gib_activations" in measured:
-            acts = activations.stage_activation_bytes(model, training, lay, np.zeros(1, dtype=np.int64))
+            acts = activations.stage_activation_bytes(Stage(model, training, lay, np.zeros(1, dtype=np.int64)))
             rows.append(_row(run, training, "activation GiB (first stage)", measured["memory_gib_activations"],
                              float(acts[0]) / 2**30))
     return rows

@@ -21,6 +21,7 @@ from calibrate.benches.saved import hf_layer_bytes, hf_saved_bytes  # noqa: E402
 from cuda_sdpa import fp32_gqa_math_extra_bytes  # noqa: E402
 from planner import activations, layout, memory  # noqa: E402
 from planner.hf_config import from_hf_config  # noqa: E402
+from planner.stage import Stage
 
 BASE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=176, head_dim=16)
 SHAPES = [  # (config changes, seq, batch)
@@ -170,7 +171,7 @@ def test_final_norm_and_head_input():
     assert two - layers - rotary - ids == 32 * 2 * (4 * 64 + 4 + 2 * 64)
     spec = from_hf_config(hf_config(2, "sdpa", {}))
     training = layout.Training(seq_len=32, engine="deepspeed")
-    head = activations.head_input_bytes(spec, training, layout.single(mbs=2), 0)[0]
+    head = activations.head_input_bytes(Stage(spec, training, layout.single(mbs=2), 0))[0]
     assert float(head) == two - layers - rotary - ids + 32 * 2 * 2 * 64
 
 
@@ -199,8 +200,8 @@ def test_step_peak_is_activations_plus_logits(layers, vocab):
     lay = layout.single(mbs=2)
     per_logit = memory.loss_bytes_per_logit(spec, training, memory.coefficients("memory"))
     assert per_logit == 12
-    predicted = activations.stage_activation_bytes(spec, training, lay, 0)[0] \
-        + activations.logits_bytes(spec, training, lay, 0, per_logit)[0]
+    predicted = activations.stage_activation_bytes(Stage(spec, training, lay, 0))[0] \
+        + activations.logits_bytes(Stage(spec, training, lay, 0), per_logit)[0]
     # e.g. 1 layer, V 8192: 128 tokens x (12 x 8192 logits + 2,840 layer + 516 head) = 13.0 MB
     assert measured == pytest.approx(predicted, rel=0.02)
 
@@ -559,8 +560,8 @@ def test_hf_gpt_final_norm_head_input_and_embedding_dropout(config):
     spec = from_hf_config(config(2, "sdpa", hidden, 4, 128, 0.1, 0.1))
     training = layout.Training(seq_len=seq, engine="deepspeed")
     lay = layout.single(mbs=batch)
-    head = float(activations.head_input_bytes(spec, training, lay, 0)[0])
-    embedding = float(activations.embedding_dropout_bytes(spec, training, lay, 0)[0])
+    head = float(activations.head_input_bytes(Stage(spec, training, lay, 0))[0])
+    embedding = float(activations.embedding_dropout_bytes(Stage(spec, training, lay, 0))[0])
     assert embedding == tokens * hidden
     assert head == cuda - embedding + tokens * 2 * hidden
 

@@ -21,6 +21,7 @@ from calibrate.engines.deepspeed_nvme import aio_available
 from calibrate.engines.deepspeed_offload import split
 from planner import layout, states
 from planner.hf_config import from_hf_config
+from planner.stage import Stage
 
 REFERENCE = Path(__file__).resolve().parent.parent / "data" / "references" / "deepspeed_nvme_cpu.json"
 ROWS = {row["name"]: row for row in json.loads(REFERENCE.read_text())["rows"]}
@@ -62,7 +63,7 @@ def _planned(row: dict) -> float:
                                "nvme_params_in_cpu": p["max_in_cpu"]} if p else {}))
     training = layout.Training(seq_len=16, precision="bf16", engine="deepspeed", zero_config=zc)
     lay = layout.single(dp=2, zero=3, gas=2, offload_optimizer="nvme", offload_params=row["offload_param"] or "none")
-    return float(states.host_bytes(model, training, lay, 0)[0])
+    return float(states.host_bytes(Stage(model, training, lay, 0))[0])
 
 
 def test_reference_is_deepspeeds_own_engine_offloading_to_nvme():

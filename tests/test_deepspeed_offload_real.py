@@ -22,6 +22,7 @@ import pytest
 
 from calibrate.engines.deepspeed_offload import prediction, split
 from planner import layout, memory, states
+from planner.stage import Stage
 
 REFERENCE = Path(__file__).resolve().parent.parent / "data" / "references" / "deepspeed_offload_cpu.json"
 ROWS = {row["name"]: row for row in json.loads(REFERENCE.read_text())["rows"]}
@@ -141,13 +142,13 @@ def test_llama_3_70b_zero2_offload_keeps_the_embedding_twice():
 
     model, training = lookup("llama-3-70b"), layout.Training(seq_len=4096, engine="deepspeed")
     lay = layout.single(dp=16, zero=2, offload_optimizer="cpu")
-    assert states.optimizer_bytes(model, training, lay, 0)[0] == 2 * 1_050_673_152
+    assert states.optimizer_bytes(Stage(model, training, lay, 0))[0] == 2 * 1_050_673_152
     on_gpu = layout.single(dp=16, zero=2)
-    host = states.host_bytes(model, training, lay, 0)[0]
+    host = states.host_bytes(Stage(model, training, lay, 0))[0]
     # 16 B/param sharded (Ren et al. 2021) + 2 B/param sharded + the staging buffer, ZeRO-2 at gas 1
     expected = (16 + 2) * model.params / 16 + 2 * 1_050_673_152
     assert host == pytest.approx(expected, rel=1e-6)
-    assert states.optimizer_bytes(model, training, on_gpu, 0)[0] == pytest.approx(12 * model.params / 16, rel=1e-6)
+    assert states.optimizer_bytes(Stage(model, training, on_gpu, 0))[0] == pytest.approx(12 * model.params / 16, rel=1e-6)
 
 
 def test_llama_3_70b_zero2_offload_reduction_copies_the_embedding_in_fp64():
@@ -159,7 +160,7 @@ def test_llama_3_70b_zero2_offload_reduction_copies_the_embedding_in_fp64():
 
     model, training = lookup("llama-3-70b"), layout.Training(seq_len=4096, engine="deepspeed")
     lay = layout.single(dp=16, zero=2, offload_optimizer="cpu")
-    fwd, step = memory.engine_buffers(model, training, lay, 0)
+    fwd, step = memory.engine_buffers(Stage(model, training, lay, 0))
     # bucket 2 x 5e8 + fp64 copy 8 x embedding + its clone 2 x embedding (no block tensor exceeds 5e8)
     assert fwd[0] == 2 * 500_000_000 + 8 * 1_050_673_152 + 2 * 1_050_673_152
     assert step[0] == 0

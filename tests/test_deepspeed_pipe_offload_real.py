@@ -22,6 +22,7 @@ import pytest
 from planner import layout, sharding, states
 from planner.model import lookup
 from planner.engines.deepspeed.memory import deepspeed_offload_staging_bytes
+from planner.stage import Stage
 
 pytestmark = pytest.mark.slow
 
@@ -47,13 +48,13 @@ def _planned_per_param() -> dict:
     the staging buffer's bytes per element of the largest tensor (on each side)."""
     model, training = lookup("llama-2-7b"), layout.Training(seq_len=16, engine="deepspeed")
     lay = layout.single(pp=2, dp=1, zero=1, gas=GAS, offload_optimizer="cpu")
-    params = sum(sharding.rank_params(model, training, lay, 0))[0]
-    largest = sharding.largest_tensor_params(model, training, lay, 0)[0]
-    staging = deepspeed_offload_staging_bytes(model, training, lay, 0)[0]
-    return {"weights": states.weight_bytes(model, training, lay, 0)[0] / params,
-            "grads": states.grad_bytes(model, training, lay, 0)[0] / params,
-            "gpu_optimizer": (states.optimizer_bytes(model, training, lay, 0)[0] - staging) / params,
-            "host": (states.host_bytes(model, training, lay, 0)[0] - staging) / params,
+    params = sum(sharding.rank_params(Stage(model, training, lay, 0)))[0]
+    largest = sharding.largest_tensor_params(Stage(model, training, lay, 0))[0]
+    staging = deepspeed_offload_staging_bytes(Stage(model, training, lay, 0))[0]
+    return {"weights": states.weight_bytes(Stage(model, training, lay, 0))[0] / params,
+            "grads": states.grad_bytes(Stage(model, training, lay, 0))[0] / params,
+            "gpu_optimizer": (states.optimizer_bytes(Stage(model, training, lay, 0))[0] - staging) / params,
+            "host": (states.host_bytes(Stage(model, training, lay, 0))[0] - staging) / params,
             "staging_per_element": staging / largest}
 
 

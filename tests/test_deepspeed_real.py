@@ -44,6 +44,7 @@ from planner.hf_config import from_hf_config
 from planner.layout import Training, ZeroConfig
 
 from calibrate.engines.deepspeed_exact import BUCKET, D, GAS, LLAMA, SEQ, STAGES, ZERO
+from planner.stage import Stage
 
 pytestmark = pytest.mark.slow
 
@@ -111,11 +112,11 @@ def engine_gas(spawned):
 def _planner(twin, stage: int, zc: ZeroConfig = ZERO, gas: int = 1) -> dict:
     lay = layout.single(dp=D, zero=stage, gas=gas)
     training = Training(seq_len=SEQ, precision="bf16", engine="deepspeed", zero_config=zc)
-    fwd, step = memory.engine_buffers(twin, training, lay, 0)
-    out = {"params": float(states.weight_bytes(twin, training, lay, 0)[0]),
-           "grads": float(states.grad_bytes(twin, training, lay, 0)[0]),
-           "step_grads": float(states.grad_bytes(twin, training, lay, 0, at_step=True)[0]),
-           "optimizer": float(states.optimizer_bytes(twin, training, lay, 0)[0]),
+    fwd, step = memory.engine_buffers(Stage(twin, training, lay, 0))
+    out = {"params": float(states.weight_bytes(Stage(twin, training, lay, 0))[0]),
+           "grads": float(states.grad_bytes(Stage(twin, training, lay, 0))[0]),
+           "step_grads": float(states.grad_bytes(Stage(twin, training, lay, 0), at_step=True)[0]),
+           "optimizer": float(states.optimizer_bytes(Stage(twin, training, lay, 0))[0]),
            "fwd_buffers": float(fwd[0]), "step_buffers": float(step[0]),
            "buckets": float(memory.deepspeed_reduce_buckets(training, lay)[0]),
            "reductions": float(timing.grad_reductions_per_step(training, lay)[0]),
@@ -123,10 +124,10 @@ def _planner(twin, stage: int, zc: ZeroConfig = ZERO, gas: int = 1) -> dict:
     # ZeRO-1/2: bytes by which the worst rank's gradient partition exceeds 2*P/D (whole straddling
     # parameters); the planner books them under buffers where the gradient is that partition:
     # in backward for ZeRO-2 only (ZeRO-1 holds the full gradient there), at the step for both
-    out["straddle"] = float(sharding.deepspeed_grad_partition_excess(twin, training, lay, 0)[0] * 2) if stage in (1, 2) else 0.0
-    out["straddle_bwd"] = float(memory.deepspeed_straddle_bytes(twin, training, lay, 0, at_step=False)[0])
-    out["straddle_step"] = float(memory.deepspeed_straddle_bytes(twin, training, lay, 0, at_step=True)[0])
-    reduce_grads, reduce_buffers = memory.reduction_copy_bytes(twin, training, lay, 0)
+    out["straddle"] = float(sharding.deepspeed_grad_partition_excess(Stage(twin, training, lay, 0))[0] * 2) if stage in (1, 2) else 0.0
+    out["straddle_bwd"] = float(memory.deepspeed_straddle_bytes(Stage(twin, training, lay, 0), at_step=False)[0])
+    out["straddle_step"] = float(memory.deepspeed_straddle_bytes(Stage(twin, training, lay, 0), at_step=True)[0])
+    reduce_grads, reduce_buffers = memory.reduction_copy_bytes(Stage(twin, training, lay, 0))
     out["reduce_grads"], out["reduce_buffers"] = float(reduce_grads[0]), float(reduce_buffers[0])
     return out
 

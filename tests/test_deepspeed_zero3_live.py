@@ -22,6 +22,7 @@ import pytest
 
 from planner import engines, hardware, layout, memory, sharding, timing
 from planner.hf_config import from_hf_config
+from planner.stage import Stage
 
 REFERENCE = Path(__file__).resolve().parent.parent / "data" / "references" / "deepspeed_zero3_live_cpu.json"
 ROWS = {row["name"]: row for row in json.loads(REFERENCE.read_text())["rows"]}
@@ -56,7 +57,7 @@ def _setup(row):
 
 def _planned_elements(row) -> float:
     model, training, lay = _setup(row)
-    return float(memory.zero3_live_param_bytes(model, training, lay, 0)[0]) / 2  # bf16
+    return float(memory.zero3_live_param_bytes(Stage(model, training, lay, 0))[0]) / 2  # bf16
 
 
 def test_reference_is_deepspeeds_own_engine():

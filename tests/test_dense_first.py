@@ -10,6 +10,7 @@ import pytest
 from planner import hardware, layout, memory, pipeline, saved, sharding, timing
 from planner.compute import flops_per_step
 from planner.model import ModelSpec, lookup
+from planner.stage import Stage
 
 H100 = hardware.lookup_gpu("h100-sxm")
 C = memory.coefficients("time")
@@ -90,7 +91,7 @@ def test_stage_parameters_equal_transformers_layers(config_dict, pp, ep):
                 expert = ".mlp.experts." in name  # the routed experts' stacked tensors: 8 / ep of them per rank
                 held["expert" if expert else "dense"] += p.numel() / (ep if expert else 1)
                 flat.append(p.numel() / (ep if expert else 1))
-        dense, expert = sharding.rank_params(spec, layout.Training(engine="deepspeed"), lay, stage)
+        dense, expert = sharding.rank_params(Stage(spec, layout.Training(engine="deepspeed"), lay, stage))
         assert (dense[0], expert[0]) == (held["dense"], held["expert"])
         # DeepSpeed's flat buffer: the stage's tensors in registration order, dense and routed blocks as they come
         assert list(spec.flat_local_sizes(1, pp, stage, ep)) == flat

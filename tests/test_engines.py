@@ -13,6 +13,7 @@ from planner.errors import InputError
 from planner.model import lookup
 from planner.options import Offload, Schedule
 from planner.rules import check_single
+from planner.stage import Stage
 
 H100 = hardware.lookup_gpu("h100-sxm")
 
@@ -92,8 +93,8 @@ def test_megatron_accounts_for_embedding_and_loss_in_the_pipeline_split():
         check_single(m, hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 8192, 8),
                      layout.Training(seq_len=8192, engine="megatron"), eight)
     # stage 0 holds 7 blocks, a middle stage 8: its parameters are 8/7 of stage 0's blocks'
-    p0 = sharding.rank_params(m, edges, lay, 0)[0]
-    p1 = sharding.rank_params(m, edges, lay, 1)[0]
+    p0 = sharding.rank_params(Stage(m, edges, lay, 0))[0]
+    p1 = sharding.rank_params(Stage(m, edges, lay, 1))[0]
     block = m.layer_params / 8  # a block's parameters over the 8 TP ranks
     assert p1 - (p0 - m.embedding_params / 8) == pytest.approx(block, rel=0.01)  # one more block, no embedding
     # engines that split blocks evenly refuse the switch, in one line naming it
@@ -125,8 +126,8 @@ def test_torchtitan_chunked_loss_holds_one_chunk_of_logits():
     lay = layout.single()
     coef = memory.coefficients("memory")
     titan, megatron = layout.Training(seq_len=8192, engine="torchtitan"), layout.Training(seq_len=8192, engine="megatron")
-    tt = activations.logits_bytes(m, titan, lay, np.zeros(1), memory.loss_bytes_per_logit(m, titan, coef))[0]
-    mg = activations.logits_bytes(m, megatron, lay, np.zeros(1), memory.loss_bytes_per_logit(m, megatron, coef))[0]
+    tt = activations.logits_bytes(Stage(m, titan, lay, np.zeros(1)), memory.loss_bytes_per_logit(m, titan, coef))[0]
+    mg = activations.logits_bytes(Stage(m, megatron, lay, np.zeros(1)), memory.loss_bytes_per_logit(m, megatron, coef))[0]
     assert mg == 10 * 8192 * 128256
     assert tt == 12 * 8192 * 128256 / 8 + 4 * 8192 * 4096
 
@@ -140,10 +141,10 @@ def test_torchtitan_pipeline_keeps_gradients_unsharded_until_the_schedule_ends()
     m = lookup("llama-3-8b")
     training = layout.Training(engine="torchtitan")
     piped = layout.single(pp=2, dp=4, zero=3, gas=8)
-    dense, _ = sharding.rank_params(m, training, piped, 0)
-    assert states.grad_bytes(m, training, piped, 0)[0] == 4 * dense[0]
-    assert states.weight_bytes(m, training, piped, 0)[0] == 2 * dense[0]
-    assert states.grad_bytes(m, training, piped, 0, at_step=True)[0] == pytest.approx(4 * dense[0] / 4)
+    dense, _ = sharding.rank_params(Stage(m, training, piped, 0))
+    assert states.grad_bytes(Stage(m, training, piped, 0))[0] == 4 * dense[0]
+    assert states.weight_bytes(Stage(m, training, piped, 0))[0] == 2 * dense[0]
+    assert states.grad_bytes(Stage(m, training, piped, 0), at_step=True)[0] == pytest.approx(4 * dense[0] / 4)
     assert timing.grad_reductions_per_step(training, piped)[0] == 1
     flat = layout.single(dp=8, zero=3, gas=8)
     assert timing.grad_reductions_per_step(training, flat)[0] == 8
@@ -168,10 +169,10 @@ def test_torchtitan_pipeline_keeps_receive_buffers_per_microbatch():
     lay = layout.single(pp=4, gas=16, recompute="full")
     titan = layout.Training(seq_len=8192, engine="torchtitan")
     without = layout.Training(seq_len=8192, engine=replace(TORCHTITAN, pipeline_p2p_buffers=False))
-    extra = activations.stage_activation_bytes(m, titan, lay, 1)[0] - activations.stage_activation_bytes(m, without, lay, 1)[0]
+    extra = activations.stage_activation_bytes(Stage(m, titan, lay, 1))[0] - activations.stage_activation_bytes(Stage(m, without, lay, 1))[0]
     assert extra == 32 * 64 * 2**20
     # the first stage receives gradients only: 16 x 64 MiB
-    first = activations.stage_activation_bytes(m, titan, lay, 0)[0] - activations.stage_activation_bytes(m, without, lay, 0)[0]
+    first = activations.stage_activation_bytes(Stage(m, titan, lay, 0))[0] - activations.stage_activation_bytes(Stage(m, without, lay, 0))[0]
     assert first == 16 * 64 * 2**20
 
 
@@ -188,12 +189,12 @@ def test_deepspeed_moe_keeps_experts_whole_on_every_tp_rank():
     m = lookup("mixtral-8x7b")
     lay = layout.single(tp=2, dp=8, ep=8)
     mds, mlm = layout.Training(engine="megatron-deepspeed"), layout.Training(engine="megatron")
-    per_layer_mds = sharding.rank_params(m, mds, lay, 0)[1][0] / 32  # 32 layers
-    per_layer_mlm = sharding.rank_params(m, mlm, lay, 0)[1][0] / 32
+    per_layer_mds = sharding.rank_params(Stage(m, mds, lay, 0))[1][0] / 32  # 32 layers
+    per_layer_mlm = sharding.rank_params(Stage(m, mlm, lay, 0))[1][0] / 32
     assert per_layer_mds == 3 * 4096 * 14336  # one whole expert
     assert per_layer_mlm == 3 * 4096 * 14336 / 2  # its TP half
     # the dense part is split alike
-    assert sharding.rank_params(m, mds, lay, 0)[0][0] == sharding.rank_params(m, mlm, lay, 0)[0][0]
+    assert sharding.rank_params(Stage(m, mds, lay, 0))[0][0] == sharding.rank_params(Stage(m, mlm, lay, 0))[0][0]
 
 
 def test_hugging_face_engines_offer_no_expert_parallelism():
@@ -251,8 +252,8 @@ def test_megatron_gradients_are_its_fp32_buffer_whole_on_every_rank():
     model, lay = lookup("llama-3-8b"), layout.single(dp=8, zero=1)
     for engine, per_param in (("megatron", 4.0), ("megatron-deepspeed", 2.0)):
         training = layout.Training(engine=engine, precision="bf16")
-        dense, expert = sharding.rank_params(model, training, lay, 0)
-        assert states.grad_bytes(model, training, lay, 0)[0] == pytest.approx(per_param * (dense + expert)[0])
+        dense, expert = sharding.rank_params(Stage(model, training, lay, 0))
+        assert states.grad_bytes(Stage(model, training, lay, 0))[0] == pytest.approx(per_param * (dense + expert)[0])
 
 
 def test_megatron_bf16_states_are_its_precision_aware_optimizer(tmp_path):

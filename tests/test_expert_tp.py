@@ -14,6 +14,7 @@ from planner.hardware import Cluster, lookup_gpu
 from planner.memory import coefficients
 from planner.model import lookup
 from planner.rules import check_single
+from planner.stage import Stage
 
 MIXTRAL = lookup("mixtral-8x7b")
 EXPERT = 3 * 4096 * 14336  # one Mixtral expert's gate, up and down projections: 176,160,768
@@ -30,7 +31,7 @@ NODE = Cluster(lookup_gpu("h100-sxm"), 8, 8)
 def test_megatron_expert_parameters_follow_etp(tp, dp, ep, etp, experts_per_rank):
     lay = layout.single(tp=tp, dp=dp, ep=ep, etp=etp, sequence_parallel=True)
     check_single(MIXTRAL, NODE, MEGATRON, lay)
-    _, expert = sharding.rank_params(MIXTRAL, MEGATRON, lay, 0)
+    _, expert = sharding.rank_params(Stage(MIXTRAL, MEGATRON, lay, 0))
     assert expert[0] == 32 * experts_per_rank * EXPERT  # 32 blocks
 
 

@@ -26,6 +26,7 @@ import pytest
 
 from planner import layout, memory, sharding
 from planner.model import ModelSpec
+from planner.stage import Stage
 
 REFERENCE = Path(__file__).resolve().parent.parent / "data" / "references" / "torchtitan_fsdp_cpu.json"
 ROWS = {row["name"]: row for row in json.loads(REFERENCE.read_text())["rows"]}
@@ -42,10 +43,10 @@ def _plan(row) -> dict:
                       ffn=row["ffn"], vocab=row["vocab"], tied_embeddings=row["tied"])
     training = layout.Training(seq_len=row["seq"], precision=row["dtype"], engine="torchtitan")
     lay = layout.single(dp=row["ranks"], zero=3 if row["policy"] == "default" else 2, mbs=row["batch"])
-    out = {m: float(memory.fsdp_unsharded_unit_bytes(model, training, lay, 0, moment=m)[0])
+    out = {m: float(memory.fsdp_unsharded_unit_bytes(Stage(model, training, lay, 0), moment=m)[0])
            for m in ("forward", "backward", "reduction")}
     out["block"] = float(sharding.block_params(model, training, lay)[0])
-    out["rank"] = float(sum(x[0] for x in sharding.rank_params(model, training, lay, 0)))
+    out["rank"] = float(sum(x[0] for x in sharding.rank_params(Stage(model, training, lay, 0))))
     return out
 
 
@@ -181,7 +182,7 @@ def test_edges_are_most_of_what_torchtitan_holds_for_a_large_vocabulary():
 
     m = lookup("llama-3-8b")
     lay = layout.single(dp=8, zero=3, mbs=1)
-    got = float(memory.fsdp_unsharded_unit_bytes(m, layout.Training(seq_len=4096, engine="torchtitan"), lay, 0,
+    got = float(memory.fsdp_unsharded_unit_bytes(Stage(m, layout.Training(seq_len=4096, engine="torchtitan"), lay, 0),
                                                  moment="backward")[0])
     lm = 128_256 * 4096
     assert got == pytest.approx(2 * (4096 + lm) + (4 + 4 + 4 / 8) * lm)  # 5,516,042,240 B

@@ -42,6 +42,7 @@ import json
 import pytest
 
 from calibrate.engines.fsdp_worker import LLAMA
+from planner.stage import Stage
 
 pytestmark = pytest.mark.slow
 
@@ -94,15 +95,15 @@ def _plan(name: str):
     model = from_hf_config({**LLAMA, "num_hidden_layers": LAYERS, **over, "model_type": "llama"})
     training = layout.Training(seq_len=SEQ, precision="bf16" if mixed else "fp32", engine="fsdp")
     lay = layout.single(dp=D, zero=3 if reshard else 2, mbs=MBS, gas=gas)
-    moments = {m: float(memory.fsdp_unsharded_unit_bytes(model, training, lay, 0, moment=m)[0])
+    moments = {m: float(memory.fsdp_unsharded_unit_bytes(Stage(model, training, lay, 0), moment=m)[0])
                for m in ("forward", "backward", "peak", "reduction")}
-    fwd, step = memory.engine_buffers(model, training, lay, 0)
-    grads, reduce = memory.reduction_copy_bytes(model, training, lay, 0)
-    return {**moments, "weights": float(states.weight_bytes(model, training, lay, 0)[0]),
+    fwd, step = memory.engine_buffers(Stage(model, training, lay, 0))
+    grads, reduce = memory.reduction_copy_bytes(Stage(model, training, lay, 0))
+    return {**moments, "weights": float(states.weight_bytes(Stage(model, training, lay, 0))[0]),
             "fwd_buffers": float(fwd[0]), "step_buffers": float(step[0]), "reduce_grads": float(grads[0]),
             "reduce_buffers": float(reduce[0]),
-            "step_grads": float(states.grad_bytes(model, training, lay, 0, at_step=True)[0]),
-            "optimizer": float(states.optimizer_bytes(model, training, lay, 0)[0])}
+            "step_grads": float(states.grad_bytes(Stage(model, training, lay, 0), at_step=True)[0]),
+            "optimizer": float(states.optimizer_bytes(Stage(model, training, lay, 0))[0])}
 
 
 def _w(name: str) -> int:
@@ -126,7 +127,7 @@ def test_same_shapes_and_model_states(measured):
     model = from_hf_config({**LLAMA, "num_hidden_layers": LAYERS, "model_type": "llama"})
     training, lay = layout.Training(engine="fsdp"), layout.single(dp=D, zero=3)
     assert sharding.block_params(model, training, lay)[0] == B
-    assert sum(x[0] for x in sharding.rank_params(model, training, lay, 0)) == P
+    assert sum(x[0] for x in sharding.rank_params(Stage(model, training, lay, 0))) == P
 
 
 @pytest.mark.parametrize("name", [n for n in MAIN if "reshard-true" in n])
@@ -258,7 +259,7 @@ def test_root_reduce_scatter_input_beside_its_gradients(measured, name):
 
         model = from_hf_config({**LLAMA, "num_hidden_layers": LAYERS, "vocab_size": 4096, "model_type": "llama"})
         training = layout.Training(seq_len=SEQ, precision="bf16", engine="fsdp")
-        planned = memory.fsdp_unsharded_unit_bytes(model, training, layout.single(dp=8, zero=3), 0, moment="reduction")
+        planned = memory.fsdp_unsharded_unit_bytes(Stage(model, training, layout.single(dp=8, zero=3), 0), moment="reduction")
         assert planned[0] == R_BYTES * root + w * root == 3_146_112
 
 

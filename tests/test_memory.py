@@ -14,6 +14,7 @@ from planner import activations, api, hardware, layout, memory, pipeline, shardi
 from planner import states as model_states
 from planner.model import ModelSpec, lookup
 from planner.options import Recompute
+from planner.stage import Stage
 
 A100 = hardware.lookup_gpu("a100-80gb")
 S0 = np.zeros(1, dtype=np.int64)
@@ -24,9 +25,9 @@ def cluster(n):
 
 
 def states(model, training, lay, stage=0, at_step=False):
-    return {"params": model_states.weight_bytes(model, training, lay, stage)[0],
-            "grads": model_states.grad_bytes(model, training, lay, stage, at_step)[0],
-            "optimizer": model_states.optimizer_bytes(model, training, lay, stage)[0]}
+    return {"params": model_states.weight_bytes(Stage(model, training, lay, stage))[0],
+            "grads": model_states.grad_bytes(Stage(model, training, lay, stage), at_step)[0],
+            "optimizer": model_states.optimizer_bytes(Stage(model, training, lay, stage))[0]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,8 +54,8 @@ def test_rank_params_are_the_exact_tensor_count_split_by_tp_pp():
     # 131,072,000 + final norm 4096 on the last stage, 32 blocks of 202,383,360 (8192 of them norms)
     m = lookup("llama-2-7b")
     lay = layout.single(tp=2, pp=2)
-    first, _ = sharding.rank_params(m, layout.Training(), lay, 0)
-    last, _ = sharding.rank_params(m, layout.Training(), lay, 1)
+    first, _ = sharding.rank_params(Stage(m, layout.Training(), lay, 0))
+    last, _ = sharding.rank_params(Stage(m, layout.Training(), lay, 1))
     assert first[0] == 16 * ((202_383_360 - 8192) / 2 + 8192) + 131_072_000 / 2
     assert last[0] == 16 * ((202_383_360 - 8192) / 2 + 8192) + 131_072_000 / 2 + 4096
     assert first[0] + last[0] == pytest.approx((m.params - 8192 * 32 - 4096) / 2 + 8192 * 32 + 4096)
@@ -67,7 +68,7 @@ def test_one_stage_holds_every_block_where_the_engine_trims_the_edge_stages():
     # two "is an end stage" booleans as a logical or)
     m = lookup("llama-3-8b")
     for engine in ("torchtitan", "fsdp", "megatron"):
-        dense, _ = sharding.rank_params(m, layout.Training(engine=engine), layout.single(), 0)
+        dense, _ = sharding.rank_params(Stage(m, layout.Training(engine=engine), layout.single(), 0))
         assert dense[0] == 8_030_261_248
     # 32 blocks on 1, 2, 4 stages with the edges trimmed: 32; 16 + 16; 8, 9, 8, 7 (torchtitan
     # pipeline_parallel.py _generate_llm_fqn_per_model_part, first/last_stage_less_layers = 1)
@@ -78,8 +79,8 @@ def test_one_stage_holds_every_block_where_the_engine_trims_the_edge_stages():
 def test_moe_experts_split_over_ep_ranks():
     # Mixtral-8x7B block: 8 experts x 3 x 4096 x 14336 = 1,409,286,144 expert params; ep 4 keeps 2 experts
     m = lookup("mixtral-8x7b")
-    _, e1 = sharding.rank_params(m, layout.Training(), layout.single(ep=1, dp=4), 0)
-    _, e4 = sharding.rank_params(m, layout.Training(), layout.single(ep=4, dp=4), 0)
+    _, e1 = sharding.rank_params(Stage(m, layout.Training(), layout.single(ep=1, dp=4), 0))
+    _, e4 = sharding.rank_params(Stage(m, layout.Training(), layout.single(ep=4, dp=4), 0))
     assert e1[0] == 32 * 1_409_286_144 and e4[0] == 32 * 1_409_286_144 / 4
 
 
@@ -115,8 +116,8 @@ def test_deepspeed_zero1_holds_full_gradients_until_the_boundary():
     m = lookup("llama-2-7b")
     lay = layout.single(dp=2, zero=1, gas=4)
     training = layout.Training()
-    assert model_states.grad_bytes(m, training, lay, 0)[0] / m.params == pytest.approx(2.0)
-    assert model_states.grad_bytes(m, training, lay, 0, at_step=True)[0] / m.params == pytest.approx(1.0)
+    assert model_states.grad_bytes(Stage(m, training, lay, 0))[0] / m.params == pytest.approx(2.0)
+    assert model_states.grad_bytes(Stage(m, training, lay, 0), at_step=True)[0] / m.params == pytest.approx(1.0)
 
 
 def test_deepspeed_zero2_holds_two_partitions_in_later_micro_steps():
@@ -124,9 +125,9 @@ def test_deepspeed_zero2_holds_two_partitions_in_later_micro_steps():
     # grads_in_partition), 2/D with one micro-step and at the step: D = 2 -> 2.0, 1.0, 1.0 B/param
     m = lookup("llama-2-7b")
     training = layout.Training()
-    assert model_states.grad_bytes(m, training, layout.single(dp=2, zero=2, gas=4), 0)[0] / m.params == pytest.approx(2.0)
-    assert model_states.grad_bytes(m, training, layout.single(dp=2, zero=2, gas=1), 0)[0] / m.params == pytest.approx(1.0)
-    assert model_states.grad_bytes(m, training, layout.single(dp=2, zero=2, gas=4), 0, True)[0] / m.params == \
+    assert model_states.grad_bytes(Stage(m, training, layout.single(dp=2, zero=2, gas=4), 0))[0] / m.params == pytest.approx(2.0)
+    assert model_states.grad_bytes(Stage(m, training, layout.single(dp=2, zero=2, gas=1), 0))[0] / m.params == pytest.approx(1.0)
+    assert model_states.grad_bytes(Stage(m, training, layout.single(dp=2, zero=2, gas=4), 0), True)[0] / m.params == \
         pytest.approx(1.0)
 
 
@@ -143,10 +144,10 @@ def test_offload_moves_states_to_the_host():
     per_rank = (16 + 2) * model.params / 8 + 2 * 32_000 * 4_096
     assert cpu["cpu_per_node"][0] == pytest.approx(per_rank * 8, rel=1e-9)  # 8 ranks per node
     lay = layout.single(dp=8, zero=3, offload_optimizer="nvme", offload_params="cpu")
-    assert model_states.weight_bytes(model, training, lay, 0)[0] == 0
+    assert model_states.weight_bytes(Stage(model, training, lay, 0))[0] == 0
     # the bf16 partition, the bf16 gradient partitions and the NVMe swapper's 4 fp32 buffers of the
     # partition (under sub_group_size 1e9; test_zero3_nvme_offload_keeps_swap_buffers_in_host_memory)
-    assert model_states.host_bytes(model, training, lay, 0)[0] == pytest.approx((2 + 2 + 4 * 4) * model.params / 8, rel=1e-9)
+    assert model_states.host_bytes(Stage(model, training, lay, 0))[0] == pytest.approx((2 + 2 + 4 * 4) * model.params / 8, rel=1e-9)
 
 
 def test_zero3_offload_host_bytes_per_engine():
@@ -157,7 +158,7 @@ def test_zero3_offload_host_bytes_per_engine():
     model = lookup("llama-2-7b")
     lay = layout.single(dp=8, zero=3, offload_optimizer="cpu", offload_params="cpu")
     for engine, per_param in (("fsdp", 16), ("torchtitan", 16), ("deepspeed", 20)):
-        host = model_states.host_bytes(model, layout.Training(engine=engine), lay, 0)[0]
+        host = model_states.host_bytes(Stage(model, layout.Training(engine=engine), lay, 0))[0]
         assert host == pytest.approx(per_param * model.params / 8, rel=1e-9), engine
 
 
@@ -172,10 +173,10 @@ def test_zero3_nvme_offload_keeps_swap_buffers_in_host_memory():
     model = lookup("llama-3-70b")
     assert model.params == 70_553_706_496
     training, part = layout.Training(engine="deepspeed"), 70_553_706_496 / 16
-    optimizer = model_states.host_bytes(model, training, layout.single(dp=16, zero=3, offload_optimizer="nvme"), 0)[0]
+    optimizer = model_states.host_bytes(Stage(model, training, layout.single(dp=16, zero=3, offload_optimizer="nvme"), 0))[0]
     assert optimizer == pytest.approx(4 * 1_013_597_184 * 4 + 2 * part, rel=1e-12)
-    both = model_states.host_bytes(model, training, layout.single(dp=16, zero=3, offload_optimizer="nvme",
-                                                            offload_params="nvme"), 0)[0]
+    both = model_states.host_bytes(Stage(model, training, layout.single(dp=16, zero=3, offload_optimizer="nvme",
+                                                            offload_params="nvme"), 0))[0]
     # the parameters' swapper pins 5 x 1e8 bf16 elements (each rounded up to 1,024 B: 100,000,256), keeps
     # the first max_in_cpu 1e9 of the partition, and, the partition spilling past it, a reuse buffer of
     # the largest sub-group's FULL parameters (stage3.py reserve_partitioned_swap_space, t.ds_numel;
@@ -222,13 +223,13 @@ def test_straddling_parameters_counted_whole():
     m = tiny_llama()
     lay = layout.single(dp=2, zero=2)
     assert m.params == 158_016
-    assert sharding.deepspeed_grad_partition_excess(m, layout.Training(), lay, 0)[0] == 83_072 - 79_008
+    assert sharding.deepspeed_grad_partition_excess(Stage(m, layout.Training(), lay, 0))[0] == 83_072 - 79_008
     # bf16: 2 bytes each; ZeRO-2 holds them in backward and at the step, ZeRO-1 at the step only
     training = layout.Training()
-    assert memory.deepspeed_straddle_bytes(m, training, lay, 0, at_step=False)[0] == 2 * 4064
+    assert memory.deepspeed_straddle_bytes(Stage(m, training, lay, 0), at_step=False)[0] == 2 * 4064
     z1 = layout.single(dp=2, zero=1)
-    assert memory.deepspeed_straddle_bytes(m, training, z1, 0, at_step=False)[0] == 0
-    assert memory.deepspeed_straddle_bytes(m, training, z1, 0, at_step=True)[0] == 2 * 4064
+    assert memory.deepspeed_straddle_bytes(Stage(m, training, z1, 0), at_step=False)[0] == 0
+    assert memory.deepspeed_straddle_bytes(Stage(m, training, z1, 0), at_step=True)[0] == 2 * 4064
 
 
 def test_zero2_step_peak_is_2_plus_20_over_d():
@@ -239,7 +240,7 @@ def test_zero2_step_peak_is_2_plus_20_over_d():
     lay = layout.single(dp=4, zero=2, mbs=1)
     mem = memory.rank_memory(model, cluster(4), training, lay)
     assert memory.PHASES[mem["phase"][0]] == "optimizer step"  # one token of activations: the step is the peak
-    straddle = memory.deepspeed_straddle_bytes(model, training, lay, 0, at_step=True)[0]
+    straddle = memory.deepspeed_straddle_bytes(Stage(model, training, lay, 0), at_step=True)[0]
     tensors = sum(mem[k][0] for k in ("params", "grads", "optimizer", "buffers")) - straddle
     assert tensors / model.params == pytest.approx(2 + 20 / 4, rel=1e-6)  # 7.0 B/param at D = 4
 
@@ -253,14 +254,14 @@ def test_zero1_peak_is_the_boundary_reduction():
     lay = layout.single(dp=4, zero=1, mbs=1)
     mem = memory.rank_memory(model, cluster(4), training, lay)
     assert memory.PHASES[mem["phase"][0]] == "gradient reduction"
-    grads, buffers = memory.reduction_copy_bytes(model, training, lay, 0)
-    straddle = memory.deepspeed_straddle_bytes(model, training, lay, 0, at_step=True)[0]
+    grads, buffers = memory.reduction_copy_bytes(Stage(model, training, lay, 0))
+    straddle = memory.deepspeed_straddle_bytes(Stage(model, training, lay, 0), at_step=True)[0]
     assert grads[0] / model.params == pytest.approx(2 + 2 / 4, rel=1e-6)
     assert buffers[0] == straddle + 2 * 1000  # and the 1000-element bf16 bucket
     tensors = sum(mem[k][0] for k in ("params", "grads", "optimizer", "buffers")) - straddle - 2000
     assert tensors / model.params == pytest.approx(2 + 2 + 14 / 4, rel=1e-6)  # 7.5 B/param at D = 4
     # ZeRO-2 reduces in its backward hooks: no such moment
-    assert memory.reduction_copy_bytes(model, training, layout.single(dp=4, zero=2), 0)[0][0] == 0
+    assert memory.reduction_copy_bytes(Stage(model, training, layout.single(dp=4, zero=2), 0))[0][0] == 0
 
 
 def test_zero3_sub_group_fp32_gradient_chunk():
@@ -270,8 +271,8 @@ def test_zero3_sub_group_fp32_gradient_chunk():
     small = layout.Training(zero_config=layout.ZeroConfig(sub_group_size=10_000_000))
     lay = layout.single(dp=8, zero=3)
     assert small.precision.element_bytes == 2
-    assert memory.deepspeed_step_grad_copies(m, small, lay, 0)[0] == 6 * 10_000_000
-    assert memory.deepspeed_step_grad_copies(m, layout.Training(), lay, 0)[0] == pytest.approx(6 * m.params / 8)
+    assert memory.deepspeed_step_grad_copies(Stage(m, small, lay, 0))[0] == 6 * 10_000_000
+    assert memory.deepspeed_step_grad_copies(Stage(m, layout.Training(), lay, 0))[0] == pytest.approx(6 * m.params / 8)
 
 
 def test_zero3_default_reuse_keeps_whole_gathered_model():
@@ -282,13 +283,13 @@ def test_zero3_default_reuse_keeps_whole_gathered_model():
     base = layout.Training(zero_config=layout.ZeroConfig(reduce_bucket_size=1000, stage3_prefetch_bucket_size=1000,
                                                          stage3_param_persistence_threshold=10))
     lay = layout.single(dp=2, zero=3)
-    live = memory.zero3_live_param_bytes(model, base, lay, 0)[0]
+    live = memory.zero3_live_param_bytes(Stage(model, base, lay, 0))[0]
     assert live / model.params == pytest.approx(2.0, rel=1e-6)
     no_reuse = replace(base, zero_config=replace(base.zero_config, stage3_max_reuse_distance=0))
-    assert memory.zero3_live_param_bytes(model, no_reuse, lay, 0)[0] == live
+    assert memory.zero3_live_param_bytes(Stage(model, no_reuse, lay, 0))[0] == live
     nothing_ahead = replace(no_reuse, zero_config=replace(no_reuse.zero_config, stage3_prefetch_bucket_size=0))
     # gate_proj 512 x 1408 = 720,896 elements (the embedding 1000 x 512 is smaller), bf16
-    assert memory.zero3_live_param_bytes(model, nothing_ahead, lay, 0)[0] == 2 * 720_896
+    assert memory.zero3_live_param_bytes(Stage(model, nothing_ahead, lay, 0))[0] == 2 * 720_896
 
 
 def test_zero3_persistent_parameters_are_the_small_tensors():
@@ -312,8 +313,8 @@ def test_fsdp_holds_the_root_and_a_blocks_unsharded_buffers():
     m = lookup("llama-2-7b")
     fsdp = layout.Training(engine="fsdp")
     backward = 2 * 262_148_096 + 2 * 131_076_096 + (2 + 2 + 2 + 4) * 202_383_360
-    assert memory.fsdp_unsharded_unit_bytes(m, fsdp, layout.single(dp=8, zero=3), 0)[0] == backward
-    assert memory.fsdp_unsharded_unit_bytes(m, fsdp, layout.single(dp=8, zero=0), 0)[0] == 0
+    assert memory.fsdp_unsharded_unit_bytes(Stage(m, fsdp, layout.single(dp=8, zero=3), 0))[0] == backward
+    assert memory.fsdp_unsharded_unit_bytes(Stage(m, fsdp, layout.single(dp=8, zero=0), 0))[0] == 0
 
 
 def test_overhead_counts_context_and_communicators():
@@ -402,9 +403,9 @@ def test_embedding_dropout_mask_per_micro_batch_in_flight():
     # a 4-stage 1F1B pipeline holds 4 micro-batches: 4 sbh (s 2048, b 1, h 6144)
     m = lookup("korthikanti-gpt-22b")
     lay = layout.single(pp=4, gas=8)
-    got = activations.embedding_dropout_bytes(m, layout.Training(seq_len=2048), lay, S0)[0]
+    got = activations.embedding_dropout_bytes(Stage(m, layout.Training(seq_len=2048), lay, S0))[0]
     assert got == 4 * 2048 * 6144
-    assert activations.embedding_dropout_bytes(lookup("llama-2-7b"), layout.Training(), lay, S0)[0] == 0
+    assert activations.embedding_dropout_bytes(Stage(lookup("llama-2-7b"), layout.Training(), lay, S0))[0] == 0
 
 
 def test_last_stage_keeps_the_head_inputs():
@@ -413,12 +414,12 @@ def test_last_stage_keeps_the_head_inputs():
     m = lookup("llama-2-7b")
     lay = layout.single(pp=4, mbs=2, gas=8)
     training = layout.Training(seq_len=4096, engine="megatron")
-    assert activations.head_input_bytes(m, training, lay, np.array([3]))[0] == 4 * 4096 * 2 * 4096
-    assert activations.head_input_bytes(m, training, lay, S0)[0] == 0
+    assert activations.head_input_bytes(Stage(m, training, lay, np.array([3])))[0] == 4 * 4096 * 2 * 4096
+    assert activations.head_input_bytes(Stage(m, training, lay, S0))[0] == 0
     # the whole last stage therefore holds more than its blocks' activations alone
     n3 = pipeline.layers_on_stage(32, 4, 3)
     blocks = activations.kept_per_layer(m, training, lay)[0] * n3 * 1  # 1 micro-batch in flight on stage 3
-    assert activations.stage_activation_bytes(m, training, lay, np.array([3]))[0] == blocks + 4 * 4096 * 2 * 4096
+    assert activations.stage_activation_bytes(Stage(m, training, lay, np.array([3])))[0] == blocks + 4 * 4096 * 2 * 4096
 
 
 def test_logits_are_ten_bytes_per_vocab_element():
@@ -428,9 +429,9 @@ def test_logits_are_ten_bytes_per_vocab_element():
     coef = memory.coefficients("memory")["logits_bytes_per_element"]
     lay = layout.single(tp=2, pp=2)
     assert coef == 10
-    got = activations.logits_bytes(m, layout.Training(seq_len=4096), lay, np.array([1]), coef)[0]
+    got = activations.logits_bytes(Stage(m, layout.Training(seq_len=4096), lay, np.array([1])), coef)[0]
     assert got == 10 * 4096 * 128256 / 2
-    assert activations.logits_bytes(m, layout.Training(seq_len=4096), lay, S0, coef)[0] == 0
+    assert activations.logits_bytes(Stage(m, layout.Training(seq_len=4096), lay, S0), coef)[0] == 0
 
 
 @pytest.mark.parametrize("p, v, m", [(8, 1, 64), (8, 3, 64), (35, 3, 280), (4, 1, 2)])
@@ -549,7 +550,7 @@ def test_deepspeed_zero0_step_holds_fp32_gradients_twice():
     # the flat buffer, 4 + 4 bytes per parameter, beside the bf16 gradients; Llama-2-7B on one rank
     m = lookup("llama-2-7b")
     lay = layout.single()
-    got = memory.deepspeed_step_grad_copies(m, layout.Training(engine="deepspeed"), lay, 0)[0]
+    got = memory.deepspeed_step_grad_copies(Stage(m, layout.Training(engine="deepspeed"), lay, 0))[0]
     assert got == 8 * 6_738_415_616
-    fp32 = memory.deepspeed_step_grad_copies(m, layout.Training(engine="deepspeed", precision="fp32"), lay, 0)[0]
+    fp32 = memory.deepspeed_step_grad_copies(Stage(m, layout.Training(engine="deepspeed", precision="fp32"), lay, 0))[0]
     assert fp32 == 0  # no 16-bit optimizer wrapper in fp32

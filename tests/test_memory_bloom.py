@@ -20,6 +20,7 @@ import pytest
 from planner import activations as A
 from planner import layout
 from planner.model import lookup, with_overrides
+from planner.stage import Stage
 
 # BLOOM-176B's prequel shape (bigscience train/tr11-176B-ml/chronicles-prequel.md, '48 node contenders':
 # NHIDDEN=14336, NLAYERS=72, seq 2048, vocab padded to 250880), Megatron-DeepSpeed, TP 8, PP 12, MBS 8
@@ -32,7 +33,7 @@ def _bloom(stage: int, tp: int = TP, engine: str = "megatron-deepspeed") -> dict
     training = layout.Training(seq_len=S, engine=engine)
     lay = layout.single(tp=tp, pp=PP, dp=4, zero=1, mbs=MBS, gas=GAS, recompute="full")
     return {k: float(np.asarray(v).ravel()[0]) for k, v in
-            A.deepspeed_pipe_buffer_bytes(model, training, lay, np.array([stage])).items()}
+            A.deepspeed_pipe_buffer_bytes(Stage(model, training, lay, np.array([stage]))).items()}
 
 
 def test_first_stage_keeps_each_in_flight_output_partitioned():
@@ -90,7 +91,7 @@ def _toy(stage: int, tp: int) -> dict:
     training = layout.Training(seq_len=SEQ, engine="deepspeed" if tp == 1 else "megatron-deepspeed")
     lay = layout.single(tp=tp, pp=2, dp=1, mbs=TOY_MBS, gas=TOY_GAS)
     return {k: float(np.asarray(v).ravel()[0]) for k, v in
-            A.deepspeed_pipe_buffer_bytes(model, training, lay, np.array([stage])).items()}
+            A.deepspeed_pipe_buffer_bytes(Stage(model, training, lay, np.array([stage]))).items()}
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])

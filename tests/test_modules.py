@@ -11,6 +11,7 @@ from planner.engines import Modules
 from planner.errors import InputError
 from planner.model import ModelSpec
 from planner.modules import block_modules
+from planner.stage import Stage
 
 # MPT-7B as llm-foundry's benchmark tables give it (scripts/train/yamls/pretrain/mpt-7b.yaml: d_model 4096,
 # n_heads 32, n_layers 32, expansion_ratio 4, vocab 50368), as a shape given by flags
@@ -57,13 +58,12 @@ def test_autocast_keeps_a_16_bit_copy_of_every_weight_its_forward_cast():
     # weights 2h, 32 blocks, and the untied output layer's V x h, 2 B each
     training = layout.Training(seq_len=2048, engine="fsdp")
     last = np.zeros(1, dtype=np.int64)
-    kept = memory.autocast_weight_bytes(MPT7B, training, layout.single(zero=3), last)[0]
+    kept = memory.autocast_weight_bytes(Stage(MPT7B, training, layout.single(zero=3), last))[0]
     assert kept == 2 * (L * (12 * H * H + 2 * H) + V * H)
     # under full recompute only the block recomputing in backward holds its cast
-    one = memory.autocast_weight_bytes(MPT7B, training, layout.single(zero=3, recompute="full"), last)[0]
+    one = memory.autocast_weight_bytes(Stage(MPT7B, training, layout.single(zero=3, recompute="full"), last))[0]
     assert one == 2 * ((12 * H * H + 2 * H) + V * H)
-    assert memory.autocast_weight_bytes(MPT7B, layout.Training(engine="fsdp", modules="hf"),
-                                        layout.single(zero=3), last)[0] == 0
+    assert memory.autocast_weight_bytes(Stage(MPT7B, layout.Training(engine="fsdp", modules="hf"), layout.single(zero=3), last))[0] == 0
 
 
 def test_mpt_7b_on_256_h100_at_micro_batch_6_fits_as_it_ran():
@@ -137,8 +137,7 @@ def test_liger_fused_linear_cross_entropy_holds_one_chunk_of_logits():
 
     m = lookup("llama-3-8b")
     last = np.zeros(1, dtype=np.int64)
-    held = memory.liger_fused_loss_bytes(m, layout.Training(seq_len=4096, engine="fsdp", modules="hf-liger"),
-                                         layout.single(), last)[0]
+    held = memory.liger_fused_loss_bytes(Stage(m, layout.Training(seq_len=4096, engine="fsdp", modules="hf-liger"), layout.single(), last))[0]
     assert held == 2 * 128 * 128256 + 2 * 4096 * 4096 + 2 * 128256 * 4096 + 4 * 4096
     est = api.estimate("llama-3-8b", {"gpus": 8}, {"engine": "fsdp", "modules": "hf-liger", "seq_len": 4096}, {"zero": 3})
     assert est.record["memory"]["breakdown"]["logits"] == held
@@ -187,7 +186,7 @@ def test_composer_pure_mixed_precision_keeps_no_fp32_parameters():
     default = layout.Training(seq_len=2048, engine="fsdp")
     assert gathered_param_bytes(MPT7B, pure) == 2 and gathered_param_bytes(MPT7B, default) == 4
     last = np.zeros(1, dtype=np.int64)
-    assert memory.autocast_weight_bytes(MPT7B, pure, layout.single(zero=3), last)[0] == 0
+    assert memory.autocast_weight_bytes(Stage(MPT7B, pure, layout.single(zero=3), last))[0] == 0
     with pytest.raises(InputError, match="--fsdp-mixed-precision"):
         api.estimate("llama-3-8b", {"gpus": 8}, {"engine": "fsdp", "fsdp_mixed_precision": "pure"}, {"zero": 3})
     with pytest.raises(InputError, match="--fsdp-mixed-precision"):
@@ -200,7 +199,7 @@ def test_deepspeed_keeps_its_own_16_bit_parameters_under_llm_foundry_modules():
     ds = layout.Training(seq_len=2048, engine="deepspeed")
     assert block_modules(MPT7B, ds) is Modules.LLM_FOUNDRY
     assert gathered_param_bytes(MPT7B, ds) == 2
-    assert memory.autocast_weight_bytes(MPT7B, ds, layout.single(zero=3), np.zeros(1, dtype=np.int64))[0] == 0
+    assert memory.autocast_weight_bytes(Stage(MPT7B, ds, layout.single(zero=3), np.zeros(1, dtype=np.int64)))[0] == 0
     with pytest.raises(InputError, match="--fsdp-mixed-precision"):
         api.estimate(MPT7B_FLAGS, {"gpus": 8}, {"engine": "deepspeed", "fsdp_mixed_precision": "pure"}, {"zero": 3})
 

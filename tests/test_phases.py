@@ -12,6 +12,7 @@ import pytest
 from planner import activations as A
 from planner import api, cli, memory
 from planner.layout import single
+from planner.stage import Stage
 
 GiB = 2**30
 APP = Path(__file__).resolve().parent.parent / "app.py"
@@ -51,7 +52,7 @@ def test_forward_backward_holds_the_activations_the_activation_model_gives(step_
     assert fwd["allocated_bytes"] < step_peak.memory["allocated_bytes"]  # not the peak
     # planner/activations.py's term for this layout, straight (HF modules: no autocast weight copies)
     lay = single(tp=1, pp=1, dp=8, mbs=1, gas=1024 // 8, zero=0)
-    expected = float(np.ceil(A.stage_activation_bytes(step_peak.model, step_peak.training, lay, np.zeros(1))[0]))
+    expected = float(np.ceil(A.stage_activation_bytes(Stage(step_peak.model, step_peak.training, lay, np.zeros(1)))[0]))
     assert fwd["breakdown"]["activations"] == expected > 1 * GiB
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from calibrate.engines.deepspeed_worker import LLAMA
+from planner.stage import Stage
 
 PROFILE = Path(__file__).resolve().parent.parent / "data" / "calibration" / "h200.json"
 GiB = 2**30
@@ -37,7 +38,7 @@ def test_adamw_step_temporary(foreach, fused):
     planner books the first for FSDP (torch.optim.AdamW as its recipes build it) and nothing for
     torchtitan (fused by default) or DeepSpeed (FusedAdam)."""
     from calibrate.benches.saved import transient_peak_bytes
-    from planner import layout, memory, states
+    from planner import layout, states
     from planner.hf_config import from_hf_config
 
     params = _llama_params()
@@ -48,8 +49,7 @@ def test_adamw_step_temporary(foreach, fused):
     scalars = 64  # 0-d bias-correction and step tensors (12 B measured)
     model = from_hf_config({**LLAMA, "model_type": "llama"})
     engine = "fsdp" if foreach else "torchtitan"
-    planned = states.optimizer_step_copy_bytes(model, layout.Training(seq_len=16, engine=engine),
-                                               layout.single(dp=1, zero=3), 0)[0]
+    planned = states.optimizer_step_copy_bytes(Stage(model, layout.Training(seq_len=16, engine=engine), layout.single(dp=1, zero=3), 0))[0]
     if foreach:
         assert 4 * n <= peak <= 4 * n + scalars  # 4 x 158,016 = 632,064
         assert planned == 4 * n

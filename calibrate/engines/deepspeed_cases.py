@@ -8,6 +8,7 @@ import json
 
 from calibrate.engines.deepspeed_worker import LLAMA
 from calibrate.harness.record import Case, gpu_memory, ranks_for
+from planner.stage import Stage
 
 SCALARS_BYTES = 128
 """Loss-scale and step counters the optimizers keep as 0-d tensors (8-84 bytes measured)."""
@@ -21,8 +22,9 @@ def prediction(zero: int, gas: int, fp32_grad_accum: bool, ranks: int) -> dict:
     training = layout.Training(seq_len=16, engine="deepspeed",
                                zero_config=layout.ZeroConfig(fp32_grad_accum=fp32_grad_accum))
     lay = layout.single(dp=ranks, zero=zero, gas=gas)
-    parts = [states.weight_bytes(model, training, lay, 0), states.grad_bytes(model, training, lay, 0),
-             states.optimizer_bytes(model, training, lay, 0)]
+    s = Stage(model, training, lay, 0)
+    parts = [states.weight_bytes(s), states.grad_bytes(s),
+             states.optimizer_bytes(s)]
     return {"model_state_bytes": float(sum(p[0] for p in parts))}
 
 
@@ -63,8 +65,9 @@ def pipe_prediction(zero: int, gas: int) -> dict:
     model = lookup("llama-2-7b")
     training = layout.Training(seq_len=16, engine="deepspeed")
     lay = layout.single(pp=2, dp=1, zero=zero, gas=gas)
-    dense, expert = sharding.rank_params(model, training, lay, 0)
-    held = sum(f(model, training, lay, 0)[0] for f in (states.weight_bytes, states.grad_bytes, states.optimizer_bytes))
+    s = Stage(model, training, lay, 0)
+    dense, expert = sharding.rank_params(s)
+    held = sum(f(s)[0] for f in (states.weight_bytes, states.grad_bytes, states.optimizer_bytes))
     return {"model_state_bytes_per_param": float(held / (dense + expert)[0])}
 
 
@@ -96,15 +99,16 @@ def transient_prediction(zero: int, gas: int, ranks: int = 2, precision: str = "
     training = layout.Training(seq_len=16, precision=precision, engine="deepspeed",
                                zero_config=layout.ZeroConfig(**zero_config))
     lay = layout.single(dp=ranks, zero=zero, gas=gas, offload_optimizer=offload_optimizer)
-    fwd, step = memory.engine_buffers(model, training, lay, 0)
-    reduce_grads, reduce_buffers = memory.reduction_copy_bytes(model, training, lay, 0)
-    terms = {"params": model.params, "grads": states.grad_bytes(model, training, lay, 0),
-             "step_grads": states.grad_bytes(model, training, lay, 0, at_step=True),
+    s = Stage(model, training, lay, 0)
+    fwd, step = memory.engine_buffers(s)
+    reduce_grads, reduce_buffers = memory.reduction_copy_bytes(s)
+    terms = {"params": model.params, "grads": states.grad_bytes(s),
+             "step_grads": states.grad_bytes(s, at_step=True),
              "fwd_buffers": fwd, "step_buffers": step, "buckets": memory.deepspeed_reduce_buckets(training, lay),
-             "straddle_bwd": memory.deepspeed_straddle_bytes(model, training, lay, 0, at_step=False),
-             "straddle_step": memory.deepspeed_straddle_bytes(model, training, lay, 0, at_step=True),
-             "step_copies": memory.deepspeed_step_grad_copies(model, training, lay, 0),
-             "zero3_live": memory.zero3_live_param_bytes(model, training, lay, 0),
-             "oversized": sharding.oversized_tensor_params(model, training, lay, 0, training.zero_config.reduce_bucket_size),
+             "straddle_bwd": memory.deepspeed_straddle_bytes(s, at_step=False),
+             "straddle_step": memory.deepspeed_straddle_bytes(s, at_step=True),
+             "step_copies": memory.deepspeed_step_grad_copies(s),
+             "zero3_live": memory.zero3_live_param_bytes(s),
+             "oversized": sharding.oversized_tensor_params(s, training.zero_config.reduce_bucket_size),
              "reduce_grads": reduce_grads, "reduce_buffers": reduce_buffers}
     return {k: float(v if isinstance(v, (int, float)) else v[0]) for k, v in terms.items()}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from planner.stage import Stage
 
 OUT = Path(__file__).resolve().parents[2] / "data" / "references" / "deepspeed_offload_cpu.json"
 FP32_ACCUM = {"data_types": {"grad_accum_dtype": "fp32"}}
@@ -101,11 +102,12 @@ def prediction(zero: int, gas: int, offload_param: bool, fp32_grad_accum: bool, 
     training = layout.Training(seq_len=SEQ, precision="bf16", engine="deepspeed", zero_config=zc)
     lay = layout.single(dp=ranks, zero=zero, gas=gas, offload_optimizer="cpu" if offload_optimizer else "none",
                         offload_params="cpu" if offload_param else "none")
-    held = states.weight_bytes(model, training, lay, 0) + states.optimizer_bytes(model, training, lay, 0)
-    terms = {"held_bytes": held, "grad_bytes": states.grad_bytes(model, training, lay, 0),
-             "step_grad_bytes": states.grad_bytes(model, training, lay, 0, at_step=True),
+    s = Stage(model, training, lay, 0)
+    held = states.weight_bytes(s) + states.optimizer_bytes(s)
+    terms = {"held_bytes": held, "grad_bytes": states.grad_bytes(s),
+             "step_grad_bytes": states.grad_bytes(s, at_step=True),
              "bucket_bytes": memory.deepspeed_reduce_buckets(training, lay),
-             "host_bytes": states.host_bytes(model, training, lay, 0)}
+             "host_bytes": states.host_bytes(s)}
     out = {k: float(v[0]) for k, v in terms.items()}
     # ZeRO-3's bucket is allocated once and kept (stage3.py __init__); ZeRO-1/2 free theirs at the boundary
     out["model_state_bytes"] = out["held_bytes"] + max(out["grad_bytes"], out["step_grad_bytes"]) \

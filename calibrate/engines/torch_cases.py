@@ -7,6 +7,7 @@ import json
 
 from calibrate.harness.record import Case, gpu_memory, ranks_for
 from calibrate.engines.fsdp_worker import LLAMA
+from planner.stage import Stage
 
 
 
@@ -18,9 +19,10 @@ def fsdp_prediction(precision: str, zero: int, mbs: int, seq: int, ranks: int) -
     model = from_hf_config({**LLAMA, "model_type": "llama"})
     training = layout.Training(seq_len=seq, precision=precision, engine="fsdp")
     lay = layout.single(dp=ranks, zero=zero, mbs=mbs)
-    weights = float(states.weight_bytes(model, training, lay, 0)[0])
-    grads = float(states.grad_bytes(model, training, lay, 0, at_step=True)[0])
-    optimizer = float(states.optimizer_bytes(model, training, lay, 0)[0])
+    s = Stage(model, training, lay, 0)
+    weights = float(states.weight_bytes(s)[0])
+    grads = float(states.grad_bytes(s, at_step=True)[0])
+    optimizer = float(states.optimizer_bytes(s)[0])
     if zero == 2:
         # --zero 2 (reshard_after_forward False) books every gathered 16-bit block as weights: they
         # are held from forward into backward, the peak; after step() they are freed, so the
@@ -75,7 +77,7 @@ def fsdp_offload_host_bytes(ranks: int) -> float:
     model = from_hf_config({**LLAMA, "model_type": "llama"})
     training = layout.Training(seq_len=32, precision="bf16", engine="fsdp")
     lay = layout.single(dp=ranks, zero=3, mbs=2, offload_optimizer="cpu", offload_params="cpu")
-    return float(states.host_bytes(model, training, lay, 0)[0])
+    return float(states.host_bytes(Stage(model, training, lay, 0))[0])
 
 
 def pipelined_prediction(m: int, ranks: int) -> dict:
@@ -87,10 +89,11 @@ def pipelined_prediction(m: int, ranks: int) -> dict:
     model = from_hf_config({**LLAMA, "model_type": "llama"})
     training = layout.Training(seq_len=16, engine="torchtitan")
     lay = layout.single(pp=2, dp=ranks, zero=3, gas=m)
-    stage_params = float(sum(sharding.rank_params(model, training, lay, 0))[0])
-    per = {"weights": states.weight_bytes(model, training, lay, 0), "optimizer": states.optimizer_bytes(model, training, lay, 0)}
+    s = Stage(model, training, lay, 0)
+    stage_params = float(sum(sharding.rank_params(s))[0])
+    per = {"weights": states.weight_bytes(s), "optimizer": states.optimizer_bytes(s)}
     per = {k: float(v[0]) / stage_params for k, v in per.items()}
-    grads = {phase: float(states.grad_bytes(model, training, lay, 0, at_step=phase == "reduced")[0]) / stage_params
+    grads = {phase: float(states.grad_bytes(s, at_step=phase == "reduced")[0]) / stage_params
              for phase in ("backward", "reduced")}
     return {"backward": {**per, "grads": grads["backward"]}, "reduced": {"optimizer": per["optimizer"], "grads": grads["reduced"]}}
 

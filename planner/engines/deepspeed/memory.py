@@ -8,11 +8,11 @@ import numpy as np
 
 from planner.engines import Buffers
 from planner.layout import Layouts, Training, among
-from planner.model import ModelSpec
 from planner.options import Offload, Precision, Recompute
 
 from planner.sharding import (deepspeed_grad_partition_excess, largest_module_params, largest_tensor_params,
                               oversized_tensor_params, persistent_params, rank_params, recompute_fetches)
+from planner.stage import Stage
 
 
 
@@ -27,12 +27,13 @@ def deepspeed_bf16_optimizer(training: Training, lay: Layouts) -> np.ndarray:
             | ((lay.zero == 0) & (lay.pp > 1) & (not fp32_acc)))
 
 
-def bf16_optimizer_grad_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+def bf16_optimizer_grad_bytes(s: Stage) -> np.ndarray:
     """BF16_Optimizer's gradients, whole on every rank (bf16_optimizer.py __init__: fp32_groups_gradients_flat
     = zeros_like(bf16_groups_flat, dtype=grad_acc_dtype); the bf16 param.grad stays until step()'s
     clear_lp_grads). Measured on 2 gloo ranks (calibrate/engines/deepspeed_worker.py): 2 + 4 B/param with
     fp32 accumulation before step()."""
-    dense, expert = rank_params(model, training, lay, stage)
+    model, training, lay, stage = s
+    dense, expert = rank_params(s)
     accumulate = 4.0 if training.zero_config.fp32_grad_accum else 2.0
     return (2.0 + accumulate) * (dense + expert)
 
@@ -58,15 +59,16 @@ def deepspeed_fp32_accum_offload(training: Training, lay: Layouts) -> np.ndarray
     return deepspeed_compact_fp32_grads(training, lay) & (lay.offload_optimizer == Offload.CPU)
 
 
-def deepspeed_offload_staging_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+def deepspeed_offload_staging_bytes(s: Stage) -> np.ndarray:
     """ZeRO-1/2 with the optimizer offloaded to the CPU keep a staging buffer of the largest parameter's
     elements in the 16-bit dtype, once on the GPU and once on the host, for the whole run (DeepSpeed
     0.19.8 stage_1_and_2.py __init__: temp_grad_buffer_for_gpu_offload on the accelerator and
     temp_grad_buffer_for_cpu_offload on self.device, 'cpu' under cpu_offload; measured on 2 gloo ranks,
     tests/test_deepspeed_offload_real.py). Llama 3's embedding makes it 2.1 GB a GPU at 70B."""
+    model, training, lay, stage = s
     on = ((training.engine.buffers is Buffers.DEEPSPEED) & among(lay.zero, (1, 2))
           & (lay.offload_optimizer == Offload.CPU))
-    largest = largest_tensor_params(model, training, lay, stage)
+    largest = largest_tensor_params(s)
     return np.where(on, largest * training.precision.element_bytes, 0.0)
 
 
@@ -83,23 +85,24 @@ def deepspeed_reduce_buckets(training: Training, lay: Layouts) -> np.ndarray:
     return np.select([lay.zero == 3, lay.zero >= 1], [stage3, stage12], 0.0)
 
 
-def deepspeed_straddle_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, at_step: bool) -> np.ndarray:
+def deepspeed_straddle_bytes(s: Stage, at_step: bool) -> np.ndarray:
     """ZeRO-1/2: the parameters straddling the gradient partition's edges counted whole
     (copy_grads_in_partition sizes grads_in_partition by whole parameters), wherever the gradient
     is held as that partition: in backward for the stages sharding it there (twice where a later
     micro-step holds a second partition), at the step for the stages whose hooks copy into it."""
+    model, training, lay, stage = s
     engine = training.engine
     hooks = (lay.zero == 2) | ((lay.zero == 1) & training.zero_config.contiguous_gradients)
     phase = engine.grads_sharded_step if at_step else engine.grads_sharded_backward
     held = hooks & among(lay.zero, phase) & (lay.offload_optimizer == Offload.NONE) \
         & ~deepspeed_compact_fp32_grads(training, lay)
-    excess = deepspeed_grad_partition_excess(model, training, lay, stage, held) * training.precision.element_bytes
+    excess = deepspeed_grad_partition_excess(s, held) * training.precision.element_bytes
     if not at_step:  # each partition copy of a later micro-step carries its own (measured)
         excess = excess * (1 + (among(lay.zero, engine.accumulation_copy) & (lay.gas > 1)))
     return excess
 
 
-def deepspeed_step_grad_copies(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+def deepspeed_step_grad_copies(s: Stage) -> np.ndarray:
     """Optimizer step, ZeRO disabled: FP16_Optimizer's fp32 gradients (below); ZeRO-1/2: a flattened 16-bit copy of the gradient partition and its fp32
     copy (step(): flatten(averaged_gradients) then .to(fp32)), 2 + 20/D B/param at the peak with
     the 2/D partition (measured); ZeRO-3 the same per optimizer sub-group of min(sub_group_size,
@@ -107,7 +110,8 @@ def deepspeed_step_grad_copies(model: ModelSpec, training: Training, lay: Layout
     self.flatten(self.averaged_gradients[i]).to(fp32), the 16-bit flat copy alive beside its fp32
     conversion (measured on 2 gloo ranks: 6 B x the sub-group above what was live before step(),
     tests/test_deepspeed_transients_real.py; an fp32 chunk alone before)."""
-    dense, expert = rank_params(model, training, lay, stage)
+    model, training, lay, stage = s
+    dense, expert = rank_params(s)
     partition = (dense + expert) / lay.zero_ranks
     w = training.precision.element_bytes
     # the flat copy is in the accumulation dtype, and .to(fp32) copies only what is not fp32 already; ZeRO-1/2's
@@ -127,7 +131,7 @@ def deepspeed_step_grad_copies(model: ModelSpec, training: Training, lay: Layout
     return np.where(lay.offload_optimizer > Offload.NONE, 0.0, held)
 
 
-def deepspeed_reduction_transient_bytes(model: ModelSpec, training: Training, lay: Layouts, stage, flat) -> np.ndarray:
+def deepspeed_reduction_transient_bytes(s: Stage, flat) -> np.ndarray:
     """What a DeepSpeed gradient reduction makes beside its bucket, the bucket's `flat` copy included,
     at its largest (DeepSpeed 0.19.8; measured on 2 gloo ranks: tests/test_deepspeed_transients_real.py).
     Per element of a reduced parameter's share of the partition: ZeRO-2 accumulating in the compact
@@ -142,15 +146,16 @@ def deepspeed_reduction_transient_bytes(model: ModelSpec, training: Training, la
     frees them): sharding.oversized_tensor_params. ZeRO-1's clones replace the whole gradient it holds. ZeRO-3
     offloading takes the norm of each gradient partition in fp64 chunks of at most 2.5e8 elements
     (stage3.py _offload_grad_partition_at_boundary -> _constant_buffered_norm2)."""
-    dense, expert = rank_params(model, training, lay, stage)
-    largest = largest_tensor_params(model, training, lay, stage)
+    model, training, lay, stage = s
+    dense, expert = rank_params(s)
+    largest = largest_tensor_params(s)
     share = np.minimum(largest, (dense + expert) / lay.zero_ranks)
     bucket = training.zero_config.reduce_bucket_size
     offloading = (lay.offload_optimizer > Offload.NONE) & (training.engine.buffers is Buffers.DEEPSPEED)
     per_element = np.maximum(np.where(deepspeed_compact_fp32_grads(training, lay) & (lay.zero == 2), 4.0, 0.0),
                              np.where(offloading, 8.0, 0.0))
     clones = np.where(offloading & (lay.zero == 2),
-                      training.precision.element_bytes * oversized_tensor_params(model, training, lay, stage, bucket), 0.0)
+                      training.precision.element_bytes * oversized_tensor_params(s, bucket), 0.0)
     stage12 = clones + np.where(largest > bucket, np.maximum(flat + per_element * np.minimum(share, bucket), per_element * share),
                                 flat + per_element * share)
     stage3 = np.where(offloading, 8.0 * np.minimum(2.5e8, np.ceil(largest / lay.zero_ranks)), 0.0)
@@ -171,16 +176,17 @@ def zero3_ahead_params(training: Training) -> float:
     return max(zc.stage3_max_live_parameters * prefetching, zc.stage3_max_reuse_distance / 2)
 
 
-def zero3_kept_params(model: ModelSpec, training: Training, lay: Layouts, stage) -> tuple:
+def zero3_kept_params(s: Stage) -> tuple:
     """(kept, rank): of the `rank` elements a rank of `stage` gathers under ZeRO-3, those DeepSpeed
     keeps gathered from the forward into the backward (zero3_ahead_params; the whole local model with
     the 1e9 defaults, measured: backward gathers nothing)."""
-    dense, expert = rank_params(model, training, lay, stage)
+    model, training, lay, stage = s
+    dense, expert = rank_params(s)
     rank = dense + expert
     return np.minimum(rank, zero3_ahead_params(training)), rank
 
 
-def zero3_live_param_bytes(model: ModelSpec, training: Training, lay: Layouts, stage) -> np.ndarray:
+def zero3_live_param_bytes(s: Stage) -> np.ndarray:
     """ZeRO-3 gathered 16-bit parameters alive at once (DeepSpeed 0.19.8 partitioned_param_coordinator.py;
     counted after every fetch on 2 gloo ranks: calibrate/engines/deepspeed_zero3_worker.py,
     tests/test_deepspeed_zero3_live.py), capped at the rank's whole model, plus the persistent
@@ -190,8 +196,9 @@ def zero3_live_param_bytes(model: ModelSpec, training: Training, lay: Layouts, s
     the block's modules the reuse distance keeps beside its last one and the one recomputing
     (sharding.recompute_fetches; with a prefetcher the recomputed module is within what it holds:
     measured)."""
+    model, training, lay, stage = s
     zc, w = training.zero_config, training.precision.element_bytes
-    dense, expert = rank_params(model, training, lay, stage)
+    dense, expert = rank_params(s)
     single = largest_module_params(model, training, lay)
     recomputing = recompute_fetches(model, training, lay)["working"] * (lay.recompute == Recompute.FULL)
     working = np.minimum(dense + expert, np.maximum(recomputing, single + zero3_ahead_params(training)))

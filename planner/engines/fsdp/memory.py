@@ -13,10 +13,10 @@ from planner.model import ModelSpec
 from planner.sharding import block_params, rank_params, state_bytes
 
 from planner.held import deferred_reduction, gathered_param_bytes
+from planner.stage import Stage
 
 
-def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts, stage,
-                              moment: str = "peak") -> np.ndarray:
+def fsdp_unsharded_unit_bytes(s: Stage, moment: str = "peak") -> np.ndarray:
     """What FSDP2 (torch 2.13 fully_shard, one unit per block, and the root unit where fully_shard(model)
     keeps a Hugging Face model's embedding, final norm and output layer) holds beyond the model states:
     unsharded parameters, flat all-gather outputs, autograd's unsharded gradients and the
@@ -34,7 +34,8 @@ def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts
     own model, wrapping and loss on 2 gloo ranks (python -m calibrate.engines.torchtitan_fsdp ->
     data/references/torchtitan_fsdp_cpu.json), tied ([embedding, norm, lm_head] one unit, kept
     gathered like a Hugging Face root) and untied."""
-    s, t = model.sums, lay.tp
+    model, training, lay, stage = s
+    sums, t = model.sums, lay.tp
     w = gathered_param_bytes(model, training)  # torch 2.13 _fsdp_api.py MixedPrecisionPolicy.param_dtype (unsharded)
     # torch 2.13 _fsdp_param.py unsharded_grad_data: autograd's gradient, in the parameter's 16-bit dtype
     # (a float8-gathered weight's gradient too: torchao's float8 matmul returns it in high precision)
@@ -42,24 +43,24 @@ def fsdp_unsharded_unit_bytes(model: ModelSpec, training: Training, lay: Layouts
     r = state_bytes(training).grads  # torch 2.13 _fsdp_api.py MixedPrecisionPolicy.reduce_dtype (fp32, as torchtitan)
     shards = lay.zero_ranks
     block = block_params(model, training, lay)
-    dense, expert = rank_params(model, training, lay, stage)
+    dense, expert = rank_params(s)
     rank = dense + expert
     hf_root = training.engine.modules is Modules.HUGGING_FACE
     titan = training.engine.modules is Modules.TORCHTITAN
-    tied = s.tied & (lay.pp == 1)
+    tied = sums.tied & (lay.pp == 1)
     # the unit holding the model's edges for the whole step: a Hugging Face model's root (torch 2.13
     # _fully_shard.py fully_shard(model): what no block unit took), or torchtitan's tied [embedding, norm,
     # lm_head] (0.3.0 distributed/fsdp.py apply_fsdp_to_decoder, enable_weight_tying: not resharded after
     # forward)
     held = hf_root | (titan & tied)
-    root = held * (s.first_split / t + s.first_replicated + s.last_replicated + np.where(tied, 0, s.output / t))
+    root = held * (sums.first_split / t + sums.first_replicated + sums.last_replicated + np.where(tied, 0, sums.output / t))
     # torch 2.13 _fsdp_state.py _root_post_backward_final_callback: the unit's first gradients stay to the
     # end: the final norm and the output layer (tied: the embedding, by reading, autograd's InputBuffer, not
     # measured); torchtitan's tied unit, whose output gradient its loss reduced already: the final norm
-    root_out = held * (s.last_replicated + hf_root * np.where(tied, s.first_split, s.output) / t)
+    root_out = held * (sums.last_replicated + hf_root * np.where(tied, sums.first_split, sums.output) / t)
     # torch 2.13 _fsdp_collectives.py foreach_reduce: its loop variable keeps the unit's last unsharded
     # gradient (the output layer, registered last; the final norm when tied) until it returns
-    root_last = held * np.where(tied, s.last_replicated, s.output / t)
+    root_last = held * np.where(tied, sums.last_replicated, sums.output / t)
     # forward, torch 2.13 _fsdp_param_group.py wait_for_unshard: the previous unit's all-gather output
     # lives until this unit's copy-out is done (prev_all_gather_state), the root unit gathered for the
     # whole forward; the first block's copy-out (beside the root's all-gather output) or a later block's
