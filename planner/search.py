@@ -410,7 +410,10 @@ def faster_rank_order(model: ModelSpec, cluster: Cluster, training: Training, va
     if not differ.size:
         return valid, ev
     other = replace(valid.take(differ), rank_order=np.full(differ.size, int(RankOrder.PP_INNER)))
-    other_ev = evaluate(model, cluster, training, other, headroom)
+    # where the ranks sit moves no byte (memory.STATE_FIELDS): the step time alone is evaluated again
+    rows = np.zeros(differ.size, dtype=np.int64)
+    same = picked([ev], [valid.size], rows, differ)
+    other_ev = replace(same, time=timing.step_time(model, cluster, training, other))
     faster = other_ev.tokens_per_s > ev.tokens_per_s[differ]
     faster &= first_violation(model, cluster, training, other)[0] < 0  # megatron-core's MoE condition
     if not faster.any():
