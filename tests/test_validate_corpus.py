@@ -86,6 +86,27 @@ def test_torchtitan_long_sequence_peak_holds_the_whole_fp32_logits():
     assert abs(peak / row["measured"]["memory_gb_per_gpu"] - 1) < 0.15
 
 
+def test_nemotron_340b_recipe_keeps_bf16_moments_and_waits_its_sends():
+    """NVIDIA dgxc-benchmarking v24.11.1 nemotron/nemotron4-340b-synth.yaml: optim.dtype bf16 and
+    grad_sync_dtype bf16 (Apex DistributedFusedAdam with bf16 moments and no fp32 copy), and
+    overlap_p2p_comm False; the row states neither. It ran on 128 H100s (tp 8, pp 8, dp 2), so the
+    reading must not call it oom, as the fp32-optimizer reading did (about 100 GB a GPU)."""
+    row = BY_ID["dgxc-nemotron4-340B-bf16-128gpu"]
+    reading = corpus_rows.read(row)
+    assert reading.training.precision == "bf16-pure" and reading.training.overlap_p2p is False
+    assert corpus_rows.ask(reading).record["memory"]["verdict"] != "oom"
+    other = corpus_rows.read(BY_ID["dgxc-gpt3-175B-bf16-128gpu"])  # its YAML: fp32 states, overlap on
+    assert other.training.precision == "bf16" and other.training.overlap_p2p is None
+
+
+def test_a_stated_sequence_parallel_off_is_read_off():
+    """Megatron-LM CI gpt3_7b_tp4_pp1_memory_speed model_config.yaml has no --sequence-parallel (the
+    row says false); megatron's default with TP turns it on, so the reading must say off."""
+    row = BY_ID["mem-megatron-ci-7b-tp4pp1-a100"]
+    assert row["sequence_parallel"] is False and row["tp"] == 4
+    assert corpus_rows.read(row).layout.sequence_parallel is False
+
+
 def test_torchtitan_96gb_h100_has_95_gib():
     """torchtitan's benchmarks ran Grand Teton H100s with 96 GB HBM2e, 95 GiB usable."""
     row = BY_ID["torchtitan-t3-8B-128gpu-fsdp"]
