@@ -56,7 +56,7 @@ TERMS = [
     ("planner.mp_comm", "tp_all_reduce_s"), ("planner.mp_comm", "checkpoint_restore_s"), ("planner.dp_comm", "dp_collective_s"), ("planner.mp_comm", "tp_pass_exposed_s"), ("planner.engines.megatron.timing", "ub_pass_exposed_s"), ("planner.mp_comm", "ep_all_to_all_s"), ("planner.mp_comm", "moe_count_sync_s"), ("planner.mp_comm", "cp_ring_exposed_s"),
     ("planner.timing", "pipeline_bubble_s"), ("planner.timing", "pipeline_p2p_s"), ("planner.timing", "grad_reduce_s"),
     ("planner.dp_comm", "grad_reductions_per_step"), ("planner.timing", "param_gather_s"),
-    ("planner.dp_comm", "zero3_gather_s"), ("planner.held", "gathered_param_bytes"), ("planner.dp_comm", "zero3_exposed_s"), ("planner.timing", "gpu_optimizer_step_s"), ("planner.timing", "cpu_adam_s"),
+    ("planner.dp_comm", "zero3_gather_s"), ("planner.held", "gathered_param_bytes"), ("planner.dp_comm", "zero3_exposed_s"), ("planner.optimizer_time", "gpu_optimizer_step_s"), ("planner.optimizer_time", "cpu_adam_s"),
     ("planner.timing", "offload_s"), ("planner.dp_comm", "overlapped_exposed_s"), ("planner.engines.megatron.timing", "chunked_sync_exposed_s"),
     ("planner.pipeline", "interleaved_groups"),
     ("planner.engines.fsdp.timing", "fsdp_copies_s"), ("planner.engines.deepspeed.timing", "zero3_rank_copies_s"), ("planner.engines.deepspeed.timing", "deepspeed_step_s"),

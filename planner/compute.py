@@ -19,6 +19,7 @@ from planner.modules import autocasts_fp32_params, block_modules
 from planner.moe import routed_per_token
 from planner.options import Fp8Recipe, Recompute
 from planner.saved.llm_foundry import llm_foundry_block_input_scale
+from planner.stage import Step
 
 
 def peak_flops_per_s(cluster: Cluster, training: Training) -> float:
@@ -130,7 +131,7 @@ def gemm_s(flops, peak_flops_per_s: float, c: dict, count=1):
     return (flops + c["gemm_half_efficiency_flops"] * count) / (peak_flops_per_s * c["gemm_efficiency_max"])
 
 
-def gemm_fwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+def gemm_fwd_s(ctx: Step) -> np.ndarray:
     """Forward GEMMs of one block. Each GEMM runs at eff = emax F/(F + F_half) of peak, so its time
     is (F + F_half)/(peak emax) (small-matrix fall-off, data/coefficients.json). TP splits all but
     the router; each local expert runs its own GEMMs on T k ep/E routed tokens (Lepikhin et al.
@@ -140,6 +141,7 @@ def gemm_fwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layo
     router stays 16-bit (a plain linear in every engine), and so do torchao's grouped experts
     (torchtitan 0.3.0's Float8LinearConverter converts Linear layers; its experts take a converter
     of their own, Float8GroupedExpertsConverter, off by default)."""
+    model, cluster, training, lay, c = ctx
     fp8_peak, fp8_c = block_gemm_rate(cluster, training, c)
     peak = compute_flops_per_s(cluster, training, c)
     T, t = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64)
@@ -153,14 +155,15 @@ def gemm_fwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layo
     return seconds
 
 
-def op_sac_recompute_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+def op_sac_recompute_s(ctx: Step) -> np.ndarray:
     """What torchtitan's op-level selective checkpointing runs again in one block's backward: the
     matmuls it does not keep (planner/activations.py op_sac_matmuls: wo and w3) and the elementwise
     forward (norms, rotary, SiLU and the gate product); the attention and the kept matmuls are not
     rerun."""
+    model, cluster, training, lay, c = ctx
     peak, gemm_c = block_gemm_rate(cluster, training, c)
     T, t = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64)
-    seconds = elementwise_fwd_s(model, cluster, training, lay, c)
+    seconds = elementwise_fwd_s(ctx)
     for _, n_in, n_out, _, kept in op_sac_matmuls(model):
         if not kept:
             seconds = seconds + gemm_s(T * 2.0 * n_in * n_out / t, peak, gemm_c)  # 2 FLOPs per multiply-add
@@ -198,7 +201,7 @@ def attention_matmuls_s(flops_fwd, peak_flops_per_s, efficiency, flash: bool = T
     return fwd, fwd * (2.5 if flash else 2.0)
 
 
-def attention_core_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> tuple:
+def attention_core_s(ctx: Step) -> tuple:
     """(forward, backward) of QK^T, softmax and AV of one block: 4 T s q/t FLOPs forward (MLA:
     2 T s (a d_qk + a d_v)/t). Causal
     FlashAttention skips the masked half (Dao 2023, FlashAttention-2 section 3.1.1) and its
@@ -207,6 +210,7 @@ def attention_core_s(model: ModelSpec, cluster: Cluster, training: Training, lay
     S, softmax reads and writes it, AV reads P (4e) [+ dropout r/w and 1-byte mask]; backward
     writes dP, softmax-grad reads dP and P and writes dS, two GEMMs read dS, dV reads P (7e)
     (Megatron FusedScaleMaskSoftmax + dropout)."""
+    model, cluster, training, lay, c = ctx
     e = training.precision.element_bytes
     s, flash = training.seq_len, training.flash_attention
     T, t = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64)
@@ -275,12 +279,13 @@ def llm_foundry_elementwise_bytes(model: ModelSpec, e: float, routed, residual: 
 AUTOCAST_CAST_BYTES = (6.0, 6.0 + 12.0 + 6.0)
 
 
-def autocast_weight_traffic_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> tuple:
+def autocast_weight_traffic_s(ctx: Step) -> tuple:
     """(forward, backward) seconds one block's unsharded weights cost each micro-batch at HBM rate where
     the job gathers fp32 parameters and autocast casts them for every GEMM: llm-foundry's MPT under
     Composer's FSDP with mixed precision (composer/distributed/mosaic_parallelism.py get_mixed_precision
     'DEFAULT': MixedPrecision(param_dtype=torch.float32, reduce_dtype=<16-bit>), the MP mode of
     MosaicML's benchmark tables; AUTOCAST_CAST_BYTES). The other engines gather 16-bit parameters: 0."""
+    model, cluster, training, lay, c = ctx
     if not autocasts_fp32_params(model, training):
         return 0.0, 0.0
     from planner.sharding import block_params
@@ -311,13 +316,13 @@ def eager_layer_bytes(model: ModelSpec, routed) -> tuple | None:
     return widths(measured["forward"]), widths(measured["backward"])
 
 
-def _elementwise_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict,
-                   backward: bool) -> np.ndarray:
+def _elementwise_s(ctx: Step, backward: bool) -> np.ndarray:
     """Memory-bound elementwise kernels of one block at attainable HBM bandwidth (eager ones at
     what eager kernels reach: eager_bytes_per_s); the replicated region splits over t under
     sequence parallelism (Korthikanti 2022 section 4.2.2). Eager bf16 blocks move what their
     measured layer moves (eager_layer_bytes); the others follow the byte lists above, backward 1.5x
     the forward (elementwise_bwd_s)."""
+    model, cluster, training, lay, c = ctx
     e = training.precision.element_bytes
     T = tokens_per_microbatch(training, lay)
     routed = routed_per_token(model, training, lay, T)
@@ -342,16 +347,18 @@ def _elementwise_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     return T * (replicated / sp + (act + rope) / t) / bandwidth
 
 
-def elementwise_fwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+def elementwise_fwd_s(ctx: Step) -> np.ndarray:
     """Forward of one block's memory-bound elementwise kernels (_elementwise_s)."""
-    return _elementwise_s(model, cluster, training, lay, c, backward=False)
+    model, cluster, training, lay, c = ctx
+    return _elementwise_s(ctx, backward=False)
 
 
-def elementwise_bwd_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+def elementwise_bwd_s(ctx: Step) -> np.ndarray:
     """Backward of the elementwise kernels: measured for eager blocks; otherwise each reads the
     gradient of its output and its saved input and writes the gradient of its input, three tensors
     to the forward's two (1.5x)."""
-    return _elementwise_s(model, cluster, training, lay, c, backward=True)
+    model, cluster, training, lay, c = ctx
+    return _elementwise_s(ctx, backward=True)
 
 
 def eager_ops_variant(model: ModelSpec) -> str | None:
@@ -389,10 +396,11 @@ def eager_host_s(model: ModelSpec, training: Training, c: dict) -> tuple:
     return ops["forward"] * c["eager_op_host_s"], ops["backward"] * c["eager_op_host_s"]
 
 
-def head_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+def head_s(ctx: Step) -> np.ndarray:
     """Output layer of one micro-batch on the last stage: the vocab-parallel logits GEMM (V/t)
     forward and its two backward GEMMs, and the fp32 cross entropy (Megatron
     vocab_parallel_cross_entropy: upcast e->4, max, exp, sum, grad, downcast: 2e + 32 bytes/logit)."""
+    model, cluster, training, lay, c = ctx
     rate, f_half = compute_flops_per_s(cluster, training, c) * c["gemm_efficiency_max"], c["gemm_half_efficiency_flops"]
     T, t, e = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64), training.precision.element_bytes
     logits = (2.0 * T * model.hidden * model.vocab / t + f_half) / rate

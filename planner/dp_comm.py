@@ -19,7 +19,7 @@ from planner.options import RankOrder
 from planner.pipeline import first_routed_stage, max_layers_on_stage
 from planner.sharding import block_fetches, expert_dp, expert_folds, expert_tp, rank_params, recompute_fetches
 from planner.tensors import BLOCK, FIRST, LAST, local_numel
-from planner.stage import Stage
+from planner.stage import Stage, Step
 
 
 def held_params(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
@@ -108,7 +108,7 @@ def zero3_gathers_per_step(training: Training, lay: Layouts) -> np.ndarray:
     return np.where(deferred_reduction(training, lay) & (per_microbatch > 0), 1.0, per_microbatch * lay.gas)
 
 
-def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> dict:
+def zero3_gather_s(ctx: Step) -> dict:
     """Parameter all-gathers of sharded parameters (zero3_gathers_per_step): one coalesced call per
     submodule (DeepSpeed 0.19 partitioned_param_coordinator.py fetch_sub_module ->
     __all_gather_params) or per block (FSDP2 unit). {"one": seconds of one pass's gathers, "calls"
@@ -120,6 +120,7 @@ def zero3_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     one parameter once positive): none with a bucket of 0 or a live limit under a submodule. FSDP2
     issues the next unit's all-gather one ahead in forward (implicit) and backward
     (backward_prefetch)."""
+    model, cluster, training, lay, c = ctx
     dense, expert = held_params(model, training, lay)
     w = gathered_param_bytes(model, training)
     n_layers = max_layers_on_stage(model.layers, lay.pp, training.pipeline_edge_layers)

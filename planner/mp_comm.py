@@ -12,29 +12,30 @@ from planner.activations import checkpoint_copies_block, checkpoint_partitions
 from planner.collectives import group_collective_s, members_per_pod, p2p_bytes_per_s, ranks_per_node, ring_pod_share
 from planner.compute import tokens_per_microbatch
 from planner.engines import ExpertTP, Modules, MoeCounts
-from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
 from planner.options import Recompute
 from planner.sharding import expert_folds, expert_tp
 from planner.engines.megatron.timing import ub_pass_exposed_s
+from planner.stage import Step
 
 
-def tp_all_reduce_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict,
-                    scale: float = 1.0) -> np.ndarray:
+def tp_all_reduce_s(ctx: Step, scale: float = 1.0) -> np.ndarray:
     """One TP all-reduce of a block's T*h activations over NVLink (Megatron: 2 in forward, 2 in
     backward; Shoeybi et al. 2019 section 3; with SP a reduce-scatter + all-gather move the same
     bytes, Korthikanti 2022 section 4.2.2), of `scale` times their 16-bit bytes."""
+    model, cluster, training, lay, c = ctx
     nbytes = tokens_per_microbatch(training, lay) * model.hidden * training.precision.element_bytes * scale
     return group_collective_s(cluster, c, "all_reduce", nbytes, lay.tp)
 
 
-def checkpoint_restore_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+def checkpoint_restore_s(ctx: Step) -> np.ndarray:
     """Per fully recomputed block under deepspeed.checkpointing (DeepSpeed 0.19 runtime/
     activation_checkpointing/checkpointing.py): its partitioned input all-gathered over the TP
     ranks before the rerun (gather_partitioned_activations), and under cpu_checkpointing copied to
     the host in forward and back in backward where the copies hold up compute (activations.
     checkpoint_copies_block; transformers' offload likewise, one part)."""
+    model, cluster, training, lay, c = ctx
     nbytes = tokens_per_microbatch(training, lay) * model.hidden * training.precision.element_bytes
     nbytes = nbytes / np.where(lay.sequence_parallel > 0, lay.tp, 1)
     parts = checkpoint_partitions(training, lay)
@@ -44,8 +45,7 @@ def checkpoint_restore_s(model: ModelSpec, cluster: Cluster, training: Training,
     return gather + copies
 
 
-def tp_pass_exposed_s(block: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict, tp_ar,
-                      units=(2.0, 0.0), backward: bool = False) -> np.ndarray:
+def tp_pass_exposed_s(ctx: Step, tp_ar, units=(2.0, 0.0), backward: bool = False) -> np.ndarray:
     """Exposed TP communication of one pass (forward or backward) through a block, in all-reduce
     equivalents of its T h activations (tp_pass_units): the linear layers' (2 for a dense block)
     and the MoE token dispatcher's of routed rows. With --tp-comm-overlap and SP, the linear
@@ -53,14 +53,15 @@ def tp_pass_exposed_s(block: ModelSpec, cluster: Cluster, training: Training, la
     userbuffers GEMMs instead (ub_pass_exposed_s). Under SP with Transformer Engine's FP8 the
     all-gathers move FP8 (fp8.tp_gather_scale), the reduce-scatters 16 bits. The dispatcher's
     collectives are not among them."""
+    block, cluster, training, lay, c = ctx
     linear, routed = units
     sp = lay.sequence_parallel > 0
     scale = fp8.tp_gather_scale(training)
-    gather_ar = tp_ar if scale == 1.0 else tp_all_reduce_s(block, cluster, training, lay, c, scale)
+    gather_ar = tp_ar if scale == 1.0 else tp_all_reduce_s(ctx, scale)
     overlap = training.tp_comm_overlap & sp & (lay.tp > 1) & (block.kv_lora_rank == 0)
     plain = linear * np.where(sp, (gather_ar + tp_ar) / 2.0, tp_ar)
     if np.any(overlap):
-        plain = np.where(overlap, ub_pass_exposed_s(block, cluster, training, lay, c, gather_ar / 2.0, linear, backward,
+        plain = np.where(overlap, ub_pass_exposed_s(ctx, gather_ar / 2.0, linear, backward,
                                                     scatter_s=tp_ar / 2.0), plain)
     return plain + routed * tp_ar
 
@@ -86,7 +87,7 @@ def tp_pass_units(block: ModelSpec, training: Training, lay: Layouts) -> tuple:
     return 1.0 + (block.shared_expert_ffn > 0), np.where(expert_tp(training, lay) > 1, rows, 0.0)
 
 
-def ep_all_to_all_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+def ep_all_to_all_s(ctx: Step) -> np.ndarray:
     """One expert-parallel all-to-all (dispatch or combine) of the T*k routed tokens: each rank
     sends (ep-1)/ep of them (GShard section 3; Megatron-core MoE token dispatcher). Padded to an
     expert capacity it moves all E x capacity rows, padding included (DeepSpeed 0.19.8
@@ -98,6 +99,7 @@ def ep_all_to_all_s(model: ModelSpec, cluster: Cluster, training: Training, lay:
     The all-to-all is a send to every peer (NCCL: grouped ncclSend/ncclRecv; torch
     all_to_all_single): the 1/ep shares for the group's members on the rank's own node go over
     NVLink, the others through its NIC, at the same time, so the slower side sets the time."""
+    model, cluster, training, lay, c = ctx
     from planner.moe import routed_per_token
 
     if model.experts == 1:
@@ -119,12 +121,13 @@ def ep_all_to_all_s(model: ModelSpec, cluster: Cluster, training: Training, lay:
     return np.where(ep > 1, (ep - 1) * c["p2p_latency_s"] + np.maximum(intra, inter), 0.0)
 
 
-def moe_count_sync_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+def moe_count_sync_s(ctx: Step) -> np.ndarray:
     """Seconds one forward of a routed block stalls while its dispatcher learns the rows' counts
     (Engine.moe_counts): the exchange of each rank's E int64 counts, a message small enough that
     only the collective's latency shows, then the host's wait for them, which drains the GPU's queue
     until the host launches the next kernel (one eager operator's host time, eager_op_host_s).
     The backward reuses the counts; a recomputed forward waits again."""
+    model, cluster, training, lay, c = ctx
     kind = training.engine.moe_counts
     if model.experts == 1 or kind is MoeCounts.NONE or training.moe_pad_to_capacity:
         return 0.0 * lay.tp
@@ -137,14 +140,14 @@ def moe_count_sync_s(model: ModelSpec, cluster: Cluster, training: Training, lay
     return np.where(lay.ep > 1, (lay.ep - 1) * c["p2p_latency_s"] + c["eager_op_host_s"], 0.0)
 
 
-def cp_ring_exposed_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict,
-                      core_fwd, core_bwd) -> np.ndarray:
+def cp_ring_exposed_s(ctx: Step, core_fwd, core_bwd) -> np.ndarray:
     """Ring attention (Liu et al. 2023; Megatron-core context parallel, cp_comm_type p2p): cp-1
     K/V chunk passes per forward, K/V and dK/dV in backward, overlapped with the attention core;
     only the excess shows (forward again under recompute). Where the engine all-gathers K and V
     instead (Engine.cp_gathers_kv), both all-gathers and, in backward, the two reduce-scatters of
     their gradients block: all of them show (the all-gathers again wherever the forward reruns:
     torchtitan's op-level save list keeps no all-gather output)."""
+    model, cluster, training, lay, c = ctx
     T, t, e = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64), training.precision.element_bytes
     if training.engine.cp_gathers_kv:
         whole = lay.cp * T * (model.kv_width + model.v_width) / t * e  # K and V of the whole sequence

@@ -7,17 +7,15 @@ import numpy as np
 
 from planner import compute as C
 from planner.engines import Buffers
-from planner.hardware import Cluster
-from planner.layout import Layouts, Training
 from planner.engines.deepspeed.memory import deepspeed_bf16_optimizer, deepspeed_fp32_accum_offload
-from planner.model import ModelSpec
 from planner.options import Offload, Optimizer
 from planner.sharding import state_bytes
 from planner.dp_comm import partition_params, rank_tensors
 from planner.engines.deepspeed.timing import deepspeed_step_s
+from planner.stage import Step
 
 
-def gpu_optimizer_step_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+def gpu_optimizer_step_s(ctx: Step) -> np.ndarray:
     """Optimizer step on the GPU, memory-bound (Megatron-LM MixedPrecisionOptimizer.step; DeepSpeed's
     other optimizer wrappers alike, its ZeRO-1/2 step is deepspeed_step_s): unscale + inf check (r+w
     grads), grad norm (r), FusedAdam (r grads, r+w master and states), copy to 16-bit params (w),
@@ -29,6 +27,7 @@ def gpu_optimizer_step_s(model: ModelSpec, cluster: Cluster, training: Training,
     parameters (Buffers.FSDP: fully_shard makes every parameter one) the host spends
     dtensor_step_host_s_per_tensor a tensor in DTensor's dispatch, foreach or fused alike (measured,
     calibrate's dtensor_step bench), and the step takes the longer of that and its kernels."""
+    model, cluster, training, lay, c = ctx
     b = state_bytes(training)
     foreach = training.engine.optimizer_step_copy and training.optimizer is Optimizer.ADAMW
     per_param = 18 * b.moment + 3 * b.grads if foreach else 5 * b.grads + 2 * b.optimizer + b.weights
@@ -39,7 +38,7 @@ def gpu_optimizer_step_s(model: ModelSpec, cluster: Cluster, training: Training,
                       * c["dtensor_step_host_s_per_tensor"])
 
 
-def cpu_adam_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+def cpu_adam_s(ctx: Step) -> np.ndarray:
     """The offloaded optimizer step on the node's cores, shared by the node's GPUs: ZeRO-Offload's
     DeepSpeedCPUAdam (Ren et al. 2021 sections 4-5), or torch's fused AdamW (torchtitan), one pass
     over the states; an engine whose optimizer is torch's AdamW with its defaults
@@ -47,25 +46,27 @@ def cpu_adam_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layo
     DTensors) runs the single-tensor loop there (torch 2.13 optim/optimizer.py
     _default_to_fused_or_foreach: foreach only on cuda/xpu/mtia), a pass per operator."""
     # the cores are one host's: a DGX node's, or an NVL72 compute tray's (Cluster.gpus_per_host)
+    model, cluster, training, lay, c = ctx
     rate = c["cpu_adam_unfused_params_per_s" if training.engine.optimizer_step_copy else "cpu_adam_params_per_s"]
     return partition_params(model, training, lay) * cluster.gpus_per_host / rate
 
 
-def optimizer_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+def optimizer_s(ctx: Step) -> np.ndarray:
     """The update: CPU Adam under optimizer offload, else DeepSpeed's ZeRO or BF16_Optimizer step
     (deepspeed_step_s) where it runs, else the GPU step. megatron-core's HybridDeviceOptimizer with
     part of the optimizer offloaded (Training.optimizer_offload_fraction) launches the GPU share's
     step before the host steps its own (hybrid_optimizer.py step), so the two run side by side."""
-    gpu = gpu_optimizer_step_s(model, cluster, training, lay, c)
+    model, cluster, training, lay, c = ctx
+    gpu = gpu_optimizer_step_s(ctx)
     if training.engine.deepspeed:
         counted = (lay.zero >= 1) | deepspeed_bf16_optimizer(training, lay)
-        gpu = np.where(counted, deepspeed_step_s(model, cluster, training, lay, c), gpu)
+        gpu = np.where(counted, deepspeed_step_s(ctx), gpu)
     share = training.optimizer_offload_fraction
-    offloaded = np.maximum(share * cpu_adam_s(model, cluster, training, lay, c), (1.0 - share) * gpu)
+    offloaded = np.maximum(share * cpu_adam_s(ctx), (1.0 - share) * gpu)
     return np.where(lay.offload_optimizer > Offload.NONE, offloaded, gpu)
 
 
-def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+def offload_s(ctx: Step) -> np.ndarray:
     """Host traffic of ZeRO-Offload and ZeRO-Infinity over PCIe (and NVMe).
 
     Gradients go down as fp32 (stage_1_and_2.py async_inplace_copy_grad_to_fp32_buffer_from_gpu
@@ -82,6 +83,7 @@ def offload_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
     gathers; a GPU optimizer's updated partition goes back down once. megatron-core's optimizer
     offload (Engine.offload_hybrid_optimizer) moves 4 B down and 4 B up a parameter of the
     partition, none of it under backward."""
+    model, cluster, training, lay, c = ctx
     gpu = cluster.gpu
     b = state_bytes(training)
     partition, m = partition_params(model, training, lay), lay.gas.astype(np.float64)

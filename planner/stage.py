@@ -1,10 +1,13 @@
-"""The context every per-stage memory term reads: the model, the training setup, the candidate
-layouts and which pipeline stage, with the rank's parameters counted once for all of them."""
+"""The contexts the terms read: a memory term one pipeline stage's (Stage: the model, the training
+setup, the candidate layouts and the stage, with the rank's parameters counted once for all of
+them), a step-time term the step's (Step: the model or one block kind of it, the cluster, the
+training setup, the layouts and the time coefficients)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
 
@@ -33,3 +36,23 @@ class Stage:
         if name not in cache:
             cache[name] = compute()
         return cache[name]
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """The step of every candidate as a step-time term reads it (unpacked as
+    `model, cluster, training, lay, c = ctx`)."""
+
+    model: ModelSpec
+    """The model, or the one block kind a per-block term times."""
+    cluster: Cluster
+    """The GPUs and how they are wired."""
+    training: Training
+    """The training setup and its engine."""
+    lay: Layouts
+    """The candidate layouts, arrays over the candidates."""
+    c: dict
+    """The time coefficients (data/coefficients.json 'time', or a profile's fitted values)."""
+
+    def __iter__(self):
+        return iter((self.model, self.cluster, self.training, self.lay, self.c))

@@ -43,6 +43,7 @@ from planner.engines.megatron.timing import chunked_sync_exposed_s
 from planner.mp_comm import (checkpoint_restore_s, cp_ring_exposed_s, ep_all_to_all_s, moe_count_sync_s,
                               tp_all_reduce_s, tp_pass_exposed_s, tp_pass_units)
 from planner.optimizer_time import offload_s, optimizer_s
+from planner.stage import Step
 
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble", "stragglers", "offload", "optimizer",
                   "other")
@@ -53,33 +54,34 @@ MEGATRON_DDP_BUCKET = 40_000_000  # megatron.core DistributedDataParallelConfig:
 # per block, per micro-batch: communication inside the layer
 
 
-def block_s(block: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> dict:
+def block_s(ctx: Step) -> dict:
     """Seconds of one block of this kind in one micro-batch on one rank: its forward and backward
     kernels (for eager modules no shorter than the host's dispatch of them), weight-gradient GEMMs,
     exposed TP/EP/CP communication, selective recompute and the checkpoint restore of a fully
     recomputed block (Korthikanti Table 4 times them so)."""
-    gemm = C.gemm_fwd_s(block, cluster, training, lay, c)
-    core_fwd, core_bwd = C.attention_core_s(block, cluster, training, lay, c)
-    tp_ar, units = tp_all_reduce_s(block, cluster, training, lay, c), tp_pass_units(block, training, lay)
+    block, cluster, training, lay, c = ctx
+    gemm = C.gemm_fwd_s(ctx)
+    core_fwd, core_bwd = C.attention_core_s(ctx)
+    tp_ar, units = tp_all_reduce_s(ctx), tp_pass_units(block, training, lay)
     # eager Hugging Face modules: the GPU waits where the host dispatches the block's kernels slower
     hf = block_modules(block, training) is Modules.HUGGING_FACE
     host_fwd, host_bwd = C.eager_host_s(block, training, c) if hf else (0.0, 0.0)
-    cast_fwd, cast_bwd = C.autocast_weight_traffic_s(block, cluster, training, lay, c)
+    cast_fwd, cast_bwd = C.autocast_weight_traffic_s(ctx)
     q_fwd, q_bwd = fp8.cast_s(block, training, lay, routed_per_token(block, training, lay, tokens_per_microbatch(training, lay)),
                               C.hbm_bytes_per_s(cluster, c))  # FP8 quantize kernels
-    gpu_fwd = gemm + core_fwd + C.elementwise_fwd_s(block, cluster, training, lay, c) + cast_fwd + q_fwd
-    gpu_bwd = 2.0 * gemm + core_bwd + C.elementwise_bwd_s(block, cluster, training, lay, c) + cast_bwd + q_bwd  # dgrad + wgrad
+    gpu_fwd = gemm + core_fwd + C.elementwise_fwd_s(ctx) + cast_fwd + q_fwd
+    gpu_bwd = 2.0 * gemm + core_bwd + C.elementwise_bwd_s(ctx) + cast_bwd + q_bwd  # dgrad + wgrad
     out = {"fwd": np.maximum(gpu_fwd, host_fwd), "bwd": np.maximum(gpu_bwd, host_bwd),
            "gpu_fwd": gpu_fwd, "gpu_bwd": gpu_bwd, "host_fwd": host_fwd + 0.0 * gpu_fwd, "host_bwd": host_bwd + 0.0 * gpu_bwd,
-           "gemm": gemm, "tp_fwd": tp_pass_exposed_s(block, cluster, training, lay, c, tp_ar, units),
-           "tp_bwd": tp_pass_exposed_s(block, cluster, training, lay, c, tp_ar, units, backward=True),
-           "a2a": ep_all_to_all_s(block, cluster, training, lay, c),  # 2 in the forward, 2 in the backward
-           "counts": moe_count_sync_s(block, cluster, training, lay, c),  # once a forward
-           "restore": checkpoint_restore_s(block, cluster, training, lay, c)}
+           "gemm": gemm, "tp_fwd": tp_pass_exposed_s(ctx, tp_ar, units),
+           "tp_bwd": tp_pass_exposed_s(ctx, tp_ar, units, backward=True),
+           "a2a": ep_all_to_all_s(ctx),  # 2 in the forward, 2 in the backward
+           "counts": moe_count_sync_s(ctx),  # once a forward
+           "restore": checkpoint_restore_s(ctx)}
     out["comm"] = out["tp_fwd"] + out["tp_bwd"] + 4.0 * out["a2a"] + out["counts"] + \
-        cp_ring_exposed_s(block, cluster, training, lay, c, core_fwd, core_bwd)
+        cp_ring_exposed_s(ctx, core_fwd, core_bwd)
     if training.engine.selective_policy is SelectivePolicy.OP_SAC:  # every op but attention and kept matmuls
-        out["sel"], out["sel_comm"] = C.op_sac_recompute_s(block, cluster, training, lay, c), out["tp_fwd"] / 2.0
+        out["sel"], out["sel_comm"] = C.op_sac_recompute_s(ctx), out["tp_fwd"] / 2.0
     else:  # Megatron: the attention core alone, no communication
         out["sel"], out["sel_comm"] = core_fwd, 0.0
     return out
@@ -97,15 +99,16 @@ def _slowest_stage_blocks(model: ModelSpec, training: Training, lay: Layouts) ->
             for stage in (0 * lay.pp, 1 + 0 * lay.pp, lay.pp - 1, end - 1, end, end + 1)]
 
 
-def microbatch_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> dict:
+def microbatch_s(ctx: Step) -> dict:
     """Seconds of one micro-batch on one rank of the slowest stage: compute, recompute and the
     exposed TP/EP/CP communication of its blocks (each block kind with its own times), plus the
     per-block times of a routed block (Korthikanti Table 4)."""
+    model, cluster, training, lay, c = ctx
     full, selective = lay.recompute == Recompute.FULL, lay.recompute == Recompute.SELECTIVE
-    per = {id(model): block_s(model, cluster, training, lay, c)}
+    per = {id(model): block_s(ctx)}
     if model.moe_layers != model.layers:
-        per[id(model.dense_block)] = block_s(model.dense_block, cluster, training, lay, c)
-    head = C.head_s(model, cluster, training, lay, c)
+        per[id(model.dense_block)] = block_s(Step(model.dense_block, cluster, training, lay, c))
+    head = C.head_s(ctx)
     candidates = []
     for blocks in _slowest_stage_blocks(model, training, lay):
         rerun_left = recomputed_layers(lay, sum(n for _, n in blocks), lay.vpp)  # blocks whose whole forward runs again
@@ -146,7 +149,7 @@ def microbatch_s(model: ModelSpec, cluster: Cluster, training: Training, lay: La
 
 def layer_times(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> dict:
     """Forward, backward and recompute seconds of one transformer block per micro-batch on one rank."""
-    mb = microbatch_s(model, cluster, training, lay, coefficients("time", cluster.calibration))
+    mb = microbatch_s(Step(model, cluster, training, lay, coefficients("time", cluster.calibration)))
     return {k: mb[k] for k in ("fwd_s", "bwd_s", "recompute_s")}
 
 
@@ -159,8 +162,7 @@ def pipeline_bubble_s(lay: Layouts, slot_s, weight_grad_s=0.0) -> np.ndarray:
     return bubble_s(lay.pp, lay.vpp, lay.schedule, slot_s, weight_grad_s)
 
 
-def pipeline_p2p_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict,
-                   fwd_chunk_s=0.0, bwd_chunk_s=0.0) -> np.ndarray:
+def pipeline_p2p_s(ctx: Step, fwd_chunk_s=0.0, bwd_chunk_s=0.0) -> np.ndarray:
     """Point-to-point sends on the critical path: T*h activations (or their gradients) per transfer,
     split over t under SP or Megatron's scatter/gather over the TP ranks' NICs (Narayanan 2021
     section 4.1), through the GPU's NIC when the pipeline spans nodes. 2 (v m + p - 1) of them
@@ -168,6 +170,7 @@ def pipeline_p2p_s(model: ModelSpec, cluster: Cluster, training: Training, lay: 
     (Engine.p2p_overlaps_interleaved), the fill and drain's 2 (p - 1) still wait, and each of the
     v m forward and v m backward ones shows only by what it takes beyond a chunk's forward
     (`fwd_chunk_s`) or backward (`bwd_chunk_s`) compute that carries it."""
+    model, cluster, training, lay, c = ctx
     split = (lay.sequence_parallel > 0) | training.engine.p2p_split_over_tp
     nbytes = tokens_per_microbatch(training, lay) * model.hidden * training.precision.element_bytes
     nbytes = nbytes / np.where(split, lay.tp, 1)
@@ -208,10 +211,11 @@ def grad_overlaps(training: Training, lay: Layouts) -> np.ndarray:
         & ~deepspeed_bf16_optimizer(training, lay)
 
 
-def grad_reduce_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> tuple:
+def grad_reduce_s(ctx: Step) -> tuple:
     """(seconds of one gradient reduction, its buckets, reductions per step): buckets dense over
     dp*cp, experts over dp*cp/ep; an all-reduce where the engine all-reduces (no ZeRO; DeepSpeed
     ZeRO-1/2 too), else a reduce-scatter."""
+    model, cluster, training, lay, c = ctx
     dense, expert = held_params(model, training, lay)
     g = state_bytes(training).grads
     # BF16_Optimizer hands the engine each param group's whole flat gradient buffer (0.19.8
@@ -233,10 +237,11 @@ def grad_reduce_s(model: ModelSpec, cluster: Cluster, training: Training, lay: L
     return one, np.maximum(np.ceil((dense + expert) / bucket), 1.0), grad_reductions_per_step(training, lay)
 
 
-def param_gather_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> tuple:
+def param_gather_s(ctx: Step) -> tuple:
     """(seconds, buckets) of the ZeRO-1/2 (and Megatron distributed optimizer) all-gather of the
     updated 16-bit parameters after the step; DeepSpeed 0.19 runtime/utils.py all_gather_dp_groups
     makes one call per parameter group, Megatron one per DDP bucket."""
+    model, cluster, training, lay, c = ctx
     dense, expert = held_params(model, training, lay)
     # FP8 parameters (Megatron --fp8-param-gather) gather 1 B each; the few 16-bit ones (embedding,
     # norms) are counted at that rate too
@@ -297,16 +302,17 @@ Z3_KEYS = ("one", "calls", "fwd", "bwd", "whole_step", "prefetch", "ahead_fwd") 
 FETCH_PIPE_KEYS = ("gpu_fwd_mb", "host_fwd_mb", "gpu_bwd_mb", "host_bwd_mb", "blocks", "reruns")  # param_fetch_exposed_s
 
 
-def _pipeline_terms(model, cluster, training, lay, c) -> dict:
+def _pipeline_terms(ctx: Step) -> dict:
     """m micro-batches of the slowest stage, the bubble, the p2p sends and the FLOPs."""
+    model, cluster, training, lay, c = ctx
     m = lay.gas.astype(np.float64)
-    mb = microbatch_s(model, cluster, training, lay, c)
+    mb = microbatch_s(ctx)
     flops = flops_per_step(model, training, lay)
     bwd_mb, v = mb["compute"] - mb["fwd_mb"] + mb["recompute"], chunks_per_stage(lay.vpp, lay.schedule)
     out = {"compute": m * mb["compute"], "recompute": m * mb["recompute"], "tp_comm": m * mb["tp_comm"],
            "fwd_mb": mb["fwd_mb"], "bwd_mb": bwd_mb, "pp_bubble": pipeline_bubble_s(lay, mb["slot"], mb["weight_grad_s"]),
            **{k: mb[k] for k in FETCH_PIPE_KEYS}, "micro_batches": m,
-           "pp_comm": pipeline_p2p_s(model, cluster, training, lay, c, mb["fwd_mb"] / v, bwd_mb / v),
+           "pp_comm": pipeline_p2p_s(ctx, mb["fwd_mb"] / v, bwd_mb / v),
            # how the rank's data-parallel sync splits over its interleaved chunks (overlapped_dp_s)
            "sync_chunks": np.where(training.engine.dp_sync_per_chunk, v, 1).astype(np.float64),
            **dict(zip(("fwd_group", "bwd_group"), interleaved_groups(m, lay.pp))),
@@ -319,21 +325,22 @@ def _pipeline_terms(model, cluster, training, lay, c) -> dict:
     return out
 
 
-def _step_terms(model, cluster, training, lay, c) -> dict:
+def _step_terms(ctx: Step) -> dict:
     """Data-parallel communication, offload and the optimizer update of one step: what is exposed
     whatever the compute ("dp_fixed"), and the overlapped collectives with what they need to be
     priced against the compute that hides them (overlapped_dp_s)."""
-    grad_one, grad_buckets, reductions = grad_reduce_s(model, cluster, training, lay, c)
-    z3 = zero3_gather_s(model, cluster, training, lay, c)
-    pg, pg_buckets = param_gather_s(model, cluster, training, lay, c)
+    model, cluster, training, lay, c = ctx
+    grad_one, grad_buckets, reductions = grad_reduce_s(ctx)
+    z3 = zero3_gather_s(ctx)
+    pg, pg_buckets = param_gather_s(ctx)
     grad_overlap = grad_overlaps(training, lay)
     pg_overlap = grad_overlap & training.engine.param_gather_overlaps_forward
     out = {"dp_fixed": np.where(grad_overlap, 0.0, reductions * grad_one) + np.where(pg_overlap, 0.0, pg)
-           + fsdp_copies_s(model, cluster, training, lay, c) + zero3_rank_copies_s(model, training, lay, c, z3),
+           + fsdp_copies_s(ctx) + zero3_rank_copies_s(model, training, lay, c, z3),
            "grad_one": np.where(grad_overlap, grad_one, 0.0), "grad_buckets": grad_buckets, "reductions": reductions,
            "pg": np.where(pg_overlap, pg, 0.0), "pg_buckets": pg_buckets,
            **{"z3_" + k: v for k, v in z3.items()}, "fetch_s": param_fetch_s(model, training, lay, c),
-           "offload": offload_s(model, cluster, training, lay, c), "optimizer": optimizer_s(model, cluster, training, lay, c)}
+           "offload": offload_s(ctx), "optimizer": optimizer_s(ctx)}
     out["total"] = out["dp_fixed"] + out["offload"] + out["optimizer"]
     return out
 
@@ -375,8 +382,8 @@ def step_time(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
                  + max(hideable DP - the compute it hides behind, 0) + fixed overhead"""
     c = coefficients("time", cluster.calibration)
     codes = codes_of(lay) if lay.size > 64 else None
-    pipe = grouped(codes, PIPE_FIELDS, lambda sub: _pipeline_terms(model, cluster, training, sub, c), lay)
-    step = grouped(codes, STEP_FIELDS, lambda sub: _step_terms(model, cluster, training, sub, c), lay)
+    pipe = grouped(codes, PIPE_FIELDS, lambda sub: _pipeline_terms(Step(model, cluster, training, sub, c)), lay)
+    step = grouped(codes, STEP_FIELDS, lambda sub: _step_terms(Step(model, cluster, training, sub, c)), lay)
     other = max(float(c["step_overhead_s"]), 0.0)
     overlapped = overlapped_dp_s(step, pipe, c)
     slowest = straggler_s(lay.world, pipe["paced"], float(c["rank_speed_cv"]))

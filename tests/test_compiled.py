@@ -17,6 +17,7 @@ import pytest
 from planner import activations, compute, export, hardware, layout, memory
 from planner.errors import InputError
 from planner.model import ModelSpec, lookup
+from planner.stage import Step
 
 REFERENCE = Path(__file__).resolve().parent.parent / "data" / "references" / "hf_compiled_cpu.json"
 ROWS = json.loads(REFERENCE.read_text())["rows"]
@@ -62,9 +63,9 @@ def test_compiled_blocks_move_what_fused_kernels_move():
     under the eager block's measured bytes."""
     m, cluster = lookup("llama-3-8b"), hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 8, 8)
     lay = layout.single(dp=8, zero=3, mbs=1)
-    compiled = compute.elementwise_fwd_s(m, cluster, layout.Training(engine="fsdp", compile=True), lay, C)[0]
-    fused = compute.elementwise_fwd_s(m, cluster, layout.Training(engine="megatron"), lay, C)[0]
-    eager = compute.elementwise_fwd_s(m, cluster, layout.Training(engine="fsdp"), lay, C)[0]
+    compiled = compute.elementwise_fwd_s(Step(m, cluster, layout.Training(engine="fsdp", compile=True), lay, C))[0]
+    fused = compute.elementwise_fwd_s(Step(m, cluster, layout.Training(engine="megatron"), lay, C))[0]
+    eager = compute.elementwise_fwd_s(Step(m, cluster, layout.Training(engine="fsdp"), lay, C))[0]
     assert compiled == pytest.approx(fused) and compiled < 0.5 * eager
 
 

@@ -44,7 +44,7 @@ from planner.hf_config import from_hf_config
 from planner.layout import Training, ZeroConfig
 
 from calibrate.engines.deepspeed_exact import BUCKET, D, GAS, LLAMA, SEQ, STAGES, ZERO
-from planner.stage import Stage
+from planner.stage import Stage, Step
 
 pytestmark = pytest.mark.slow
 
@@ -557,8 +557,7 @@ def test_zero3_backward_gathers_only_what_forward_released(engine_gas, twin):
         backward = sum(c[3] for c in gathers if c[1] == "backward")
         assert backward == 0 and len(set(per_micro.values())) == 1 and per_micro[0] >= twin.params
     training = Training(seq_len=SEQ, precision="bf16", engine="deepspeed", zero_config=ZERO)
-    z3 = timing.zero3_gather_s(twin, hardware.Cluster(hardware.lookup_gpu("h100-sxm"), D, D), training,
-                               layout.single(dp=D, zero=3, gas=GAS), timing.coefficients("time"))
+    z3 = timing.zero3_gather_s(Step(twin, hardware.Cluster(hardware.lookup_gpu("h100-sxm"), D, D), training, layout.single(dp=D, zero=3, gas=GAS), timing.coefficients("time")))
     assert z3["fwd"][0] == GAS and z3["bwd"][0] == 0
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from planner import engines, hardware, layout, memory, sharding, timing
 from planner.hf_config import from_hf_config
-from planner.stage import Stage
+from planner.stage import Stage, Step
 
 REFERENCE = Path(__file__).resolve().parent.parent / "data" / "references" / "deepspeed_zero3_live_cpu.json"
 ROWS = {row["name"]: row for row in json.loads(REFERENCE.read_text())["rows"]}
@@ -133,8 +133,7 @@ def test_forward_gathers_ahead_as_deepspeed_does(name):
 
 def _z3(row) -> dict:
     model, training, lay = _setup(row)
-    return timing.zero3_gather_s(model, hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 2, 2), training, lay,
-                                 memory.coefficients("time"))
+    return timing.zero3_gather_s(Step(model, hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 2, 2), training, lay, memory.coefficients("time")))
 
 
 # the same knobs without and with a checkpoint: what the forward keeps into the backward is the same,

@@ -10,7 +10,7 @@ import pytest
 from planner import hardware, layout, memory, pipeline, saved, sharding, timing
 from planner.compute import flops_per_step
 from planner.model import ModelSpec, lookup
-from planner.stage import Stage
+from planner.stage import Stage, Step
 
 H100 = hardware.lookup_gpu("h100-sxm")
 C = memory.coefficients("time")
@@ -130,7 +130,7 @@ def test_slowest_stage_is_the_dense_one_or_a_routed_one(pp, routed_per_stage):
     lay = layout.single(pp=pp, gas=16)
 
     def slot(model):
-        return timing.microbatch_s(model, cluster, training, lay, C)["slot"][0]
+        return timing.microbatch_s(Step(model, cluster, training, lay, C))["slot"][0]
 
     # dense blocks of 3 x 1024 x 65536 = 201e6 per token, 4x a routed one: the stages holding them are the slowest, and
     # a model of such dense blocks only has the same slowest stage (the one with the most of them) when

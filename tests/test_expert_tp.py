@@ -14,7 +14,7 @@ from planner.hardware import Cluster, lookup_gpu
 from planner.memory import coefficients
 from planner.model import lookup
 from planner.rules import check_single
-from planner.stage import Stage
+from planner.stage import Stage, Step
 
 MIXTRAL = lookup("mixtral-8x7b")
 EXPERT = 3 * 4096 * 14336  # one Mixtral expert's gate, up and down projections: 176,160,768
@@ -80,8 +80,8 @@ def test_no_routed_row_gathers_with_experts_whole():
     c = coefficients("time")
     for etp, expected in ((None, 1 + 2), (1, 1)):
         lay = layout.single(tp=2, dp=4, ep=4, etp=etp, sequence_parallel=True)
-        tp_ar = timing.tp_all_reduce_s(MIXTRAL, NODE, MEGATRON, lay, c)
-        got = timing.tp_pass_exposed_s(MIXTRAL, NODE, MEGATRON, lay, c, tp_ar, timing.tp_pass_units(MIXTRAL, MEGATRON, lay))
+        tp_ar = timing.tp_all_reduce_s(Step(MIXTRAL, NODE, MEGATRON, lay, c))
+        got = timing.tp_pass_exposed_s(Step(MIXTRAL, NODE, MEGATRON, lay, c), tp_ar, timing.tp_pass_units(MIXTRAL, MEGATRON, lay))
         assert got[0] == pytest.approx(expected * tp_ar[0], rel=1e-12)
 
 

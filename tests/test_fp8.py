@@ -11,6 +11,7 @@ from planner import activations, api, cli, corpus_rows, corpus_score, export, la
 from planner.errors import InputError
 from planner.engines.torchtitan.export import fp8_module
 from planner.model import lookup
+from planner.stage import Step
 
 GPT = dict(layers=4, hidden=2048, heads=16, ffn=8192, vocab=32000, ffn_kind="gelu")
 
@@ -67,8 +68,7 @@ def test_fp8_parameters_gather_half_the_bytes():
     model, cluster = lookup("llama-3-70b"), api.Cluster(api.lookup_gpu("h100-sxm"), 64, 8)
     lay = layout.single(tp=8, dp=8, zero=1, mbs=1, gas=8, sequence_parallel=True)
     c = timing.coefficients("time")
-    on, off = (timing.param_gather_s(model, cluster, layout.Training(engine="megatron", precision="fp8", fp8_param_gather=g),
-                                     lay, c)[0][0] for g in (True, False))
+    on, off = (timing.param_gather_s(Step(model, cluster, layout.Training(engine="megatron", precision="fp8", fp8_param_gather=g), lay, c))[0][0] for g in (True, False))
     assert 0.5 <= on / off < 0.55  # bandwidth-bound: the latency terms stay
 
 
@@ -244,9 +244,9 @@ def test_transformer_engine_gathers_sequence_parallel_inputs_in_fp8():
 
     def exposed(engine, precision):
         training = layout.Training(seq_len=2048, precision=precision, engine=engine, tp_comm_overlap=False)
-        tp_ar = mp_comm.tp_all_reduce_s(model, cluster, training, lay, c)
+        tp_ar = mp_comm.tp_all_reduce_s(Step(model, cluster, training, lay, c))
         units = mp_comm.tp_pass_units(model, training, lay)
-        return float(mp_comm.tp_pass_exposed_s(model, cluster, training, lay, c, tp_ar, units)[0])
+        return float(mp_comm.tp_pass_exposed_s(Step(model, cluster, training, lay, c), tp_ar, units)[0])
 
     whole = float(group_collective_s(cluster, c, "all_reduce", tokens_h_bf16, lay.tp)[0])
     half = float(group_collective_s(cluster, c, "all_reduce", tokens_h_bf16 / 2, lay.tp)[0])

@@ -22,6 +22,7 @@ from planner.errors import InputError
 from planner.hf_config import from_hf_config
 from planner.model import ModelSpec, load_catalog, lookup, published_params
 from planner.shapes import derive_shape
+from planner.stage import Step
 
 CATALOG = load_catalog()
 PUBLISHED = published_params()
@@ -759,6 +760,6 @@ def test_sliding_window_blocks_attend_to_their_window():
 
     cluster, training = Cluster(lookup_gpu("h100-sxm"), 8, 8), Training(engine="megatron", seq_len=4096)
     lay, c = single(mbs=1, gas=1), coefficients("time")
-    windowed = compute.attention_core_s(m, cluster, training, lay, c)[0]
-    full = compute.attention_core_s(replace(m, sliding_window=0), cluster, training, lay, c)[0]
+    windowed = compute.attention_core_s(Step(m, cluster, training, lay, c))[0]
+    full = compute.attention_core_s(Step(replace(m, sliding_window=0), cluster, training, lay, c))[0]
     assert (windowed / full).item() == pytest.approx(1087 / 2048)

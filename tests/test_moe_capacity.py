@@ -20,6 +20,7 @@ from planner.errors import InputError
 from planner.hardware import Cluster, lookup_gpu
 from planner.memory import coefficients
 from planner.model import lookup, with_overrides
+from planner.stage import Step
 
 MIXTRAL = lookup("mixtral-8x7b")
 EXPERT_GEMM_FLOPS = 2 * 3 * 4096 * 14336  # one expert's fc1 [gate|up] (h x 2f) and fc2 (f x h), 2 FLOPs per MAC
@@ -113,15 +114,15 @@ def test_expert_gemm_time_scales_by_the_factor():
     lay = layout.single()
     cluster = Cluster(lookup_gpu("h100-sxm"), 1, 1)
     c = coefficients("time")
-    base = compute.gemm_fwd_s(MIXTRAL, cluster, _training("megatron"), lay, c)[0]
+    base = compute.gemm_fwd_s(Step(MIXTRAL, cluster, _training("megatron"), lay, c))[0]
     # the sustained H100 rate the kernels are timed at: 989.4 TFLOP/s x h100_sxm_sustained_compute_fraction
     rate = cluster.gpu.peak_flops_per_s["bf16"] * c["h100_sxm_sustained_compute_fraction"] * c["gemm_efficiency_max"]
-    double = compute.gemm_fwd_s(MIXTRAL, cluster, _training("megatron", 2.0, True), lay, c)[0]
-    half = compute.gemm_fwd_s(MIXTRAL, cluster, _training("megatron", 0.5, True), lay, c)[0]
+    double = compute.gemm_fwd_s(Step(MIXTRAL, cluster, _training("megatron", 2.0, True), lay, c))[0]
+    half = compute.gemm_fwd_s(Step(MIXTRAL, cluster, _training("megatron", 0.5, True), lay, c))[0]
     assert double - base == pytest.approx(4096 * 2 * EXPERT_GEMM_FLOPS / rate, rel=1e-9)
     assert base - half == pytest.approx(4096 * 1 * EXPERT_GEMM_FLOPS / rate, rel=1e-9)
     # dropping without padding runs min(k, k C) = 1 row per token too
-    assert compute.gemm_fwd_s(MIXTRAL, cluster, _training("megatron", 0.5), lay, c)[0] == pytest.approx(half)
+    assert compute.gemm_fwd_s(Step(MIXTRAL, cluster, _training("megatron", 0.5), lay, c))[0] == pytest.approx(half)
 
 
 def test_routed_activations_scale_shared_expert_does_not():
@@ -151,14 +152,14 @@ def test_ep_all_to_all_moves_the_padded_rows():
     cluster = Cluster(lookup_gpu("h100-sxm"), 8, 8)
     c = coefficients("time")
     latency = 7 * c["p2p_latency_s"]
-    base = timing.ep_all_to_all_s(MIXTRAL, cluster, _training("megatron"), lay, c)[0] - latency
-    padded = timing.ep_all_to_all_s(MIXTRAL, cluster, _training("megatron", 1.5, True), lay, c)[0] - latency
+    base = timing.ep_all_to_all_s(Step(MIXTRAL, cluster, _training("megatron"), lay, c))[0] - latency
+    padded = timing.ep_all_to_all_s(Step(MIXTRAL, cluster, _training("megatron", 1.5, True), lay, c))[0] - latency
     assert padded / base == pytest.approx(3 / 2, rel=1e-12)
     # dropless bytes: 4096 tokens x 2 rows x 4096 x 2 bytes x 7/8 = 58,720,256 B at NVLink x bus efficiency
     bw = cluster.gpu.intra_node_bytes_per_s * c["bus_efficiency_intra_node"]
     assert base == pytest.approx(4096 * 2 * 4096 * 2 * 7 / 8 / bw, rel=1e-12)
     # megatron-deepspeed at its default C = 1.0 pads to exactly k rows here: 8 x ceil(512 x 2) = 8192 = 2 per token
-    ds = timing.ep_all_to_all_s(MIXTRAL, cluster, _training("megatron-deepspeed"), lay, c)[0] - latency
+    ds = timing.ep_all_to_all_s(Step(MIXTRAL, cluster, _training("megatron-deepspeed"), lay, c))[0] - latency
     assert ds == pytest.approx(base, rel=1e-12)
 
 
@@ -246,8 +247,8 @@ def test_megatron_all_to_all_carries_a_ranks_sequence_shard():
     c = coefficients("time")
     train = layout.Training(seq_len=4096, engine="megatron")
     latency = 3 * c["p2p_latency_s"]  # (ep - 1) sends
-    one = timing.ep_all_to_all_s(m, clus, train, layout.single(tp=1, dp=16, ep=4), c)[0] - latency
-    two = timing.ep_all_to_all_s(m, clus, train, layout.single(tp=2, dp=8, ep=4, sequence_parallel=True), c)[0] - latency
+    one = timing.ep_all_to_all_s(Step(m, clus, train, layout.single(tp=1, dp=16, ep=4), c))[0] - latency
+    two = timing.ep_all_to_all_s(Step(m, clus, train, layout.single(tp=2, dp=8, ep=4, sequence_parallel=True), c))[0] - latency
     assert two == pytest.approx(one / 2)  # 33,554,432 bytes x 3/4 sent, against 67,108,864 x 3/4
     # megatron-core refuses MoE with TP and without SP in training (moe_layer.py MoELayer.forward)
     with pytest.raises(InputError, match="--sequence-parallel"):

@@ -10,6 +10,7 @@ from pathlib import Path
 from planner import api, layout, optimizer_time, timing
 from planner.hardware import Cluster, lookup_gpu
 from planner.hf_config import from_hf_config
+from planner.stage import Step
 
 PROFILE = Path(__file__).resolve().parent.parent / "data" / "calibration" / "h200.json"
 TINYLLAMA_FSDP = "step/fsdp/tinyllama-1.1b/mbs4-seq2048"
@@ -29,9 +30,7 @@ def test_foreach_adamw_step():
     c = runs[0]["config"]
     model = from_hf_config({**c["llama"], "model_type": "llama"})
     training = layout.Training(seq_len=c["seq"], engine="fsdp")
-    predicted = optimizer_time.gpu_optimizer_step_s(model, Cluster(lookup_gpu("h200"), 1, 1), training,
-                                            layout.single(dp=1, zero=3, mbs=c["mbs"]),
-                                            timing.coefficients("time"))[0]
+    predicted = optimizer_time.gpu_optimizer_step_s(Step(model, Cluster(lookup_gpu("h200"), 1, 1), training, layout.single(dp=1, zero=3, mbs=c["mbs"]), timing.coefficients("time")))[0]
     for run in runs:
         assert 0.7 < predicted / run["measurement"]["optimizer_s"] < 0.9
 
@@ -57,7 +56,7 @@ def test_fsdp_step_over_dtensors_is_host_bound_for_a_small_model():
     training = layout.Training(seq_len=c["seq"], engine="fsdp")
     assert timing.rank_tensors(model, training, lay, per_expert=False)[1][0] == tensors == 272
     coef = timing.coefficients("time")
-    predicted = optimizer_time.gpu_optimizer_step_s(model, Cluster(lookup_gpu("h200"), 1, 1), training, lay, coef)[0]
+    predicted = optimizer_time.gpu_optimizer_step_s(Step(model, Cluster(lookup_gpu("h200"), 1, 1), training, lay, coef))[0]
     assert predicted == 272 * coef["dtensor_step_host_s_per_tensor"]  # over the kernels' 2.6 ms
     for run in runs:
         assert 0.2 < predicted / run["measurement"]["optimizer_s"] < 1.0
@@ -75,8 +74,7 @@ def test_deepspeed_zero1_step_is_host_bound():
     c = runs[0]["config"]
     model = from_hf_config({**c["llama"], "model_type": "llama"})
     training = layout.Training(seq_len=c["seq"], engine="deepspeed", precision="bf16")
-    predicted = optimizer_time.optimizer_s(model, Cluster(lookup_gpu("h200"), 1, 1), training,
-                                   layout.single(dp=1, zero=1, mbs=c["mbs"]), timing.coefficients("time"))[0]
+    predicted = optimizer_time.optimizer_s(Step(model, Cluster(lookup_gpu("h200"), 1, 1), training, layout.single(dp=1, zero=1, mbs=c["mbs"]), timing.coefficients("time")))[0]
     assert 0.0745 < predicted < 0.0750
     for run in runs:
         assert 1.0 < predicted / run["measurement"]["optimizer_s"] < 1.6
@@ -114,8 +112,8 @@ def test_eager_layers_memory_bound_kernels_stream_at_what_an_sm_sustains():
             model = from_hf_config({**c["llama"], "model_type": "llama"})
             training = layout.Training(seq_len=c["seq"], engine="fsdp")
             lay = layout.single(dp=1, zero=3, mbs=c["mbs"])
-            fwd = compute.elementwise_fwd_s(model, cluster, training, lay, coef)[0]
-            bwd = compute.elementwise_bwd_s(model, cluster, training, lay, coef)[0]
+            fwd = compute.elementwise_fwd_s(Step(model, cluster, training, lay, coef))[0]
+            bwd = compute.elementwise_bwd_s(Step(model, cluster, training, lay, coef))[0]
             loss = c["mbs"] * c["seq"] * c["llama"]["vocab_size"] * (2 * 2 + 32) / (0.9 * 4.8e12)  # head_s's bytes
             predicted = c["llama"]["num_hidden_layers"] * ((1 + rerun) * fwd + bwd) + loss
             assert -0.12 < predicted / run["measurement"]["kernel_s"]["elementwise"] - 1 < 0.0

@@ -17,6 +17,7 @@ from planner.engines.deepspeed import timing as deepspeed_timing
 from planner.errors import InputError
 from planner.model import ModelSpec, lookup
 from planner.options import Schedule
+from planner.stage import Step
 
 A100 = hardware.lookup_gpu("a100-80gb")
 H100 = hardware.lookup_gpu("h100-sxm")
@@ -101,12 +102,12 @@ def test_gemm_time_is_flops_on_the_efficiency_curve():
     lay = layout.single(mbs=1)
     flops = 4096 * 2 * LLAMA7_BLOCK_WEIGHTS  # 1.658e12
     rate = 989.4e12 * 0.8
-    eager = compute.gemm_fwd_s(LLAMA7, node(H100), DS, lay, C)[0]
-    fused = compute.gemm_fwd_s(LLAMA7, node(H100), layout.Training(seq_len=4096, engine="megatron"), lay, C)[0]
+    eager = compute.gemm_fwd_s(Step(LLAMA7, node(H100), DS, lay, C))[0]
+    fused = compute.gemm_fwd_s(Step(LLAMA7, node(H100), layout.Training(seq_len=4096, engine="megatron"), lay, C))[0]
     assert eager == pytest.approx((flops + 7 * 2e9) / rate, rel=1e-12)  # 2.113 ms
     assert fused == pytest.approx((flops + 4 * 2e9) / rate, rel=1e-12)  # 2.105 ms
     # TP 8 splits every matrix: 1/8 of the FLOPs, the same 7 GEMM launches
-    tp8 = compute.gemm_fwd_s(LLAMA7, node(H100), DS, layout.single(tp=8), C)[0]
+    tp8 = compute.gemm_fwd_s(Step(LLAMA7, node(H100), DS, layout.single(tp=8), C))[0]
     assert tp8 == pytest.approx((flops / 8 + 7 * 2e9) / rate, rel=1e-12)
 
 
@@ -114,7 +115,7 @@ def test_flash_attention_core_time():
     # FlashAttention-2 (Dao 2023): causal masking skips half of QK^T and AV (s.3.1.1), its backward
     # runs 5 matmuls to the forward's 2 (s.3.1.2); on H100 it reaches 35% of peak (FlashAttention-3
     # paper, abstract). Llama-2-7B, s 4096, b 1: 4 T s q = 4 x 4096 x 4096 x 4096 FLOPs, halved
-    fwd, bwd = compute.attention_core_s(LLAMA7, node(H100), DS, layout.single(), C)
+    fwd, bwd = compute.attention_core_s(Step(LLAMA7, node(H100), DS, layout.single(), C))
     expected = 4 * 4096**3 / 2 / (989.4e12 * 0.35)  # 0.794 ms
     assert fwd[0] == pytest.approx(expected, rel=1e-12)
     assert bwd[0] == pytest.approx(2.5 * expected, rel=1e-12)
@@ -129,7 +130,7 @@ def test_a_profile_measured_attention_comes_before_the_catalog():
                            overrides=(("time", "attention_efficiency", 0.6),))
     fitted = hardware.Cluster(H100, 8, 8, calibration=measured)
     kernel_only = {k: v for k, v in coefficient_values("time", measured).items() if k in C}
-    fwd, bwd = compute.attention_core_s(LLAMA7, fitted, DS, layout.single(), kernel_only)
+    fwd, bwd = compute.attention_core_s(Step(LLAMA7, fitted, DS, layout.single(), kernel_only))
     expected = 4 * 4096**3 / 2 / (989.4e12 * 0.6)  # 0.463 ms, where the catalog gives 0.794
     assert fwd[0] == pytest.approx(expected, rel=1e-12) and bwd[0] == pytest.approx(2.5 * expected, rel=1e-12)
     other = Calibration(name="h100-gemms", path="", hardware="h100-sxm", overrides=(("time", "gemm_efficiency_max", 0.7),))
@@ -142,7 +143,7 @@ def test_unfused_attention_moves_the_score_tensors():
     # without FlashAttention the a s^2 b scores go through HBM: forward 4e bytes per score (+ dropout
     # 2e + 1), backward 7e (+ dropout); Llama-2-7B has no dropout: 32 heads x 4096^2 scores, e = 2
     training = layout.Training(seq_len=4096, engine="deepspeed", flash_attention=False)
-    fwd, bwd = compute.attention_core_s(LLAMA7, node(H100), training, layout.single(), C)
+    fwd, bwd = compute.attention_core_s(Step(LLAMA7, node(H100), training, layout.single(), C))
     scores, hbm = 32 * 4096 * 4096, 3.35e12 * 0.9
     gemm = 4 * 4096**3 / (989.4e12 * 0.35)  # no causal skipping
     assert fwd[0] == pytest.approx(gemm + scores * 8 / hbm, rel=1e-12)
@@ -163,11 +164,11 @@ def test_eager_elementwise_forward_bytes():
     # + 99 = 650,851 bytes a token for Llama-2-7B (kv = h), where the list has 617,984. Eager kernels
     # stream what H100's 132 SMs sustain, 132 x 1.5e10 B/s (eager_bytes_per_s_per_sm, measured on an
     # H200's eager steps), not 0.9 x 3.35 TB/s: 1.98 TB/s
-    fwd = compute.elementwise_fwd_s(LLAMA7, node(H100), DS, layout.single(), C)[0]
+    fwd = compute.elementwise_fwd_s(Step(LLAMA7, node(H100), DS, layout.single(), C))[0]
     assert fwd == pytest.approx(4096 * LLAMA7_EAGER_BYTES / (132 * 1.5e10), rel=0.06)  # 1.28 ms
     # Megatron's fused kernels stream at the HBM's pace (test_fused_elementwise_forward_bytes); an A100's
     # 108 SMs sustain 1.62 TB/s, under its 0.9 x 2.039 TB/s = 1.84
-    fwd = compute.elementwise_fwd_s(LLAMA7, node(A100), DS, layout.single(), C)[0]
+    fwd = compute.elementwise_fwd_s(Step(LLAMA7, node(A100), DS, layout.single(), C))[0]
     assert fwd == pytest.approx(4096 * LLAMA7_EAGER_BYTES / (108 * 1.5e10), rel=0.06)
 
 
@@ -175,7 +176,7 @@ def test_fused_elementwise_forward_bytes():
     # Megatron's fused kernels, Korthikanti Table 2's replicated region: 2 norms (r+w) and 2 residual
     # bias-dropout-adds (r x, r residual, w) = 10 e h; SwiGLU r 2f w f = 3 e f; rotary r+w q and k
     megatron = layout.Training(seq_len=4096, engine="megatron")
-    fwd = compute.elementwise_fwd_s(LLAMA7, node(H100), megatron, layout.single(), C)[0]
+    fwd = compute.elementwise_fwd_s(Step(LLAMA7, node(H100), megatron, layout.single(), C))[0]
     per_token = 10 * 2 * 4096 + 3 * 2 * 11008 + 2 * 2 * (4096 + 4096)
     assert fwd == pytest.approx(4096 * per_token / (3.35e12 * 0.9), rel=1e-12)
 
@@ -184,8 +185,8 @@ def test_elementwise_backward_moves_three_tensors_per_two():
     # a fused elementwise backward reads grad-out and the saved input and writes grad-in: 3 tensors
     # where the forward moved 2 (read input, write output), so 1.5 x the forward's bytes
     megatron = layout.Training(seq_len=4096, engine="megatron")
-    fwd = compute.elementwise_fwd_s(LLAMA7, node(H100), megatron, layout.single(), C)[0]
-    bwd = compute.elementwise_bwd_s(LLAMA7, node(H100), megatron, layout.single(), C)[0]
+    fwd = compute.elementwise_fwd_s(Step(LLAMA7, node(H100), megatron, layout.single(), C))[0]
+    bwd = compute.elementwise_bwd_s(Step(LLAMA7, node(H100), megatron, layout.single(), C))[0]
     assert bwd == pytest.approx(1.5 * fwd, rel=1e-12)
 
 
@@ -194,8 +195,8 @@ def test_eager_elementwise_backward_is_measured():
     # two muls, each with a backward reading its saved inputs, plus the fp32 sum of the two paths) and
     # of rotate_half moves about twice the forward's bytes, not 1.5x: 254 h + 18 f + 32 kv + 131 =
     # 1,369,731 bytes a token for Llama-2-7B against the forward's 650,851 (2.10x)
-    fwd = compute.elementwise_fwd_s(LLAMA7, node(H100), DS, layout.single(), C)[0]
-    bwd = compute.elementwise_bwd_s(LLAMA7, node(H100), DS, layout.single(), C)[0]
+    fwd = compute.elementwise_fwd_s(Step(LLAMA7, node(H100), DS, layout.single(), C))[0]
+    bwd = compute.elementwise_bwd_s(Step(LLAMA7, node(H100), DS, layout.single(), C))[0]
     assert 2.0 < bwd / fwd < 2.2
 
 
@@ -205,7 +206,7 @@ def test_output_layer_time():
     # entropy's 2e + 32 = 36 bytes per logit (Megatron vocab_parallel_cross_entropy) at 0.9 x HBM
     m = lookup("llama-3-8b")
     T, h, V = 4096, 4096, 128256
-    got = compute.head_s(m, node(H100), DS, layout.single(), C)[0]
+    got = compute.head_s(Step(m, node(H100), DS, layout.single(), C))[0]
     assert got == pytest.approx(3 * (2 * T * h * V + 2e9) / (989.4e12 * 0.8) + T * V * 36 / (3.35e12 * 0.9),
                                 rel=1e-12)  # 14.5 ms
 
@@ -219,7 +220,7 @@ def test_tp_all_reduce_is_a_ring_over_nvlink():
     # ring all-reduce moves 2(n-1)/n of it at 0.78 x 300 GB/s; NCCL's tuning.cc latency of the Simple
     # protocol it picks at 100 MB: baseLat 8.4 us + 2(n-1) NVLink steps of hwLat 3.4 us
     m = gpt(48, 6144, 64)
-    got = timing.tp_all_reduce_s(m, node(), MEGATRON_FP16, layout.single(tp=8, mbs=4), C)[0]
+    got = timing.tp_all_reduce_s(Step(m, node(), MEGATRON_FP16, layout.single(tp=8, mbs=4), C))[0]
     assert got == pytest.approx(8.4e-6 + 14 * 3.4e-6 + 8192 * 6144 * 2 * 1.75 / (300e9 * 0.78), rel=1e-12)  # 0.81 ms
 
 
@@ -227,9 +228,9 @@ def test_expert_all_to_all_sends_the_routed_tokens():
     # Mixtral, ep 4 inside an H100 node, one 4096-token micro-batch routed top-2: each rank sends 3/4
     # of 4096 x 2 x 4096 bf16 values over NVLink (0.78 x 450 GB/s), with 3 messages of 10 us
     m = lookup("mixtral-8x7b")
-    got = timing.ep_all_to_all_s(m, node(H100), DS, layout.single(ep=4, dp=4), C)[0]
+    got = timing.ep_all_to_all_s(Step(m, node(H100), DS, layout.single(ep=4, dp=4), C))[0]
     assert got == pytest.approx(3 * 1e-5 + 4096 * 2 * 4096 * 2 * 0.75 / (450e9 * 0.78), rel=1e-12)
-    assert timing.ep_all_to_all_s(LLAMA7, node(H100), DS, layout.single(), C)[0] == 0  # dense: none
+    assert timing.ep_all_to_all_s(Step(LLAMA7, node(H100), DS, layout.single(), C))[0] == 0  # dense: none
 
 
 def test_grouped_experts_pay_one_fall_off():
@@ -243,7 +244,7 @@ def test_grouped_experts_pay_one_fall_off():
     m, lay = lookup("qwen3-30b-a3b"), layout.single(dp=8)
     grouped = layout.Training(seq_len=4096, engine="fsdp")
     each = dataclasses.replace(grouped, engine=dataclasses.replace(grouped.engine, grouped_experts=False))
-    gap = compute.gemm_fwd_s(m, node(H100), each, lay, C)[0] - compute.gemm_fwd_s(m, node(H100), grouped, lay, C)[0]
+    gap = compute.gemm_fwd_s(Step(m, node(H100), each, lay, C))[0] - compute.gemm_fwd_s(Step(m, node(H100), grouped, lay, C))[0]
     assert gap == pytest.approx(2 * 127 * 2e9 / (989.4e12 * 0.8), rel=1e-9)
     assert layout.Training(engine="torchtitan").engine.grouped_experts and layout.Training(engine="deepspeed").engine.grouped_experts
     assert not layout.Training(engine="megatron").engine.grouped_experts
@@ -259,23 +260,23 @@ def test_moe_dispatchers_wait_for_the_token_counts():
     m, h100 = lookup("mixtral-8x7b"), node(H100)
     host_s = C["eager_op_host_s"]  # 15.1 us: the H200 host's dispatch of one operator and its kernel
     ep4 = layout.single(dp=8, ep=4)
-    megatron = timing.moe_count_sync_s(m, h100, layout.Training(engine="megatron"), ep4, C)[0]
+    megatron = timing.moe_count_sync_s(Step(m, h100, layout.Training(engine="megatron"), ep4, C))[0]
     # 4 x 8 x 8 B = 256 B gathered inside the node: NCCL's LL ring latency, tuning.cc baseLat 6.6 us
     # + 3 NVLink hops x 0.6 us; its bytes take 2 ns
     assert megatron == pytest.approx((6.6 + 3 * 0.6) * 1e-6 + host_s, rel=1e-3)  # 23.5 us
-    titan = timing.moe_count_sync_s(m, h100, layout.Training(engine="torchtitan"), ep4, C)[0]
+    titan = timing.moe_count_sync_s(Step(m, h100, layout.Training(engine="torchtitan"), ep4, C))[0]
     assert titan == pytest.approx(3 * 1e-5 + host_s, rel=1e-12)  # 3 peers at 10 us, as the rows' all-to-all
     # neither without experts; torchtitan's local dispatch without EP has no exchange; megatron-core
     # still copies the counts for its grouped GEMM (before_finish) but exchanges nothing
-    assert timing.moe_count_sync_s(LLAMA7, h100, layout.Training(engine="megatron"), ep4, C)[0] == 0
-    assert timing.moe_count_sync_s(m, h100, layout.Training(engine="torchtitan"), layout.single(dp=8), C)[0] == 0
-    alone = timing.moe_count_sync_s(m, h100, layout.Training(engine="megatron"), layout.single(dp=8), C)[0]
+    assert timing.moe_count_sync_s(Step(LLAMA7, h100, layout.Training(engine="megatron"), ep4, C))[0] == 0
+    assert timing.moe_count_sync_s(Step(m, h100, layout.Training(engine="torchtitan"), layout.single(dp=8), C))[0] == 0
+    alone = timing.moe_count_sync_s(Step(m, h100, layout.Training(engine="megatron"), layout.single(dp=8), C))[0]
     assert alone == pytest.approx(host_s, rel=1e-12)
     # padded to a capacity (moe_pad_expert_input_to_capacity: drop_and_pad) the shapes are static: no wait
     padded = layout.Training(engine="megatron", moe_capacity_factor=1.0, moe_pad_to_capacity=True)
-    assert timing.moe_count_sync_s(m, h100, padded, ep4, C)[0] == 0
+    assert timing.moe_count_sync_s(Step(m, h100, padded, ep4, C))[0] == 0
     # DeepSpeed-MoE's layer is not timed for it
-    assert timing.moe_count_sync_s(m, h100, layout.Training(engine="megatron-deepspeed"), ep4, C)[0] == 0
+    assert timing.moe_count_sync_s(Step(m, h100, layout.Training(engine="megatron-deepspeed"), ep4, C))[0] == 0
     # in a step: every routed block of a stage waits once per micro-batch forward, again when
     # recomputed: 32 blocks x 64 micro-batches x 23.5 us = 48 ms more than without the wait
     train = layout.Training(engine="megatron", gbs=64)
@@ -302,8 +303,8 @@ def test_moe_dispatchers_wait_for_the_token_counts():
 def test_tp_traffic_of_a_moe_block_counts_the_routed_rows(engine, model, expected):
     m, training = lookup(model), layout.Training(seq_len=4096, engine=engine)
     lay = layout.single(tp=2, ep=4, dp=4, sequence_parallel=engine == "megatron") if m.experts > 1 else layout.single(tp=2)
-    tp_ar = timing.tp_all_reduce_s(m, node(H100), training, lay, C)
-    got = timing.tp_pass_exposed_s(m, node(H100), training, lay, C, tp_ar, timing.tp_pass_units(m, training, lay))
+    tp_ar = timing.tp_all_reduce_s(Step(m, node(H100), training, lay, C))
+    got = timing.tp_pass_exposed_s(Step(m, node(H100), training, lay, C), tp_ar, timing.tp_pass_units(m, training, lay))
     assert got[0] == pytest.approx(expected * tp_ar[0], rel=1e-12)
 
 
@@ -312,7 +313,7 @@ def test_expert_all_to_all_across_nodes_sends_only_the_off_node_shares_through_t
     # 4096 x 8 x 2048 bf16 routed values to each peer, 7 peers on its node over NVLink (0.78 x 450 GB/s)
     # and 8 on the other through its NIC (0.85 x 50 GB/s) at once: the NIC's 8/16 sets the time, not 15/16
     m = lookup("qwen3-30b-a3b")
-    got = timing.ep_all_to_all_s(m, node(H100, 16), DS, layout.single(ep=16, dp=16), C)[0]
+    got = timing.ep_all_to_all_s(Step(m, node(H100, 16), DS, layout.single(ep=16, dp=16), C))[0]
     nbytes = 4096 * 8 * 2048 * 2
     assert got == pytest.approx(15 * 1e-5 + max(nbytes * 7 / 16 / (450e9 * 0.78), nbytes * 8 / 16 / (50e9 * 0.85)),
                                 rel=1e-12)  # 1.73 ms
@@ -325,8 +326,8 @@ def test_context_parallel_ring_shows_only_what_attention_cannot_hide():
     m = lookup("llama-3-8b")
     training = layout.Training(seq_len=8192, engine="megatron")
     lay = layout.single(cp=16)
-    core_fwd, core_bwd = compute.attention_core_s(m, node(H100, 16), training, lay, C)
-    got = timing.cp_ring_exposed_s(m, node(H100, 16), training, lay, C, core_fwd, core_bwd)[0]
+    core_fwd, core_bwd = compute.attention_core_s(Step(m, node(H100, 16), training, lay, C))
+    got = timing.cp_ring_exposed_s(Step(m, node(H100, 16), training, lay, C), core_fwd, core_bwd)[0]
     kv_pass = 15 * (1e-5 + 2 * 512 * 1024 * 2 / (50e9 * 0.85))  # 0.89 ms
     core = 4 * 512 * 8192 * 4096 / 2 / (989.4e12 * 0.35)  # 0.10 ms
     assert got == pytest.approx(max(kv_pass - core, 0) + max(2 * kv_pass - 2.5 * core, 0), rel=1e-9)
@@ -344,7 +345,7 @@ def test_torchtitan_context_parallel_gathers_kv_and_blocks(recompute, gathers):
     m = lookup("llama-3-8b")
     training = layout.Training(seq_len=8192, engine="torchtitan")
     lay = layout.single(cp=16, recompute=recompute)
-    got = timing.cp_ring_exposed_s(m, node(H100, 16), training, lay, C, 1.0, 1.0)[0]  # a long core hides nothing
+    got = timing.cp_ring_exposed_s(Step(m, node(H100, 16), training, lay, C), 1.0, 1.0)[0]  # a long core hides nothing
     whole = 16 * 512 * 2048 * 2
     collective = 2 * (14e-6 + 14 * 1.9e-6 + 4.0e-6 + whole * 15 / 16 / (340e9 * 0.92))  # 0.29 ms
     assert got == pytest.approx((gathers + 1) * collective, rel=1e-9)
@@ -406,7 +407,7 @@ def test_pipeline_sends_on_the_critical_path():
     # 2 (m + p - 1) = 22 of them (forward activations and backward gradients, fill and drain)
     m = lookup("llama-3-70b")
     one = 1e-5 + 4096 * 8192 * 2 / (450e9 * 0.78)  # 0.20 ms
-    got = timing.pipeline_p2p_s(m, node(H100), layout.Training(engine="megatron"), layout.single(pp=4, gas=8), C)[0]
+    got = timing.pipeline_p2p_s(Step(m, node(H100), layout.Training(engine="megatron"), layout.single(pp=4, gas=8), C))[0]
     assert got == pytest.approx(22 * one, rel=1e-12)  # 4.4 ms
     assert pipeline.p2p_transfers(1, 1, 8, 0) == 0  # no pipeline, no sends
     # interleaved (vpp 2): Megatron-LM overlaps each chunk's sends with the next chunk's compute
@@ -415,21 +416,21 @@ def test_pipeline_sends_on_the_critical_path():
     # (dp_overlap_fraction_with_overlap 0.7 of it) and show by the excess
     inter = layout.single(pp=4, vpp=2, gas=8)
     megatron = layout.Training(engine="megatron")
-    assert timing.pipeline_p2p_s(m, node(H100), megatron, inter, C, 1.0, 1.0)[0] == pytest.approx(6 * one, rel=1e-12)
-    assert timing.pipeline_p2p_s(m, node(H100), megatron, inter, C, 0.0, 0.0)[0] == pytest.approx(38 * one, rel=1e-12)
+    assert timing.pipeline_p2p_s(Step(m, node(H100), megatron, inter, C), 1.0, 1.0)[0] == pytest.approx(6 * one, rel=1e-12)
+    assert timing.pipeline_p2p_s(Step(m, node(H100), megatron, inter, C), 0.0, 0.0)[0] == pytest.approx(38 * one, rel=1e-12)
     fwd = 0.1e-3  # a chunk's forward shorter than a send: 0.20 - 0.7 x 0.1 ms of each forward send shows
-    assert timing.pipeline_p2p_s(m, node(H100), megatron, inter, C, fwd, 1.0)[0] == pytest.approx(
+    assert timing.pipeline_p2p_s(Step(m, node(H100), megatron, inter, C), fwd, 1.0)[0] == pytest.approx(
         6 * one + 16 * (one - 0.7 * fwd), rel=1e-12)
     # --no-overlap-p2p-communication (and Megatron-LM before 2023): every send waits
     blocking = layout.Training(engine="megatron", overlap_p2p=False)
-    assert timing.pipeline_p2p_s(m, node(H100), blocking, inter, C, 1.0, 1.0)[0] == pytest.approx(38 * one, rel=1e-12)
+    assert timing.pipeline_p2p_s(Step(m, node(H100), blocking, inter, C), 1.0, 1.0)[0] == pytest.approx(38 * one, rel=1e-12)
     # torchtitan's interleaved schedule too (torch 2.13 ScheduleInterleaved1F1B is a _PipelineScheduleRuntime:
     # sends waited at the step's end, receives posted early)
     titan = layout.Training(engine="torchtitan")
-    assert timing.pipeline_p2p_s(m, node(H100), titan, inter, C, 1.0, 1.0)[0] == pytest.approx(6 * one, rel=1e-12)
+    assert timing.pipeline_p2p_s(Step(m, node(H100), titan, inter, C), 1.0, 1.0)[0] == pytest.approx(6 * one, rel=1e-12)
     # DeepSpeed's pipeline engine blocks on every send (no interleaving to hide them under)
     ds = layout.Training(engine="megatron-deepspeed")
-    assert timing.pipeline_p2p_s(m, node(H100), ds, layout.single(pp=4, gas=8), C, 1.0, 1.0)[0] == pytest.approx(22 * one)
+    assert timing.pipeline_p2p_s(Step(m, node(H100), ds, layout.single(pp=4, gas=8), C), 1.0, 1.0)[0] == pytest.approx(22 * one)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -453,12 +454,12 @@ def test_deepspeed_gradient_all_reduce():
     # 14 calls of NCCL's 8.4 us + 14 ring steps of 3.4 us (Simple), 2 bytes x Psi x 2(n-1)/n, once per micro-batch (gas 2);
     # overlap_comm defaults to off for stage 2, so all of it is exposed
     lay = layout.single(dp=8, zero=2, gas=2)
-    one, buckets, reductions = timing.grad_reduce_s(LLAMA7, node(), DS, lay, C)
+    one, buckets, reductions = timing.grad_reduce_s(Step(LLAMA7, node(), DS, lay, C))
     expected = 14 * (8.4e-6 + 14 * 3.4e-6) + 2 * PSI7 * 1.75 / (300e9 * 0.78)  # 0.101 s
     assert one[0] == pytest.approx(expected, rel=1e-12) and buckets[0] == 14 and reductions[0] == 2
     assert not timing.grad_overlaps(DS, lay)[0]
     step = timing.step_time(LLAMA7, node(), DS, lay)
-    gather = timing.param_gather_s(LLAMA7, node(), DS, lay, C)[0][0]  # after the step, not overlapped either
+    gather = timing.param_gather_s(Step(LLAMA7, node(), DS, lay, C))[0][0]  # after the step, not overlapped either
     assert step["breakdown"].at("dp_comm", 0) == pytest.approx(2 * expected + gather, rel=1e-12)
 
 
@@ -472,11 +473,11 @@ def test_bf16_optimizer_all_reduces_each_group_once_after_backward():
         bf16 = layout.Training(engine="deepspeed", precision="bf16", zero_config=layout.ZeroConfig(
             fp32_grad_accum=True, overlap_comm=overlap))
         lay = layout.single(dp=8, zero=1, gas=2)
-        one, buckets, reductions = timing.grad_reduce_s(LLAMA7, node(), bf16, lay, C)
+        one, buckets, reductions = timing.grad_reduce_s(Step(LLAMA7, node(), bf16, lay, C))
         assert one[0] == pytest.approx(8.4e-6 + 14 * 3.4e-6 + 2 * PSI7 * 1.75 / (300e9 * 0.78), rel=1e-12)
         assert buckets[0] == 1 and reductions[0] == 1 and not timing.grad_overlaps(bf16, lay)[0]
     zero1 = layout.Training(engine="deepspeed", precision="bf16", zero_config=layout.ZeroConfig(overlap_comm=True))
-    assert timing.grad_reduce_s(LLAMA7, node(), zero1, lay, C)[1][0] == 14  # ZeRO's own: 5e8-element buckets
+    assert timing.grad_reduce_s(Step(LLAMA7, node(), zero1, lay, C))[1][0] == 14  # ZeRO's own: 5e8-element buckets
     assert timing.grad_overlaps(zero1, lay)[0]
 
 
@@ -485,11 +486,10 @@ def test_zero3_and_distributed_optimizer_reduce_scatter():
     # (n-1)/n of the bytes; Megatron-LM reduces bf16 gradients in fp32 (4 B, --grad-reduce-in-bf16 off),
     # in buckets of max(40M, 1M x 8) = 40M parameters: 169 calls of 8.4 us + 7 steps of 3.4 us (NCCL Simple)
     lay = layout.single(dp=8, zero=3)
-    z3, buckets, _ = timing.grad_reduce_s(LLAMA7, node(), DS, lay, C)
+    z3, buckets, _ = timing.grad_reduce_s(Step(LLAMA7, node(), DS, lay, C))
     assert z3[0] == pytest.approx(14 * (8.4e-6 + 7 * 3.4e-6) + 2 * PSI7 * 0.875 / (300e9 * 0.78), rel=1e-12)
     assert buckets[0] == 14 and timing.grad_overlaps(DS, lay)[0]  # overlap_comm resolves to true for stage 3
-    meg, buckets, _ = timing.grad_reduce_s(LLAMA7, node(), layout.Training(engine="megatron"),
-                                           layout.single(dp=8, zero=1), C)
+    meg, buckets, _ = timing.grad_reduce_s(Step(LLAMA7, node(), layout.Training(engine="megatron"), layout.single(dp=8, zero=1), C))
     assert meg[0] == pytest.approx(169 * (8.4e-6 + 7 * 3.4e-6) + 4 * PSI7 * 0.875 / (300e9 * 0.78), rel=1e-12)
     assert buckets[0] == 169
 
@@ -598,8 +598,8 @@ def test_megatron_interleaved_chunks_hide_all_but_one_chunks_reduction():
     model, cluster = lookup("llama-3-70b"), hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 64, 8)
     on = layout.Training(gbs=128, engine="megatron")
     lay = layout.single(tp=4, pp=4, vpp=4, dp=4, zero=1, mbs=1, gas=32, sequence_parallel=True)
-    one, buckets, _ = timing.grad_reduce_s(model, cluster, on, lay, C)
-    gather, pg_buckets = timing.param_gather_s(model, cluster, on, lay, C)
+    one, buckets, _ = timing.grad_reduce_s(Step(model, cluster, on, lay, C))
+    gather, pg_buckets = timing.param_gather_s(Step(model, cluster, on, lay, C))
     exposed = timing.step_time(model, cluster, on, lay)["breakdown"].at("dp_comm", 0)
     # ~4.4 B parameters a rank / 40 M a bucket: ~28 buckets a chunk. Chunk 0's gather (21 ms) outlasts
     # its first forward pass (14 ms), so more than its first bucket shows, less than all of it
@@ -616,8 +616,8 @@ def test_megatron_overlaps_hide_all_but_a_bucket():
     lay = layout.single(tp=8, pp=4, dp=2, zero=1, mbs=8, gas=8, recompute="selective", sequence_parallel=True)
     on = layout.Training(gbs=128, engine="megatron")
     off = layout.Training(gbs=128, engine="megatron", zero_config=layout.ZeroConfig(overlap_comm=False))
-    one, buckets, _ = timing.grad_reduce_s(model, cluster, on, lay, C)
-    gather, pg_buckets = timing.param_gather_s(model, cluster, on, lay, C)
+    one, buckets, _ = timing.grad_reduce_s(Step(model, cluster, on, lay, C))
+    gather, pg_buckets = timing.param_gather_s(Step(model, cluster, on, lay, C))
     exposed_on = timing.step_time(model, cluster, on, lay)["breakdown"].at("dp_comm", 0)
     exposed_off = timing.step_time(model, cluster, off, lay)["breakdown"].at("dp_comm", 0)
     assert exposed_off == pytest.approx(one[0] + gather[0], rel=1e-9)
@@ -630,18 +630,18 @@ def test_megatron_overlaps_hide_all_but_a_bucket():
     # with mbs 1 the last micro-batch's backward (~57 ms) is shorter than the reduce-scatter (~108 ms
     # over the inter-node link): Megatron reduces only there (no_sync), so most of it shows
     small = layout.single(tp=8, pp=4, dp=2, zero=1, mbs=1, gas=64, recompute="selective", sequence_parallel=True)
-    one, buckets, _ = timing.grad_reduce_s(model, cluster, on, small, C)
+    one, buckets, _ = timing.grad_reduce_s(Step(model, cluster, on, small, C))
     assert timing.step_time(model, cluster, on, small)["breakdown"].at("dp_comm", 0) > 0.5 * one[0]
 
 
 def test_parameter_all_gather_after_the_step():
     # ZeRO-1/2: the updated bf16 parameters are all-gathered once per step, 2 Psi x (n-1)/n bytes;
     # DeepSpeed in one call per group (runtime/utils.py all_gather_dp_groups), Megatron per bucket
-    ds = timing.param_gather_s(LLAMA7, node(), DS, layout.single(dp=8, zero=1), C)[0][0]
+    ds = timing.param_gather_s(Step(LLAMA7, node(), DS, layout.single(dp=8, zero=1), C))[0][0]
     assert ds == pytest.approx(8.4e-6 + 7 * 3.4e-6 + 2 * PSI7 * 0.875 / (300e9 * 0.78), rel=1e-12)
-    meg = timing.param_gather_s(LLAMA7, node(), layout.Training(engine="megatron"), layout.single(dp=8, zero=1), C)[0][0]
+    meg = timing.param_gather_s(Step(LLAMA7, node(), layout.Training(engine="megatron"), layout.single(dp=8, zero=1), C))[0][0]
     assert meg == pytest.approx(169 * (8.4e-6 + 7 * 3.4e-6) + 2 * PSI7 * 0.875 / (300e9 * 0.78), rel=1e-12)
-    assert timing.param_gather_s(LLAMA7, node(), DS, layout.single(dp=8, zero=3), C)[0] == 0
+    assert timing.param_gather_s(Step(LLAMA7, node(), DS, layout.single(dp=8, zero=3), C))[0] == 0
 
 
 def test_zero3_gathers_parameters_twice_per_micro_step():
@@ -650,15 +650,14 @@ def test_zero3_gathers_parameters_twice_per_micro_step():
     # each; DeepSpeed's backward only what its forward released: with stage3_max_reuse_distance 1e9 the
     # last 1e9 of Llama-2-7B's 6.74e9 elements stay gathered across the turn (measured on 2 gloo ranks:
     # a model under the distance gathers nothing in backward), so 3 forward passes and 3 x (1 - 1e9/Psi)
-    z3 = timing.zero3_gather_s(LLAMA7, node(), DS, layout.single(dp=8, zero=3, gas=3), C)
+    z3 = timing.zero3_gather_s(Step(LLAMA7, node(), DS, layout.single(dp=8, zero=3, gas=3), C))
     one = 226 * (8.4e-6 + 7 * 3.4e-6) + 2 * PSI7 * 0.875 / (300e9 * 0.78)  # NCCL Simple at 60 MB a call
     again = 3 * (1 - 1e9 / PSI7)  # 2.55
     assert z3["one"][0] == pytest.approx(one, rel=1e-12) and z3["fwd"][0] == 3
     assert z3["bwd"][0] == pytest.approx(again, rel=1e-12)
     assert timing.zero3_gather_total_s(z3)[0] == pytest.approx((3 + again) * one, rel=1e-12)
     # FSDP2 reshards every unit after forward (--zero 3): backward gathers all of it again
-    fsdp = timing.zero3_gather_s(LLAMA7, node(), layout.Training(seq_len=4096, engine="fsdp"),
-                                 layout.single(dp=8, zero=3, gas=3), C)
+    fsdp = timing.zero3_gather_s(Step(LLAMA7, node(), layout.Training(seq_len=4096, engine="fsdp"), layout.single(dp=8, zero=3, gas=3), C))
     assert fsdp["fwd"][0] == fsdp["bwd"][0] == 3
     # DeepSpeed 0.19 fetch_sub_module prefetches the next submodule's parameters while the current one
     # computes: with compute enough, one call a pass shows; with none, all of them
@@ -669,7 +668,7 @@ def test_zero3_gathers_parameters_twice_per_micro_step():
     # submodule's elements (max_params_to_prefetch <= 0; Llama-2-7B's submodules hold ~30M)
     for knob in ({"stage3_prefetch_bucket_size": 0}, {"stage3_max_live_parameters": 20_000_000}):
         training = layout.Training(seq_len=4096, engine="deepspeed", zero_config=layout.ZeroConfig(**knob))
-        off = timing.zero3_gather_s(LLAMA7, node(), training, layout.single(dp=8, zero=3, gas=3), C)
+        off = timing.zero3_gather_s(Step(LLAMA7, node(), training, layout.single(dp=8, zero=3, gas=3), C))
         assert not off["prefetch"][0]  # every call shows, however long the compute
         assert timing.zero3_exposed_s(off, 1e3, 1e3, 1e3)[0] == pytest.approx(timing.zero3_gather_total_s(off)[0], rel=1e-9)
     # with 2e7 live parameters nothing is prefetched, and max_live does not bound what the reuse distance
@@ -702,10 +701,10 @@ def test_deepspeed_2021_zero3_calls_one_collective_per_tensor():
     # a pass of gathers is 386 calls of ~0.9 GB, the reduction 1156 reduce-scatters (planner's DeepSpeed
     # 0.19: one coalesced call per submodule, and reduce_bucket_size buckets: 5e8 elements, 350 calls)
     c = memory.coefficients("time", None)
-    assert timing.zero3_gather_s(model, node(), training, lay, c)["calls"][0] == 386
-    assert timing.grad_reduce_s(model, node(), training, lay, c)[1][0] == 1156
-    assert timing.grad_reduce_s(model, node(), layout.Training(seq_len=2048, precision="fp16",
-                                engine="megatron-deepspeed"), lay, c)[1][0] == math.ceil(model.params / 5e8)
+    assert timing.zero3_gather_s(Step(model, node(), training, lay, c))["calls"][0] == 386
+    assert timing.grad_reduce_s(Step(model, node(), training, lay, c))[1][0] == 1156
+    assert timing.grad_reduce_s(Step(model, node(), layout.Training(seq_len=2048, precision="fp16",
+                                engine="megatron-deepspeed"), lay, c))[1][0] == math.ceil(model.params / 5e8)
     # TP 8 splits the weights, not the 12288-wide layernorms: still 4 gathered a layer (qkv 56M/8 = 7M)
     assert timing.rank_tensors(model, training, layout.single(tp=8, dp=192, zero=3))[0][0] == 386
     # the engine is not an --engine choice: it only reads runs of its time
@@ -761,8 +760,8 @@ def test_zero3_fetches_show_where_the_host_is_the_bottleneck():
 
     def exposed(model, seq):
         training = layout.Training(seq_len=seq, engine="deepspeed")
-        pipe = timing._pipeline_terms(model, cluster, training, lay, C)
-        return float(timing.param_fetch_exposed_s(timing._step_terms(model, cluster, training, lay, C), pipe)[0])
+        pipe = timing._pipeline_terms(Step(model, cluster, training, lay, C))
+        return float(timing.param_fetch_exposed_s(timing._step_terms(Step(model, cluster, training, lay, C)), pipe)[0])
 
     fetch = json.loads(ENGINE_HOST.read_text())["zero3_fetch"]
     whole = 2 * 30 * 9 * (fetch["ops"] * C["eager_op_host_s"] + fetch["python_s"])
@@ -777,7 +776,7 @@ def test_deepspeed_step_host_work_follows_the_tensors_a_rank_holds():
     291 x 10 + 45. On one rank ZeRO-1 holds all 291: 22 x 291 + 62."""
     def host_s(zero, dp):
         training, lay = layout.Training(seq_len=4096, engine="deepspeed"), layout.single(dp=dp, zero=zero)
-        return deepspeed_timing.deepspeed_step_s(LLAMA7, node(), training, lay, dict(C, hbm_efficiency=1e9))[0]
+        return deepspeed_timing.deepspeed_step_s(Step(LLAMA7, node(), training, lay, dict(C, hbm_efficiency=1e9)))[0]
 
     f = C["eager_op_host_s"]
     assert host_s(1, 8) == pytest.approx((22 * 38 + 62) * f, rel=1e-6)  # 13.6 ms
@@ -791,14 +790,14 @@ def test_gpu_optimizer_step_is_memory_bound():
     # grads), the norm (r 2 B), FusedAdam (r 2 B grad, r+w 4 B master and 8 B moments), the bf16 copy
     # (w 2 B) and zeroing the grads (w 2 B): 5 x 2 + 2 x 12 + 2 = 36 bytes (DeepSpeed's ZeRO-1/2 step
     # itself: test_step_time_h200.py, deepspeed_step_s)
-    got = optimizer_time.gpu_optimizer_step_s(LLAMA7, node(), DS, layout.single(dp=8, zero=1), C)[0]
+    got = optimizer_time.gpu_optimizer_step_s(Step(LLAMA7, node(), DS, layout.single(dp=8, zero=1), C))[0]
     assert got == pytest.approx(PSI7 / 8 * 36 / (2.039e12 * 0.9), rel=1e-12)  # 16.5 ms
 
 
 def test_cpu_adam_shares_the_node():
     # ZeRO-Offload (Ren et al. 2021 s.6): DeepSpeedCPUAdam ~1e9 params/s per node (prior); the node's 8
     # ranks each own Psi/8, so the node updates Psi parameters: 6.7 s
-    got = optimizer_time.cpu_adam_s(LLAMA7, node(), DS, layout.single(dp=8, zero=2, offload_optimizer="cpu"), C)[0]
+    got = optimizer_time.cpu_adam_s(Step(LLAMA7, node(), DS, layout.single(dp=8, zero=2, offload_optimizer="cpu"), C))[0]
     assert got == pytest.approx(PSI7 / 1e9, rel=1e-12)
 
 
@@ -807,12 +806,12 @@ def test_fsdp_offload_steps_torch_adamw_in_its_single_tensor_loop():
     # CUDA-only, torch 2.13 _default_to_fused_or_foreach) on the host, a pass per operator; ZeRO-Offload's
     # DeepSpeedCPUAdam makes one: 1e9 against 1.7e8 params/s per node (Ren et al. 2021 s.6: 5-7x)
     lay = layout.single(dp=8, zero=3, offload_optimizer="cpu", offload_params="cpu")
-    fsdp = optimizer_time.cpu_adam_s(LLAMA7, node(), layout.Training(engine="fsdp"), lay, C)[0]
-    deepspeed = optimizer_time.cpu_adam_s(LLAMA7, node(), DS, lay, C)[0]
+    fsdp = optimizer_time.cpu_adam_s(Step(LLAMA7, node(), layout.Training(engine="fsdp"), lay, C))[0]
+    deepspeed = optimizer_time.cpu_adam_s(Step(LLAMA7, node(), DS, lay, C))[0]
     assert fsdp == pytest.approx(PSI7 / 1.7e8, rel=1e-12)  # 39 s
     assert fsdp / deepspeed == pytest.approx(1e9 / 1.7e8)  # 5.9
     # torchtitan builds torch's fused AdamW (OptimizersContainer implementation "fused"): one pass
-    titan = optimizer_time.cpu_adam_s(LLAMA7, node(), layout.Training(engine="torchtitan"), lay, C)[0]
+    titan = optimizer_time.cpu_adam_s(Step(LLAMA7, node(), layout.Training(engine="torchtitan"), lay, C))[0]
     assert titan == deepspeed
 
 
@@ -821,11 +820,11 @@ def test_offload_pcie_traffic():
     # (4 B/param, 70% hidden behind backward with overlap_comm), updated bf16 parameters come up
     # (2 B/param), over PCIe Gen4 (25 GB/s achieved, DGX A100)
     lay = layout.single(dp=8, zero=2, offload_optimizer="cpu")
-    got = optimizer_time.offload_s(LLAMA7, node(), OVERLAP, lay, C)[0]
+    got = optimizer_time.offload_s(Step(LLAMA7, node(), OVERLAP, lay, C))[0]
     assert got == pytest.approx(0.3 * PSI7 / 8 * 4 / 25e9 + PSI7 / 8 * 2 / 25e9, rel=1e-12)  # 97 ms
     # DeepSpeed's default for ZeRO-1/2, overlap_comm false: reduce_ipg_grads copies on the compute
     # stream (stage_1_and_2.py: "copy_grad_stream is disabled"), every byte shows
-    assert optimizer_time.offload_s(LLAMA7, node(), DS, lay, C)[0] == pytest.approx(PSI7 / 8 * (4 + 2) / 25e9, rel=1e-12)
+    assert optimizer_time.offload_s(Step(LLAMA7, node(), DS, lay, C))[0] == pytest.approx(PSI7 / 8 * (4 + 2) / 25e9, rel=1e-12)
 
 
 def test_offload_accumulation_round_trips_only_zero2_16_bit_gradients():
@@ -834,12 +833,12 @@ def test_offload_accumulation_round_trips_only_zero2_16_bit_gradients():
     # accumulated_grads_in_cpu counted on the real engine: tests/test_deepspeed_offload_real.py); ZeRO-1
     # keeps its gradients on the GPU until the boundary, and fp32 accumulation ZeRO-2's partition
     one = 0.3 * PSI7 / 8 * 4 / 25e9 + PSI7 / 8 * 2 / 25e9
-    zero2 = optimizer_time.offload_s(LLAMA7, node(), OVERLAP, layout.single(dp=8, zero=2, gas=4, offload_optimizer="cpu"), C)[0]
+    zero2 = optimizer_time.offload_s(Step(LLAMA7, node(), OVERLAP, layout.single(dp=8, zero=2, gas=4, offload_optimizer="cpu"), C))[0]
     assert zero2 == pytest.approx(one + 0.3 * 7 * PSI7 / 8 * 2 / 25e9, rel=1e-12)
-    zero1 = optimizer_time.offload_s(LLAMA7, node(), OVERLAP, layout.single(dp=8, zero=1, gas=4, offload_optimizer="cpu"), C)[0]
+    zero1 = optimizer_time.offload_s(Step(LLAMA7, node(), OVERLAP, layout.single(dp=8, zero=1, gas=4, offload_optimizer="cpu"), C))[0]
     assert zero1 == pytest.approx(one, rel=1e-12)
     fp32 = dataclasses.replace(OVERLAP, zero_config=layout.ZeroConfig(fp32_grad_accum=True, overlap_comm=True))
-    assert optimizer_time.offload_s(LLAMA7, node(), fp32, layout.single(dp=8, zero=2, gas=4, offload_optimizer="cpu"), C)[0] \
+    assert optimizer_time.offload_s(Step(LLAMA7, node(), fp32, layout.single(dp=8, zero=2, gas=4, offload_optimizer="cpu"), C))[0] \
         == pytest.approx(one, rel=1e-12)
 
 
@@ -939,8 +938,8 @@ def test_pipeline_sends_across_a_pod_edge_share_its_uplinks():
     m = lookup("llama-3.1-405b")
     train = layout.Training(seq_len=8192, engine="megatron")
     lay = layout.single(tp=8, pp=16, dp=128, mbs=1, gas=16, sequence_parallel=True, schedule=Schedule.ONE_F_ONE_B)
-    flat = timing.pipeline_p2p_s(m, hardware.Cluster(H100, 16384, 8), train, lay, C)[0]
-    pod = timing.pipeline_p2p_s(m, hardware.Cluster(H100, 16384, 8, pod_gpus=3072, oversubscription=7), train, lay, C)[0]
+    flat = timing.pipeline_p2p_s(Step(m, hardware.Cluster(H100, 16384, 8), train, lay, C))[0]
+    pod = timing.pipeline_p2p_s(Step(m, hardware.Cluster(H100, 16384, 8, pod_gpus=3072, oversubscription=7), train, lay, C))[0]
     transfers = 2 * (16 + 16 - 1)  # pipeline.p2p_transfers, 1F1B: 2 (m + p - 1)
     one_s = 8192 * 16384 * 2 / 8 / (H100.inter_node_bytes_per_s * C["bus_efficiency_inter_node"])
     assert pod - flat == pytest.approx(transfers * one_s * (7 * 1024 / 3072 - 1), rel=1e-6)
@@ -950,8 +949,8 @@ def test_expert_all_to_all_beyond_the_pod_goes_through_its_uplinks():
     # 64 experts over 64 GPUs in pods of 16 GPUs, 1:2 above them; DeepSpeed's EP group is 64 ranks 1 apart
     m = ModelSpec(layers=2, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000, experts=64, experts_per_token=2)
     lay = layout.single(ep=64, dp=64)
-    flat = timing.ep_all_to_all_s(m, hardware.Cluster(H100, 64, 8), DS, lay, C)[0]
-    pod = timing.ep_all_to_all_s(m, hardware.Cluster(H100, 64, 8, pod_gpus=16, oversubscription=2), DS, lay, C)[0]
+    flat = timing.ep_all_to_all_s(Step(m, hardware.Cluster(H100, 64, 8), DS, lay, C))[0]
+    pod = timing.ep_all_to_all_s(Step(m, hardware.Cluster(H100, 64, 8, pod_gpus=16, oversubscription=2), DS, lay, C))[0]
     latency = 63 * C["p2p_latency_s"]
     # beyond the node: 56/64 of the rows at a NIC; beyond the pod: 48/64 of them at half a NIC
     assert (pod - latency) / (flat - latency) == pytest.approx((48 / 64 * 2) / (56 / 64), rel=1e-9)
@@ -1001,7 +1000,7 @@ def test_block_recompute_reruns_only_its_layers():
     # one 22B layer per stage as Korthikanti Table 4 times it: 2 of 8 layers recomputed
     def step(recompute, n=None):
         lay = layout.single(tp=8, pp=6, dp=1, mbs=4, gas=1, recompute=recompute, recompute_layers=n)
-        return timing.microbatch_s(gpt(48, 6144, 64), node(n=48), MEGATRON_FP16, lay, C)
+        return timing.microbatch_s(Step(gpt(48, 6144, 64), node(n=48), MEGATRON_FP16, lay, C))
     full, some, none = step("full"), step("full", 2), step("none")
     # the recompute work: 2 layer forwards instead of 8, each with its TP all-reduces; Table 4: a
     # recomputed layer's backward takes 19.5 - 11.9 = 7.6 ms longer
@@ -1114,8 +1113,8 @@ def test_zero_bubble_h1_bubble_and_memory():
 def _ub_pass_s(model, cluster, training, lay, backward=False):
     """One pass's exposed TP seconds of one block, as block_s books them."""
     c = C
-    tp_ar, units = timing.tp_all_reduce_s(model, cluster, training, lay, c), timing.tp_pass_units(model, training, lay)
-    return timing.tp_pass_exposed_s(model, cluster, training, lay, c, tp_ar, units, backward)[0], tp_ar[0]
+    tp_ar, units = timing.tp_all_reduce_s(Step(model, cluster, training, lay, c)), timing.tp_pass_units(model, training, lay)
+    return timing.tp_pass_exposed_s(Step(model, cluster, training, lay, c), tp_ar, units, backward)[0], tp_ar[0]
 
 
 def test_tp_comm_overlap_costs_the_sms_transformer_engine_takes_from_the_gemms():
@@ -1195,13 +1194,13 @@ def test_torchtitan_selective_reruns_wo_and_w3_not_the_attention():
 
     # the rerun takes at least wo's and w3's GEMMs at the GEMM efficiency ceiling, and less than twice
     # that with the eager elementwise ops (norms in fp32, rotary, SiLU x gate) on top: A100 bf16 312 TFLOP/s
-    rerun_s = float(timing.microbatch_s(m, node(), tt, lay, C)["recompute"][0])
+    rerun_s = float(timing.microbatch_s(Step(m, node(), tt, lay, C))["recompute"][0])
     gemms_s = 8192 * 32 * 2 * 4096 * (4096 + 14336) / (312e12 * C["gemm_efficiency_max"])  # 0.159 s
     assert gemms_s <= rerun_s < 2 * gemms_s
 
     def rerun_per_token(engine, seq):
         training = layout.Training(seq_len=seq, engine=engine)
-        return float(timing.microbatch_s(m, node(), training, lay, C)["recompute"][0]) / seq
+        return float(timing.microbatch_s(Step(m, node(), training, lay, C))["recompute"][0]) / seq
 
     # doubling the sequence doubles attention work per token: Megatron's rerun grows, torchtitan's does not
     assert rerun_per_token("torchtitan", 16384) == pytest.approx(rerun_per_token("torchtitan", 8192), rel=0.01)
@@ -1219,8 +1218,8 @@ def test_fsdp_zero2_gathers_every_micro_batch_deepspeed_once_a_step():
 
     def gathers(training, gas):
         lay = layout.single(dp=16, zero=2, gas=gas)
-        gathered = timing.zero3_gather_total_s(timing.zero3_gather_s(m, clus, training, lay, c))[0]
-        return gathered, timing.param_gather_s(m, clus, training, lay, c)[0][0]
+        gathered = timing.zero3_gather_total_s(timing.zero3_gather_s(Step(m, clus, training, lay, c)))[0]
+        return gathered, timing.param_gather_s(Step(m, clus, training, lay, c))[0][0]
 
     (f1, f1_after), (f4, f4_after) = gathers(fsdp, 1), gathers(fsdp, 4)
     assert f1 > 0 and f4 == pytest.approx(4 * f1) and f1_after == f4_after == 0  # m forward gathers, 4 = 4 x 1
@@ -1240,12 +1239,12 @@ def test_eager_blocks_wait_for_the_host_dispatching_their_operators():
     h100 = node(hardware.lookup_gpu("h100-sxm"))
     lay = layout.single(dp=8, zero=3, mbs=1)
     fsdp = layout.Training(seq_len=64, engine="fsdp")
-    b = timing.block_s(tiny, h100, fsdp, lay, C)
+    b = timing.block_s(Step(tiny, h100, fsdp, lay, C))
     assert b["fwd"][0] == pytest.approx(81 * C["eager_op_host_s"], rel=1e-12)
     assert b["bwd"][0] == pytest.approx(146 * C["eager_op_host_s"], rel=1e-12)
-    megatron = timing.block_s(tiny, h100, layout.Training(seq_len=64, engine="megatron"), lay, C)
+    megatron = timing.block_s(Step(tiny, h100, layout.Training(seq_len=64, engine="megatron"), lay, C))
     assert megatron["fwd"][0] < 81 * C["eager_op_host_s"] / 5
-    big = timing.block_s(LLAMA7, h100, layout.Training(seq_len=4096, engine="fsdp"), lay, C)
+    big = timing.block_s(Step(LLAMA7, h100, layout.Training(seq_len=4096, engine="fsdp"), lay, C))
     assert big["fwd"][0] > 2 * 81 * C["eager_op_host_s"]  # 3.4 ms of kernels against 1.2 ms of dispatch
     # Qwen3's q/k norms: 99 and 186 operators; GPT-2 with dropout 80 and 102; MoE blocks not counted
     assert compute.eager_host_s(lookup("qwen3-8b"), layout.Training(engine="fsdp"), C) == pytest.approx((99 * C["eager_op_host_s"], 186 * C["eager_op_host_s"]))
@@ -1263,13 +1262,12 @@ def test_fsdp2_copies_of_a_step():
     fsdp = layout.Training(seq_len=2048, engine="fsdp")
     hbm = 4.8e12 * C["hbm_efficiency"]
     gather, reduce = params * (6 / 8 + 4), params * (6 + 8 / 8)
-    zero3 = timing.fsdp_copies_s(tiny_llama, h200, fsdp, layout.single(dp=8, zero=3), C)[0]
+    zero3 = timing.fsdp_copies_s(Step(tiny_llama, h200, fsdp, layout.single(dp=8, zero=3), C))[0]
     assert zero3 == pytest.approx((2 * gather + reduce) / hbm, rel=1e-9)  # 4.0 ms
-    zero2 = timing.fsdp_copies_s(tiny_llama, h200, fsdp, layout.single(dp=8, zero=2, gas=2), C)[0]
+    zero2 = timing.fsdp_copies_s(Step(tiny_llama, h200, fsdp, layout.single(dp=8, zero=2, gas=2), C))[0]
     assert zero2 == pytest.approx(2 * (gather + reduce) / hbm, rel=1e-9)  # kept gathered through backward
     for engine, zero in (("megatron", 1), ("deepspeed", 3), ("fsdp", 0)):
-        assert timing.fsdp_copies_s(tiny_llama, h200, layout.Training(seq_len=2048, engine=engine),
-                                    layout.single(dp=8, zero=zero), C)[0] == 0.0
+        assert timing.fsdp_copies_s(Step(tiny_llama, h200, layout.Training(seq_len=2048, engine=engine), layout.single(dp=8, zero=zero), C))[0] == 0.0
 
 
 def test_offloaded_checkpoints_cross_pcie_on_the_compute_stream():
@@ -1351,8 +1349,8 @@ def test_llm_foundry_benchmarks_ran_triton_flash_attention():
                     norm="layernorm", architecture="llama")
     foundry = layout.Training(seq_len=8192, engine="fsdp", modules="llm-foundry")
     fa2 = layout.Training(seq_len=8192, engine="megatron")
-    slow = compute.attention_core_s(mpt, node(H100), foundry, layout.single(), C)
-    fast = compute.attention_core_s(mpt, node(H100), fa2, layout.single(), C)
+    slow = compute.attention_core_s(Step(mpt, node(H100), foundry, layout.single(), C))
+    fast = compute.attention_core_s(Step(mpt, node(H100), fa2, layout.single(), C))
     for s, f in zip(slow, fast):
         assert 1.3 <= float(s[0] / f[0]) <= 2.5
     # and the published run it governs: MPT-7B at 65,536 tokens, where attention is 3/4 of the FLOPs, on
@@ -1372,7 +1370,7 @@ def test_llm_foundry_block_moves_its_casts_norms_and_adds():
     # a 16-bit residual needs no cast: 2 x 4 + 2 x 6 = 20 B, Megatron's fused 10e (Korthikanti Table 2)
     assert compute.llm_foundry_elementwise_bytes(mpt, 2.0, 1.0, 2.0)[0] == 20 * 4096
     foundry = layout.Training(seq_len=2048, engine="fsdp", modules="llm-foundry")
-    fwd = compute.elementwise_fwd_s(mpt, node(H100), foundry, layout.single(mbs=4), C)[0]
+    fwd = compute.elementwise_fwd_s(Step(mpt, node(H100), foundry, layout.single(mbs=4), C))[0]
     assert fwd == pytest.approx(4 * 2048 * (40 * 4096 + 4 * 16384) / (3350e9 * 0.9), rel=1e-9)  # 0.63 ms
 
 
@@ -1397,12 +1395,11 @@ def test_composer_default_mixed_precision_casts_every_fp32_weight_each_micro_bat
     mpt = ModelSpec(layers=40, hidden=5120, heads=40, kv_heads=40, ffn=20480, vocab=50368, ffn_kind="gelu",
                     norm="layernorm", architecture="llama")
     foundry = layout.Training(seq_len=2048, engine="fsdp", modules="llm-foundry")
-    fwd, bwd = compute.autocast_weight_traffic_s(mpt, node(H100), foundry, layout.single(mbs=2, zero=3), C)
+    fwd, bwd = compute.autocast_weight_traffic_s(Step(mpt, node(H100), foundry, layout.single(mbs=2, zero=3), C))
     params = 12 * 5120**2  # Wqkv, out_proj, up and down: 12 h^2 (no biases)
     assert float(fwd[0]) == pytest.approx(params * 6 / (3350e9 * 0.9), rel=1e-3)  # 0.63 ms
     assert float(bwd[0]) == pytest.approx(params * 24 / (3350e9 * 0.9), rel=1e-3)  # 2.5 ms
-    assert compute.autocast_weight_traffic_s(mpt, node(H100), layout.Training(seq_len=2048, engine="megatron"),
-                                             layout.single(), C) == (0.0, 0.0)
+    assert compute.autocast_weight_traffic_s(Step(mpt, node(H100), layout.Training(seq_len=2048, engine="megatron"), layout.single(), C)) == (0.0, 0.0)
     # the published run where it matters most, few tokens a micro-batch: MPT-13B on 8 H100s, 2 x 2,048 tokens,
     # no checkpointing: 4,792 tokens/s per GPU (llm-foundry 4952183 scripts/train/benchmarking/README.md,
     # H100 80GB BF16 table); without the casts it comes out ~18 % fast

@@ -14,6 +14,7 @@ import statistics
 import time
 
 from calibrate.harness.record import Case
+from planner.stage import Step
 
 FP8 = "float8_e4m3fn"  # the FP8 GEMM bench's dtype (bench/gemm/float8_e4m3fn/N records)
 FP8_MIN_COMPUTE_CAPABILITY = 8.9  # FP8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell (10.x)
@@ -314,8 +315,8 @@ def _eager_layer_prediction(gpu: str) -> dict:
     cluster, c = Cluster(lookup_gpu(gpu), 1, 1), coefficient_values("time")
     training = layout.Training(seq_len=EAGER_LAYER_TOKENS[1], engine="fsdp")
     lay = layout.single(mbs=EAGER_LAYER_TOKENS[0])
-    seconds = float((compute.elementwise_fwd_s(model, cluster, training, lay, c)
-                     + compute.elementwise_bwd_s(model, cluster, training, lay, c))[0])
+    seconds = float((compute.elementwise_fwd_s(Step(model, cluster, training, lay, c))
+                     + compute.elementwise_bwd_s(Step(model, cluster, training, lay, c)))[0])
     return {"layer_elementwise_s": seconds, "layer_bytes": seconds * compute.eager_bytes_per_s(cluster, c)}
 
 

@@ -8,11 +8,11 @@ import numpy as np
 
 from planner import compute as C
 from planner.dp_comm import grad_reductions_per_step, partition_params, rank_tensors
-from planner.hardware import Cluster
 from planner.layout import Layouts, Training
 from planner.engines.deepspeed.memory import deepspeed_bf16_optimizer
 from planner.model import ModelSpec
 from planner.sharding import state_bytes
+from planner.stage import Step
 
 
 def zero3_rank_copies_s(model: ModelSpec, training: Training, lay: Layouts, c: dict, z3: dict) -> np.ndarray:
@@ -33,7 +33,7 @@ def zero3_rank_copies_s(model: ModelSpec, training: Training, lay: Layouts, c: d
     return np.where(lay.zero == 3, calls * lay.zero_ranks * c["eager_op_host_s"], 0.0)
 
 
-def deepspeed_step_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+def deepspeed_step_s(ctx: Step) -> np.ndarray:
     """DeepSpeed's ZeRO step (0.19.8 stage_1_and_2.py DeepSpeedZeroOptimizer.step, stage3.py) or BF16_Optimizer's
     (bf16_optimizer.py step) around FusedAdam, as counted on the real engine
     (data/references/engine_host_cpu.json, python -m calibrate.benches.engine_host). ZeRO's: per gradient
@@ -46,6 +46,7 @@ def deepspeed_step_s(model: ModelSpec, cluster: Cluster, training: Training, lay
     evenly over the ranks: a rank's partition holds 1/zero_ranks of the tensors and one that
     straddles; a ZeRO-3 rank holds a slice of every tensor (stage3.py averaged_gradients: one
     partition view per parameter)."""
+    model, cluster, training, lay, c = ctx
     from planner.data import catalog
 
     step = catalog("references/engine_host_cpu.json")["zero_step"]

@@ -8,13 +8,11 @@ import numpy as np
 from planner import compute as C
 from planner.dp_comm import held_params
 from planner.engines import Buffers
-from planner.hardware import Cluster
-from planner.layout import Layouts, Training
-from planner.model import ModelSpec
 from planner.sharding import state_bytes
+from planner.stage import Step
 
 
-def fsdp_copies_s(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict) -> np.ndarray:
+def fsdp_copies_s(ctx: Step) -> np.ndarray:
     """Seconds a step spends in FSDP2's own copies around its collectives, at HBM bandwidth (torch
     2.13 _fully_shard/_fsdp_collectives.py), over every unit of the rank's heavier end stage, in
     every micro-batch: all_gather_copy_in's _foreach_copy_ of the fp32 shards into the all-gather
@@ -23,6 +21,7 @@ def fsdp_copies_s(model: ModelSpec, cluster: Cluster, training: Training, lay: L
     unit reshards after forward (--zero 3); foreach_reduce's _chunk_cat of the gradients into the
     reduce_dtype reduce-scatter input (r w, w g) and the division of the reduced shard (r g, w g).
     Nothing for the other engines or unsharded."""
+    model, cluster, training, lay, c = ctx
     if training.engine.buffers is not Buffers.FSDP:
         return 0.0 * lay.tp
     b = state_bytes(training)

@@ -9,9 +9,7 @@ import numpy as np
 from planner import compute as C
 from planner.compute import tokens_per_microbatch
 from planner.dp_comm import overlapped_exposed_s
-from planner.hardware import Cluster
-from planner.layout import Layouts, Training
-from planner.model import ModelSpec
+from planner.stage import Step
 
 
 # TransformerEngine 2.20.2 pytorch/module/base.py initialize_ub (get_default_config): the userbuffers
@@ -27,8 +25,7 @@ UB_PIPELINE_SPLITS = 4  # "pipeline": num_splits 4 ("ring_exchange": num_splits 
 UB_PAIRS = (("qkv", "o"), ("fc1", "fc2"), ("shared_fc1", "shared_fc2"))
 
 
-def ub_pass_exposed_s(block: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, c: dict, gather_s,
-                      linear: float, backward: bool, scatter_s=None) -> np.ndarray:
+def ub_pass_exposed_s(ctx: Step, gather_s, linear: float, backward: bool, scatter_s=None) -> np.ndarray:
     """Seconds one pass through a block loses to its TP collectives (`gather_s` each all-gather,
     `scatter_s` each reduce-scatter of T h; the same but under FP8, mp_comm.tp_pass_exposed_s) under
     TransformerEngine's userbuffers, as megatron-core 0.16.1 sets them (extensions/transformer_engine.py:
@@ -45,6 +42,7 @@ def ub_pass_exposed_s(block: ModelSpec, cluster: Cluster, training: Training, la
     slower GEMMs on fewer SMs and the small-matrix cost of the chunks (compute.gemm_s). Not
     modelled: HBM contention between the copies and the GEMMs. MLA's projections (buffers TE lacks)
     switch Megatron's overlap off: tp_pass_exposed_s."""
+    block, cluster, training, lay, c = ctx
     (peak, c), t = C.block_gemm_rate(cluster, training, c), lay.tp.astype(np.float64)
     sms = cluster.gpu.sm_count
     fewer_sms = sms / (sms - UB_COMM_SMS) if sms > UB_COMM_SMS else 1.0  # same work on the SMs left
