@@ -63,13 +63,21 @@ def dense_layers_on_stage(model, pp, chunks, stage, edge_layers: int = 0) -> np.
         return 0 * n
     start = first_layer_on_stage(layers, pp, stage, edge_layers)
     contiguous = n - (model.routed_before(start + n) - model.routed_before(start))
-    c = np.maximum((layers + 2 * edge_layers) // np.maximum(pp * chunks, 1), 1)
     interleaved = 0 * n
-    for j in range(int(np.max(chunks, initial=1))):  # the stage's j-th chunk: slots c (stage + j p) on, c of them,
-        slot = c * (stage + j * pp)                 # the embedding's edge slots first (get_transformer_layer_offset)
-        first, end = np.maximum(slot - edge_layers, 0), np.minimum(slot + c - edge_layers, layers)
+    for j in range(int(np.max(chunks, initial=1))):  # the stage's j-th chunk, the embedding's edge slots first
+        slot, size = chunk_slots(layers + 2 * edge_layers, pp * chunks, stage + j * pp)
+        first, end = np.maximum(slot - edge_layers, 0), np.minimum(slot + size - edge_layers, layers)
         interleaved = interleaved + np.where(j < chunks, (end - first) - (model.routed_before(end) - model.routed_before(first)), 0)
     return np.where(chunks > 1, np.minimum(interleaved, n), contiguous)
+
+
+def chunk_slots(slots: int, chunks, i) -> tuple:
+    """(first slot, slot count) of model chunk i of `chunks` over `slots` layer slots, chunk i on
+    stage i mod p: equal chunks of slots / chunks where they divide (megatron-core
+    get_transformer_layer_offset with a virtual pipeline), else the first slots mod chunks of them
+    one longer (Engine.pipeline_layout), whose stage totals are layers_on_stage's."""
+    c, r = slots // np.maximum(chunks, 1), slots % np.maximum(chunks, 1)
+    return c * i + np.minimum(i, r), c + (i < r)
 
 
 def blocks_on_stage(model, lay, stage, edge_layers: int = 0) -> list[tuple]:

@@ -126,8 +126,10 @@ RULES: tuple[Rule, ...] = (
     Rule("pp_layers", DIVISIBILITY, lambda m, cl, tr, l: l.pp * l.vpp > interleaved_layers(m, tr),
          lambda m, cl, tr: f"--pp*--vpp: must not exceed the layer count {interleaved_layers(m, tr)}"
                            + (" (blocks + 2 edge layers)" if interleaved_layers(m, tr) != m.layers else "")),
+    # Megatron-LM writes unequal chunks as --pipeline-model-parallel-layout (Engine.pipeline_layout)
     Rule("vpp_divides", DIVISIBILITY,
-         lambda m, cl, tr, l: (l.vpp > 1) & ((interleaved_layers(m, tr) % np.maximum(l.pp * l.vpp, 1) != 0) | (l.pp < 2)),
+         lambda m, cl, tr, l: (l.vpp > 1) & (((interleaved_layers(m, tr) % np.maximum(l.pp * l.vpp, 1) != 0)
+                                              & (not tr.engine.pipeline_layout)) | (l.pp < 2)),
          lambda m, cl, tr: "--vpp: interleaving needs --pp > 1 and --pp*--vpp dividing the layer count "
                            f"{interleaved_layers(m, tr)}" + (" (blocks + 2 edge layers)" if interleaved_layers(m, tr) != m.layers
                                                              else "")),

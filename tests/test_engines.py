@@ -13,6 +13,7 @@ from planner.errors import InputError
 from planner.model import lookup
 from planner.options import Offload, Schedule
 from planner.rules import check_single
+from planner.engines.megatron.export import pipeline_layout
 from planner.stage import Stage
 
 H100 = hardware.lookup_gpu("h100-sxm")
@@ -81,9 +82,13 @@ def test_megatron_accounts_for_embedding_and_loss_in_the_pipeline_split():
     # and lets them interleave: 128 slots over 16 x 2 chunks of 4, where 126 blocks alone do not divide
     lay = layout.single(tp=8, pp=16, dp=64, vpp=2, zero=1, sequence_parallel=True, gas=32)
     check_single(m, hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 8192, 8), edges, lay)
-    with pytest.raises(InputError, match="--vpp"):
-        check_single(m, hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 8192, 8),
-                     layout.Training(seq_len=8192, engine="megatron"), lay)
+    # without them, 126 blocks over 32 chunks run as a --pipeline-model-parallel-layout (Engine.pipeline_layout):
+    # 30 chunks of 4 blocks and 2 of 3, E first and L last, 32 entries
+    plain = layout.Training(seq_len=8192, engine="megatron")
+    check_single(m, hardware.Cluster(hardware.lookup_gpu("h100-sxm"), 8192, 8), plain, lay)
+    entries = pipeline_layout(m, plain, 16, 2).split("|")
+    assert [e.count("t") for e in entries] == [4] * 30 + [3] * 2 and entries[0][0] == "E" and entries[-1][-1] == "L"
+    assert pipeline_layout(m, edges, 16, 2) is None  # (126 + 2) / 32 divides: --account-for-* flags instead
     # 16 x 8 chunks of one slot each: stage 0's first chunk holds the embedding and builds no block,
     # which megatron-core allows (0.16.1 transformer_block.py get_num_layers_to_build asserts >= 0);
     # without the edge slots 128 chunks exceed the 126 blocks
@@ -319,3 +324,23 @@ def test_torchtitan_runs_q_k_v_as_one_gemm():
     assert [n for n, _ in titan].count("qkv") == 1 and len(titan) == 5  # wqkv, wo, w1, w3, w2
     assert dict(titan)["qkv"] == 2 * 4096 * (4096 + 2 * 1024)
     assert len(gemms("megatron")) == 4 and len(gemms("fsdp")) == 7
+
+
+def test_megatron_takes_nvidias_deepseek_v3_interleaving():
+    """NVIDIA's DeepSeek-V3 recipes interleave 61 blocks unevenly (megatron-bridge
+    recipes/deepseek/h100/deepseek_v3.py: tp 2, pp 8, vpp 4, ep 64 on 1,024 H100; gb200: pp 4, vpp 4)
+    through --pipeline-model-parallel-layout; Megatron takes them, engines without a layout do not.
+    The most loaded rank holds ceil(61 / 8) = 8 blocks and ceil(61 / 4) = 16."""
+    from planner import api
+    from planner.errors import InputError as Refused
+
+    for pp, vpp, gpus, ep in ((8, 4, 1024, 64), (4, 4, 256, 64)):
+        est = api.estimate("deepseek-v3", {"gpus": gpus, "gpu": "h100-sxm"},
+                           {"engine": "megatron", "seq_len": 4096, "gbs": 16384},
+                           {"tp": 1 + (gpus == 1024), "pp": pp, "vpp": vpp, "ep": ep, "etp": 1, "zero": 1,
+                            "sequence_parallel": gpus == 1024})
+        assert est.record["layout"]["vpp"] == vpp
+        assert max(pipeline.layers_on_stage(61, pp, s) for s in range(pp)) == -(-61 // pp)
+    with pytest.raises(Refused, match="--vpp"):
+        api.estimate("deepseek-v3", {"gpus": 256}, {"engine": "torchtitan", "seq_len": 4096, "gbs": 4096},
+                     {"pp": 4, "vpp": 4, "ep": 64, "zero": 3})

@@ -83,9 +83,16 @@ def test_megatron_lm_parses_the_layout(case):
                            "expert_model_parallel_size")] == [tp, pp, cp, ep]
     # validate_args: data_parallel_size = world_size // (tp x pp x cp), the ranks torchrun starts
     assert a["world_size"] == tp * pp * cp * dp and a["data_parallel_size"] == a["world_size"] // (tp * pp * cp) == dp
-    # interleaving: (80 layers / pp) / layers per virtual stage = vpp chunks a rank; none without it
-    if vpp > 1:
+    # interleaving: (80 layers / pp) / layers per virtual stage = vpp chunks a rank, or a layout's
+    # entries / pp where the blocks do not split evenly (61 on 4 x 4); none without it
+    layout = next((x.split()[1] for x in case["args"] if x.startswith("--pipeline-model-parallel-layout ")), None)
+    if layout:  # megatron-core PipelineParallelLayerLayout: one entry a virtual stage, E first, L last
+        stages = layout.split("|")
+        assert len(stages) == pp * vpp and "".join(stages).count("t") == model.layers
+        assert layout.startswith("E") and layout.endswith("L") and a["num_layers_per_virtual_pipeline_stage"] is None
+    if vpp > 1 and not layout:
         assert (model.layers // pp) // a["num_layers_per_virtual_pipeline_stage"] == vpp
+    if vpp > 1:
         assert a["virtual_pipeline_model_parallel_size"] == config["virtual_pipeline_model_parallel_size"] == vpp
         assert a["overlap_p2p_comm"] == training.overlap_p2p
     else:
@@ -198,3 +205,20 @@ def test_fp8_parameters_beside_optimizer_offload_need_delayed_scaling():
     row = normalise_row({**BASE, "offload_optimizer": "cpu"})
     delayed = Training(engine="megatron", seq_len=4096, precision="fp8", fp8_recipe="delayed")
     assert "--fp8-param-gather" in megatron_args(lookup("llama-3-8b"), delayed, row)
+
+
+def test_layout_blocks_per_rank_are_the_planners_split():
+    """Megatron-LM parsed these layouts (61 DeepSeek-V3 blocks on 4 x 4 virtual stages and on 16
+    stages); the blocks each pipeline rank builds under them (its entries s, s + p, ...) are what
+    pipeline.layers_on_stage books for the rank, so memory and step time read the split that runs."""
+    from planner.pipeline import layers_on_stage
+
+    cases = [c for c in ROWS if any(a.startswith("--pipeline-model-parallel-layout ") for a in c["args"])]
+    assert len(cases) == 2
+    for case in cases:
+        row, model = case["row"], lookup(case["model"])
+        edge = case["training"].get("pipeline_edge_layers", 0)
+        stages = next(a.split()[1] for a in case["args"] if a.startswith("--pipeline-model-parallel-layout ")).split("|")
+        p = row["pp"]
+        built = [sum(stages[i].count("t") for i in range(s, len(stages), p)) for s in range(p)]
+        assert built == [int(layers_on_stage(model.layers, p, s, edge)) for s in range(p)]

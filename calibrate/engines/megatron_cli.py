@@ -88,6 +88,9 @@ CASES = [  # (engine, catalog model, precision, Training changes, row changes); 
      {"ep": 8, "dp": 8}),
     ("megatron", "mixtral-8x7b", "bf16", {}, {"tp": 2, "pp": 2, "dp": 4, "ep": 4, **SP, "recompute": "full"}),
     ("megatron", "deepseek-v3", "bf16", {}, {"ep": 8, "dp": 8}),  # MLA, 3 dense blocks then 58 MoE
+    # 61 blocks on 4 x 4 virtual stages (NVIDIA's GB200 recipe) and on 16 stages: --pipeline-model-parallel-layout
+    ("megatron", "deepseek-v3", "bf16", {}, {"pp": 4, "vpp": 4, "dp": 8, "ep": 8, "gas": 16, "schedule": "interleaved"}),
+    ("megatron", "deepseek-v3", "bf16", {"pipeline_edge_layers": 1}, {"pp": 16, "dp": 2, "ep": 2, "gas": 16}),
     ("megatron-deepspeed", "llama-3-8b", "bf16", {}, {}),
     ("megatron-deepspeed", "llama-3-8b", "bf16", {}, {"tp": 2, "dp": 4, **SP, "zero": 2, "recompute": "full"}),
     ("megatron-deepspeed", "llama-3-8b", "bf16", {}, {"tp": 2, "cp": 2, "dp": 2, "recompute": "selective"}),

@@ -260,6 +260,13 @@ class Engine:
     allocator grows one segment in place instead of splitting cached blocks across segments
     (c10/cuda/CUDACachingAllocator.cpp ExpandableSegment), so its reserve over the allocated peak
     is memory.allocator_fragmentation_expandable, not memory.allocator_fragmentation."""
+    pipeline_layout: bool = False
+    """Interleaved chunks may hold unequal block counts: Megatron-LM's --pipeline-model-parallel-layout
+    (d98e8a6 training/arguments.py; megatron-core transformer/pipeline_parallel_layer_layout.py
+    PipelineParallelLayerLayout: one entry per virtual stage, embedding first, loss last), which
+    NVIDIA's DeepSeek-V3 recipes use for 61 blocks on 4 x 4 or 8 x 4 virtual stages (megatron-bridge
+    recipes/deepseek/h100/deepseek_v3.py _get_deepseek_v3_pipeline_layout). The planner takes the
+    most even layout: layers_on_stage's split, the first chunks one block longer (pipeline.chunk_slots)."""
     rank_order_choice: bool = False
     """Ranks can be placed with the pipeline inside data parallelism as well as outside it (options.py
     RankOrder; Megatron-LM --use-tp-pp-dp-mapping). DeepSpeed's PipeModelDataParallelTopology (axes

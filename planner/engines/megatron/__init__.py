@@ -87,6 +87,7 @@ MEGATRON = Engine(
     # transformer_block.py _checkpointed_forward, --recompute-method block --recompute-num-layers N
     partial_recompute=True,
     rank_order_choice=True,  # megatron-core parallel_state.py initialize_model_parallel(order=...)
+    pipeline_layout=True,  # --pipeline-model-parallel-layout: interleaved chunks of unequal block counts
     moe_capacity=MoeCapacity.MEGATRON,
     moe_counts=MoeCounts.TP_EP_ALL_GATHER,  # --moe-expert-capacity-factor, --moe-pad-expert-input-to-capacity
     sequence_parallel_with_tp=True,

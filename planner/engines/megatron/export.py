@@ -8,6 +8,7 @@ from planner.engines import Launcher
 from planner.hardware import Cluster
 from planner.layout import Training
 from planner.model import ModelSpec
+from planner.pipeline import chunk_slots
 
 from planner.engines.deepspeed.export import DS_CONFIG
 
@@ -21,14 +22,35 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
     """
     mds = training.engine.launcher is Launcher.MEGATRON_DEEPSPEED
     return (_parallel_args(model, training, row, mds) + _size_args(model, training, row, mds)
-            + _optimizer_args(training, row, mds, ds_config_path) + _recompute_and_precision_args(training, row, mds))
+            + _optimizer_args(model, training, row, mds, ds_config_path) + _recompute_and_precision_args(training, row, mds))
+
+
+def pipeline_layout(model: ModelSpec, training: Training, p: int, v: int) -> str | None:
+    """Megatron-LM's --pipeline-model-parallel-layout for blocks that do not split evenly over the
+    p x v virtual stages (Engine.pipeline_layout; None where they do): one entry per virtual stage in
+    order, split by "|", the embedding (E) first and the loss (L) last, t a block (megatron-core
+    transformer/pipeline_parallel_layer_layout.py PipelineParallelLayerLayout). Each stage takes
+    pipeline.chunk_slots' share of the slots, the embedding and the loss a slot each where
+    Training.pipeline_edge_layers counts them."""
+    e, chunks = training.pipeline_edge_layers, p * v
+    slots = model.layers + 2 * e
+    if p < 2 or slots % chunks == 0 or not training.engine.pipeline_layout:
+        return None
+    stages = []
+    for i in range(chunks):
+        size = int(chunk_slots(slots, chunks, i)[1]) - e * ((i == 0) + (i == chunks - 1))
+        stages.append("E" * (i == 0) + "t" * size + "L" * (i == chunks - 1))
+    return "|".join(stages)
 
 
 def _parallel_args(model: ModelSpec, training: Training, row: dict, mds: bool) -> list[str]:
     """TP, PP (with interleaving), CP, the experts and their parallelism, sequence parallelism."""
     t, p, c, e, v = row["tp"], row["pp"], row["cp"], row["ep"], row["vpp"]
     a = [f"--tensor-model-parallel-size {t}", f"--pipeline-model-parallel-size {p}"]
-    if v > 1:
+    layout = pipeline_layout(model, training, p, v) if not mds else None
+    if layout:
+        a.append(f"--pipeline-model-parallel-layout {layout}")
+    elif v > 1:
         a.append(f"--num-layers-per-virtual-pipeline-stage {model.layers // (p * v)}")
     if c > 1:
         # Megatron-LM context parallelism; Megatron-DeepSpeed's sequence split is DeepSpeed-Ulysses
@@ -93,7 +115,7 @@ def _size_args(model: ModelSpec, training: Training, row: dict, mds: bool) -> li
     return a
 
 
-def _optimizer_args(training: Training, row: dict, mds: bool, ds_config_path: str) -> list[str]:
+def _optimizer_args(model: ModelSpec, training: Training, row: dict, mds: bool, ds_config_path: str) -> list[str]:
     """The optimizer, who shards it (DeepSpeed's ZeRO under Megatron-DeepSpeed, else Megatron's
     distributed optimizer) with its offload, and the overlaps the planner's step time assumes."""
     a = []
@@ -132,7 +154,9 @@ def _optimizer_args(training: Training, row: dict, mds: bool, ds_config_path: st
         # training/arguments.py: --overlap-param-gather needs --use-distributed-optimizer
         if row["rank_order"] == "tp-cp-pp-dp":  # training/initialize.py: order 'tp-cp-ep-pp-dp'
             a.append("--use-tp-pp-dp-mapping")
-        if training.pipeline_edge_layers and row["pp"] > 1:  # the embedding and the loss count as a block each
+        # the embedding and the loss count as a block each (a layout places them itself)
+        if training.pipeline_edge_layers and row["pp"] > 1 and not pipeline_layout(model, training, row["pp"],
+                                                                                    row["vpp"]):
             a += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
         if not training.overlap_p2p and row["pp"] > 1 and row["vpp"] > 1:
             a.append("--no-overlap-p2p-communication")  # on by default with interleaving
