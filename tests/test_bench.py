@@ -81,6 +81,12 @@ def test_fit_to_this_machine_lowers_held_out_error():
     for name in ("cpu_adam.fused_step_s", "cpu_adam.unfused_step_s"):
         assert result["error"][name]["after_mean"] < 3.0, result["error"][name]
     # DTensor's dispatch in an optimizer step: 15-22 us a tensor measured here idle, 113 us beside the
-    # other test worker (wall-clock): only a fit strictly inside its bounds (not pinned at one) is asserted
-    lo, hi = BOUNDS[("time", "dtensor_step_host_s_per_tensor")]
-    assert lo < c["dtensor_step_host_s_per_tensor"]["value"] < hi
+    # other test worker (wall-clock): only a fit strictly inside its bounds (not pinned at one) is asserted;
+    # on a loaded machine the DTensor slope can come out no larger than the plain one, a measurement
+    # fit.usable drops, and then the prior must stand
+    extra = [r["measurement"]["extra_s_per_tensor"] for r in records if r["kind"] == "dtensor_step"]
+    if any(x > 0 for x in extra):
+        lo, hi = BOUNDS[("time", "dtensor_step_host_s_per_tensor")]
+        assert lo < c["dtensor_step_host_s_per_tensor"]["value"] < hi
+    else:
+        assert "dtensor_step_host_s_per_tensor" not in c
