@@ -159,10 +159,13 @@ def _structures(model: ModelSpec, cluster: Cluster, training: Training, space: S
 
 def _divisible(model: ModelSpec, training: Training, struct: np.ndarray, space: Space) -> tuple:
     """(structures x vpp: the layers divide, distinct dp x mbs: the batch divides, each structure's
-    distinct-dp index)."""
+    distinct-dp index). Unequal chunks (Engine.pipeline_layout) only where the user pinned --vpp:
+    the search itself interleaves evenly."""
     pp, dp = struct[:, 1], struct[:, 3]
     vpp = np.array(space.vpp, dtype=np.int64)
-    vpp_ok = (vpp == 1) | ((pp[:, None] > 1) & (interleaved_layers(model, training) % (pp[:, None] * vpp) == 0))
+    slots, chunks = interleaved_layers(model, training), pp[:, None] * vpp
+    uneven = training.engine.pipeline_layout and any(name == "vpp" for name, _ in space.pinned)
+    vpp_ok = (vpp == 1) | ((pp[:, None] > 1) & ((slots % chunks == 0) | (uneven & (chunks <= slots))))
     dps, dp_index = np.unique(dp, return_inverse=True)
     mbs_ok = (training.gbs // dps[:, None]) % np.array(space.mbs, dtype=np.int64) == 0  # mbs * dp divides the batch
     return vpp_ok, mbs_ok, dp_index.ravel()

@@ -344,3 +344,14 @@ def test_megatron_takes_nvidias_deepseek_v3_interleaving():
     with pytest.raises(Refused, match="--vpp"):
         api.estimate("deepseek-v3", {"gpus": 256}, {"engine": "torchtitan", "seq_len": 4096, "gbs": 4096},
                      {"pp": 4, "vpp": 4, "ep": 64, "zero": 3})
+
+
+def test_a_pinned_uneven_interleaving_is_searched():
+    """recommend with --pp 4 --vpp 4 pinned for DeepSeek-V3's 61 blocks (NVIDIA's GB200 recipe, dgxc-benchmarking
+    deepseek_v3 table) answers with that interleaving, as estimate takes it; unpinned, the search keeps to
+    even ones."""
+    from planner import api
+
+    rec = api.recommend("deepseek-v3", {"gpus": 256, "gpu": "gb200"}, {"engine": "megatron", "gbs": 4096},
+                        top=1, pinned={"pp": 4, "vpp": 4, "ep": 64}, compare_engines=False)
+    assert rec.layouts and (rec.layouts[0]["layout"]["pp"], rec.layouts[0]["layout"]["vpp"]) == (4, 4)
