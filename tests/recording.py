@@ -12,9 +12,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def rerecord(module: str, out: Path, timeout_s: int) -> list[dict]:
-    """The rows `module` records now, with DeepSpeed on its CPU accelerator."""
-    proc = subprocess.run([sys.executable, "-m", module, "--out", str(out)], capture_output=True, text=True,
-                          timeout=timeout_s, cwd=str(ROOT), env={**os.environ, "DS_ACCELERATOR": "cpu"})
+def rerecord(module: str, out: Path, timeout_s: int, only: list[str] | None = None) -> list[dict]:
+    """The rows `module` records now, with DeepSpeed on its CPU accelerator; with `only`, those named
+    alone (the recorder's --only)."""
+    only_args = ["--only", ",".join(only)] if only else []
+    proc = subprocess.run([sys.executable, "-m", module, "--out", str(out), *only_args], capture_output=True,
+                          text=True, timeout=timeout_s, cwd=str(ROOT), env={**os.environ, "DS_ACCELERATOR": "cpu"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())["rows"]

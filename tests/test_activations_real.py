@@ -258,9 +258,24 @@ def test_megatron_block_recompute_keeps(recomputed, seq, batch, hidden, heads, f
     assert megatron_kept_bytes(4, recomputed, seq, batch, hidden, heads, ffn) == pytest.approx(measured, rel=0.02)
 
 
+MEGATRON_CORE_LLAMA_SHAPES = [(128, 2, 256, 8, 1024), (64, 2, 512, 8, 1376)]
+
+
+@pytest.fixture(scope="module")
+def megatron_core_saved():
+    """{(seq, batch, hidden, heads, ffn, llama, groups): bytes} megatron-core's own layer keeps, for every
+    configuration the three tests below count, in one fresh process (calibrate/engines/megatron_block.py
+    megatron_core_layers_saved_bytes: a layer built and counted on its own for each)."""
+    from calibrate.engines.megatron_block import megatron_core_layers_saved_bytes
+
+    configs = [(*shape, False, 0) for shape in MEGATRON_SHAPES] + [(128, 2, 256, 8, 1024, False, 2)] \
+        + [(*shape, True, 0) for shape in MEGATRON_CORE_LLAMA_SHAPES]
+    return dict(zip(configs, megatron_core_layers_saved_bytes(configs)))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seq, batch, hidden, heads, ffn", MEGATRON_SHAPES)
-def test_megatron_core_layer_keeps_what_the_style_block_keeps(seq, batch, hidden, heads, ffn):
+def test_megatron_core_layer_keeps_what_the_style_block_keeps(megatron_core_saved, seq, batch, hidden, heads, ffn):
     """megatron-core 0.16.1's own TransformerLayer (local spec, bf16, dropout 0.1) on the CPU keeps
     what the Megatron-style block keeps but for three things, each explained: the layer's input is
     left out here (2sbh: the previous layer keeps it); LayerNorm's mean and rstd come in fp32 (4 of
@@ -268,26 +283,25 @@ def test_megatron_core_layer_keeps_what_the_style_block_keeps(seq, batch, hidden
     Softmax upcasts the scores to fp32 (attention_softmax_in_fp32) and keeps that softmax, 2 bytes an
     a s^2 b element more than CUDA's ScaledUpperTriangMaskedSoftmax keeps in bf16, which the style
     block counts. So the style block's tests (above) hold for megatron-core's layer on CUDA."""
-    from calibrate.engines.megatron_block import block_method_saved_bytes, megatron_core_layer_saved_bytes
+    from calibrate.engines.megatron_block import block_method_saved_bytes
 
     style = block_method_saved_bytes(1, 0, seq, batch, hidden, heads, ffn)
-    core = megatron_core_layer_saved_bytes(seq, batch, hidden, heads, ffn)
+    core = megatron_core_saved[(seq, batch, hidden, heads, ffn, False, 0)]
     # s128 b2 h256 a8: 4,329,472 = 3,934,208 - 131,072 + 2,048 + 524,288
     assert core == style - 2 * seq * batch * hidden + 4 * seq * batch * 2 + heads * seq * seq * batch * 2
 
 
 @pytest.mark.slow
-def test_megatron_core_unfused_attention_repeats_grouped_keys_and_values():
+def test_megatron_core_unfused_attention_repeats_grouped_keys_and_values(megatron_core_saved):
     """With GQA and no flash kernel, megatron-core's DotProductAttention repeat_interleaves key and
     value to every head (new tensors the matmuls keep): 8 heads in 2 groups at h 256 keep q, k and v
     at every head's width, 3 e h = 1,536 bytes a token, as MHA does, not e (q + 2 kv) = 768; the
     planner's unfused Megatron list alike (it booked 768 before)."""
-    from calibrate.engines.megatron_block import megatron_core_layer_saved_bytes
     from planner.model import ModelSpec
 
     s, b, h, a, f = 128, 2, 256, 8, 1024
-    mha = megatron_core_layer_saved_bytes(s, b, h, a, f)
-    gqa = megatron_core_layer_saved_bytes(s, b, h, a, f, groups=2)
+    mha = megatron_core_saved[(s, b, h, a, f, False, 0)]
+    gqa = megatron_core_saved[(s, b, h, a, f, False, 2)]
     assert gqa == mha  # q copied out of linear_qkv's output, k and v repeated: 3 e h either way
 
     def planned(kv_heads):
@@ -301,8 +315,8 @@ def test_megatron_core_unfused_attention_repeats_grouped_keys_and_values():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seq, batch, hidden, heads, ffn", [(128, 2, 256, 8, 1024), (64, 2, 512, 8, 1376)])
-def test_megatron_core_llama_layer_keeps_what_the_planner_books(seq, batch, hidden, heads, ffn):
+@pytest.mark.parametrize("seq, batch, hidden, heads, ffn", MEGATRON_CORE_LLAMA_SHAPES)
+def test_megatron_core_llama_layer_keeps_what_the_planner_books(megatron_core_saved, seq, batch, hidden, heads, ffn):
     """megatron-core 0.16.1's own Llama-style TransformerLayer (RMSNorm, Megatron-LM's fused
     bias_swiglu, no biases, no dropout, bf16) with SDPA as its core attention (flash's saves: q, k, v
     as views of linear_qkv's output, the output, o_proj's input a view of it, and an fp32 log-sum-exp),
@@ -310,10 +324,9 @@ def test_megatron_core_llama_layer_keeps_what_the_planner_books(seq, batch, hidd
     input in fp32 and the rstd, 8h + 4 bytes a token; on CUDA its fused kernel (and TE's) keeps the
     16-bit input and the rstd, 2h + 4, of which the planner books 2h (the rstd, 4 bytes a norm, is
     Korthikanti's omission too). Then the planner's Megatron list, 16h + 4a + 6f, is exact."""
-    from calibrate.engines.megatron_block import megatron_core_layer_saved_bytes
     from planner.model import ModelSpec
 
-    counted = megatron_core_layer_saved_bytes(seq, batch, hidden, heads, ffn, llama=True) / (seq * batch)
+    counted = megatron_core_saved[(seq, batch, hidden, heads, ffn, True, 0)] / (seq * batch)
     # s128 b2 h256 a8 f1024: 13,352 = 2 x (8 x 256 + 4) + 2h + 6h + 2h + 4a + 2h + 4f + 2f
     assert counted == 2 * (8 * hidden + 4) + 12 * hidden + 4 * heads + 6 * ffn
     on_cuda = counted - 2 * (8 * hidden + 4) + 2 * (2 * hidden + 4)

@@ -1,5 +1,6 @@
 """DeepSpeed's bf16 optimizer wrappers on 2 gloo ranks, started by DeepSpeed's own launcher
-(calibrate/engines/deepspeed_worker.py), against the planner. P = 158,016 parameters, D = 2.
+(calibrate/engines/deepspeed_worker.py: the first two below, in one launch) and by torchrun
+(calibrate/engines/deepspeed_pipe_worker.py: the third), against the planner. P = 158,016 parameters, D = 2.
 
 - bf16 + ZeRO-1 + data_types.grad_accum_dtype fp32 -> BF16_Optimizer (engine.py
   _do_optimizer_sanity_check): bf16 weights 2, bf16 param.grad 2, the full fp32 accumulation buffer
@@ -20,11 +21,13 @@ import os
 import pytest
 
 from calibrate.engines.deepspeed_cases import SCALARS_BYTES, cases
-from calibrate.harness.record import run_case
+from calibrate.harness.record import run_case, run_together
 from planner import cli
 
 pytestmark = pytest.mark.slow
 P, D = 158_016, 2
+BF16, UNFUSED, PIPE = ("deepspeed/bf16-optimizer/zero1-fp32-accum", "deepspeed/fp16-unfused/zero0-bf16",
+                       "deepspeed/pipe/bf16-optimizer-zero0")
 
 
 def _why(record) -> str:
@@ -35,11 +38,15 @@ def _why(record) -> str:
 
 @pytest.fixture(scope="module")
 def records():
-    return {r["name"]: r for r in (run_case(c) for c in cases("cpu"))}
+    """The harness's cases of these three (calibrate/engines/deepspeed_cases.py, its predictions and
+    reductions; its two offload cases are tests/test_deepspeed_offload_real.py's rows): the two of
+    deepspeed_worker.py one after the other in one launch (an engine of its own each), the pipeline's alone."""
+    harness = {c.name: c for c in cases("cpu")}
+    return {r["name"]: r for r in run_together([harness[BF16], harness[UNFUSED]]) + [run_case(harness[PIPE])]}
 
 
 def test_bf16_optimizer_with_fp32_accumulation(records):
-    r = records["deepspeed/bf16-optimizer/zero1-fp32-accum"]
+    r = records[BF16]
     assert r["outcome"]["status"] == "ok", _why(r)
     m = r["measurement"]
     assert m["optimizer_class"] == "BF16_Optimizer"
@@ -48,7 +55,7 @@ def test_bf16_optimizer_with_fp32_accumulation(records):
 
 
 def test_zero_disabled_bf16_keeps_whole_fp32_master(records):
-    r = records["deepspeed/fp16-unfused/zero0-bf16"]
+    r = records[UNFUSED]
     assert r["outcome"]["status"] == "ok", _why(r)
     m = r["measurement"]
     assert m["optimizer_class"] == "FP16_UnfusedOptimizer"
@@ -57,7 +64,7 @@ def test_zero_disabled_bf16_keeps_whole_fp32_master(records):
 
 
 def test_pipeline_without_zero_holds_bf16_optimizer_gradients_through_the_schedule(records):
-    r = records["deepspeed/pipe/bf16-optimizer-zero0"]
+    r = records[PIPE]
     assert r["outcome"]["status"] == "ok", _why(r)
     m = r["measurement"]
     assert m["optimizer_class"] == "BF16_Optimizer"
@@ -70,26 +77,38 @@ import os, socket, sys, torch, deepspeed
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
 os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 deepspeed.init_distributed(dist_backend="gloo")
-model = torch.nn.Linear(8, 8)
-cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
-       "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": {"stage": int(sys.argv[1])}}
-try:
-    deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=cfg)
-    print("ACCEPTED")
-except NotImplementedError as exc:
-    print("REFUSED", exc)
+for zero in map(int, sys.argv[1:]):  # a fresh model and engine each
+    model = torch.nn.Linear(8, 8)
+    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+           "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": {"stage": zero}}
+    try:
+        deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=cfg)
+        print("ACCEPTED", zero, flush=True)
+    except NotImplementedError as exc:
+        print("REFUSED", zero, exc, flush=True)
 """
 
 
-@pytest.mark.parametrize("zero", [0, 1])
-def test_fp32_accumulation_without_zero_is_refused_like_deepspeed_refuses_it(zero):
+@pytest.fixture(scope="module")
+def deepspeed_says():
+    """{ZeRO stage: DeepSpeed's verdict} from one process of one rank: stage 0 first, where nothing else
+    was initialized, then stage 1 with a model and engine of its own."""
     import subprocess
     import sys
 
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    run = subprocess.run([sys.executable, "-c", _INIT_ONE_RANK, str(zero)], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-c", _INIT_ONE_RANK, "0", "1"], capture_output=True, text=True,
                          timeout=300, env=env)
-    deepspeed_says = run.stdout.strip().splitlines()[-1].split()[0]
+    verdicts = {int(line.split()[1]): line.split()[0] for line in run.stdout.splitlines()
+                if line.split()[:1] in (["ACCEPTED"], ["REFUSED"])}
+    assert sorted(verdicts) == [0, 1], (run.stdout[-3000:], run.stderr[-3000:])
+    return verdicts
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_fp32_accumulation_without_zero_is_refused_like_deepspeed_refuses_it(deepspeed_says, zero):
+    import sys
+
     out, err = io.StringIO(), io.StringIO()
     old, sys.stderr = sys.stderr, err
     try:
@@ -98,7 +117,7 @@ def test_fp32_accumulation_without_zero_is_refused_like_deepspeed_refuses_it(zer
     finally:
         sys.stderr = old
     # DeepSpeed 0.19: ZeRO off -> NotImplementedError("unsupported mix ..."); ZeRO-1 -> BF16_Optimizer
-    assert deepspeed_says == ("REFUSED" if zero == 0 else "ACCEPTED")
+    assert deepspeed_says[zero] == ("REFUSED" if zero == 0 else "ACCEPTED")
     assert code == (2 if zero == 0 else 0)
     if zero == 0:
         assert err.getvalue().startswith("planner: error: --fp32-grad-accum")

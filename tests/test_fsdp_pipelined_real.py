@@ -1,6 +1,7 @@
 """torchtitan's pipeline stages under FSDP2: what the planner books against torch's own engines.
 
-One torchrun launch per schedule of calibrate/engines/fsdp_pipe_worker.py on 2 gloo ranks: a 2-layer
+One torchrun launch of calibrate/engines/fsdp_pipe_worker.py for both schedules (one after the other,
+a model, stage and optimizer of its own each) on 2 gloo ranks: a 2-layer
 transformers Llama (158,016 parameters) under fully_shard (bf16 parameters, fp32 reduction,
 reshard_after_forward False as torchtitan sets it with a pipeline) inside a torch.distributed.
 pipelining stage, Schedule1F1B with 4 micro-batches and ScheduleGPipe with 2, then AdamW. Each
@@ -21,15 +22,25 @@ pytestmark = pytest.mark.slow
 RANKS = 2
 
 
-@pytest.fixture(scope="module", params=[("1f1b", 4), ("gpipe", 2)], ids=["1f1b-m4", "gpipe-m2"])
-def run(request):
+SCHEDULES = [("1f1b", 4), ("gpipe", 2)]
+
+
+@pytest.fixture(scope="module")
+def launched():
+    """Each rank's results, one a schedule of SCHEDULES."""
     from calibrate.harness.launch import launch
 
-    schedule, m = request.param
-    out = launch("calibrate.engines.fsdp_pipe_worker", [json.dumps({"m": m, "schedule": schedule})], nproc=RANKS,
-                 timeout_s=300)
+    runs = [{"m": m, "schedule": schedule} for schedule, m in SCHEDULES]
+    out = launch("calibrate.engines.fsdp_pipe_worker", [json.dumps({"runs": runs})], nproc=RANKS, timeout_s=600)
     assert out.status == "ok" and len(out.ranks) == RANKS, out.to_json()
-    return m, out.ranks
+    return out.ranks
+
+
+@pytest.fixture(scope="module", params=range(len(SCHEDULES)), ids=["1f1b-m4", "gpipe-m2"])
+def run(request, launched):
+    ranks = [rank["runs"][request.param] for rank in launched]
+    assert {rank["m"] for rank in ranks} == {SCHEDULES[request.param][1]}
+    return ranks[0]["m"], ranks
 
 
 def test_every_micro_batch_keeps_the_stage_gathered_with_fp32_gradients(run):

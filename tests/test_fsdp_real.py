@@ -1,26 +1,47 @@
 """FSDP2 on 2 gloo ranks (torchrun, calibrate/engines/fsdp_worker.py) against the planner's fsdp engine.
 
 Every dimension of the model is even, so fully_shard's dim-0 shards need no padding and the
-expected bytes are exact: P = 158,016 parameters (the tiny Llama of calibrate/engines/fsdp_worker.py)."""
+expected bytes are exact: P = 158,016 parameters (the tiny Llama of calibrate/engines/fsdp_worker.py).
+
+Every run below is one config of the worker, and all of them share one torchrun launch (the worker
+runs them in turn, a model and optimizer of their own each; calibrate/harness/record.py run_together):
+the harness's FSDP2 cases of calibrate/engines/torch_cases.py that these tests check, with their own
+predictions and reductions, and the two all-gather counts."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from calibrate.harness.record import run_case
 from calibrate.engines.torch_cases import cases
+from calibrate.harness.record import Case, run_together
 
 pytestmark = pytest.mark.slow
 P, D = 158_016, 2
+STATES = ["fsdp2/bf16-mixed/reshard-true", "fsdp2/fp32/reshard-true", "fsdp2/bf16-mixed/reshard-false",
+          "fsdp2/fp32/reshard-false"]
+OFFLOAD = "fsdp2/bf16-mixed/offload"
+
+
+def _gathers_case(reshard: bool) -> Case:
+    """FSDP2 steps with 1, 2 and 4 micro-batches each; rank 0's result as it is."""
+    cfg = {"mixed": True, "reshard_after_forward": reshard, "mbs": 2, "seq": 32, "gathers_for": [1, 2, 4]}
+    return Case(name=f"gathers/reshard-{str(reshard).lower()}", kind="memory", config=cfg, predict=dict,
+                reduce=lambda ranks: ranks[0], module="calibrate.engines.fsdp_worker", args=[json.dumps(cfg)],
+                nproc=D, timeout_s=180)
 
 
 @pytest.fixture(scope="module")
 def records():
-    return {r["name"]: r for r in (run_case(c) for c in cases("cpu"))}
+    """{name: record} of the one launch."""
+    harness = {c.name: c for c in cases("cpu")}
+    together = [harness[name] for name in STATES + [OFFLOAD]] + [_gathers_case(r) for r in (True, False)]
+    assert {c.nproc for c in together} == {D}
+    return {r["name"]: r for r in run_together(together)}
 
 
-@pytest.mark.parametrize("name", ["fsdp2/bf16-mixed/reshard-true", "fsdp2/fp32/reshard-true",
-                                  "fsdp2/bf16-mixed/reshard-false", "fsdp2/fp32/reshard-false"])
+@pytest.mark.parametrize("name", STATES)
 def test_model_states(records, name):
     r = records[name]
     assert r["outcome"]["status"] == "ok", r["outcome"]
@@ -39,24 +60,19 @@ def test_cpu_offload_keeps_the_shard_its_gradient_and_the_states_on_the_host(rec
     # CPUOffloadPolicy: the fp32 shard (FSDP2 keeps no 16-bit one), the fp32 gradient shard and AdamW's
     # two states, (4 + 4 + 8) / D bytes per parameter, all host tensors; the planner booked a 16-bit
     # shard there too (18 / D) until this count
-    r = records["fsdp2/bf16-mixed/offload"]
+    r = records[OFFLOAD]
     assert r["outcome"]["status"] == "ok", r["outcome"]
     assert r["measurement"]["host_bytes"] == 16 * P // D == r["prediction"]["host_bytes"]
 
 
 @pytest.fixture(scope="module")
-def gathers():
+def gathers(records):
     """{reshard_after_forward: rank 0's record} of FSDP2 steps with 1, 2 and 4 micro-batches each."""
-    import json
-
-    from calibrate.harness.launch import launch
-
     out = {}
     for reshard in (True, False):
-        cfg = {"mixed": True, "reshard_after_forward": reshard, "mbs": 2, "seq": 32, "gathers_for": [1, 2, 4]}
-        run = launch("calibrate.engines.fsdp_worker", [json.dumps(cfg)], nproc=D, timeout_s=180)
-        assert run.status == "ok", run.to_json()
-        out[reshard] = run.ranks[0]
+        r = records[f"gathers/reshard-{str(reshard).lower()}"]
+        assert r["outcome"]["status"] == "ok", r["outcome"]
+        out[reshard] = r["measurement"]
     return out
 
 

@@ -3,7 +3,9 @@
 and counts by unique storage every tensor the engine holds (module parameters and their .grad, and
 every tensor reachable from engine.optimizer's attributes and its inner optimizer's state) at two
 moments of the last step: after the boundary micro-batch's backward (before step()) and after
-step(). Usage: ... -m calibrate.engines.deepspeed_worker '{"zero": 1, "gas": 2, "ds": {...}}'
+step(). Usage: ... -m calibrate.engines.deepspeed_worker '{"zero": 1, "gas": 2, "ds": {...}}'; with
+'{"runs": [{...}, ...]}' each config runs in turn in the same process group (an engine of its own each)
+and the rank's result is {"runs": [result, ...]}, one launch for many configs.
 """
 
 from __future__ import annotations
@@ -65,9 +67,18 @@ def held_bytes(engine) -> dict:
 
 def main(cfg: dict) -> None:
     import deepspeed
-    import transformers
 
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
+    write_result({"runs": [run(c) for c in cfg["runs"]]} if "runs" in cfg else run(cfg))
+
+
+def run(cfg: dict) -> dict:
+    """One config's counts on this rank (the process group already up)."""
+    import deepspeed
+    import transformers
+
+    if torch.cuda.is_available():  # cuda_memory's peaks are this config's own
+        torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
     ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": cfg["gas"], "bf16": {"enabled": True},
@@ -86,9 +97,9 @@ def main(cfg: dict) -> None:
             if micro == cfg["gas"] - 1:
                 before_step = held_bytes(engine)
             engine.step()
-    write_result({"optimizer": type(engine.optimizer).__name__, "params": sum(p.numel() for p in model.parameters())
-                  if cfg["zero"] < 3 else sum(p.ds_numel for p in model.parameters()),
-                  "before_step": before_step, "after_step": held_bytes(engine), **cuda_memory()})
+    return {"optimizer": type(engine.optimizer).__name__, "params": sum(p.numel() for p in model.parameters())
+            if cfg["zero"] < 3 else sum(p.ds_numel for p in model.parameters()),
+            "before_step": before_step, "after_step": held_bytes(engine), **cuda_memory()}
 
 
 def run_and_leave(main) -> None:

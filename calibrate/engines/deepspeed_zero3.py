@@ -1,7 +1,7 @@
 """How many parameter elements DeepSpeed ZeRO-3 keeps gathered at once under its live, reuse and
 prefetch knobs, counted on the real engine.
 
-    python -m calibrate.engines.deepspeed_zero3 [--out PATH]
+    python -m calibrate.engines.deepspeed_zero3 [--out PATH] [--only NAME,...]
 
 Launches calibrate/engines/deepspeed_zero3_worker.py on 2 gloo ranks under DeepSpeed's launcher: a 3-layer
 Llama (Linears of 32,768 to 180,224 elements, 2,475,776 in all) and a 2-layer Mixtral (its 4 experts
@@ -11,6 +11,7 @@ the elements of every gathered or in-flight parameter are summed after each subm
 fetch is counted as gathered ahead (the prefetcher had started it) or on demand, and the elements
 all-gathered are summed. The largest sums and the counts, in forward and backward, go to
 data/references/deepspeed_zero3_live_cpu.json (atomically), read by tests/test_deepspeed_zero3_live.py.
+--only records the named runs alone (each model's modules on its first), to an --out of its own.
 """
 
 from __future__ import annotations
@@ -64,13 +65,14 @@ KNOBS = {
 }
 
 
-def measure() -> list[dict]:
+def measure(only: list[str] | None = None) -> list[dict]:
+    """The rows of every run of KNOBS, or of those named in `only` (in KNOBS' order)."""
     from calibrate.harness.launch import launch
 
     runs = [{"name": name, "checkpointing": ckpt, "model": "mixtral" if name.startswith("mixtral") else "llama",
              "zero_optimization": {"stage3_max_live_parameters": live, "stage3_max_reuse_distance": reuse,
                                    "stage3_prefetch_bucket_size": prefetch}}
-            for name, (live, reuse, prefetch, ckpt) in KNOBS.items()]
+            for name, (live, reuse, prefetch, ckpt) in KNOBS.items() if only is None or name in only]
     outcome = launch("calibrate.engines.deepspeed_zero3_worker", [json.dumps({"runs": runs})], nproc=2,
                      launcher="deepspeed", env={"DS_ACCELERATOR": "cpu"}, timeout_s=600)
     if outcome.status != "ok" or len(outcome.ranks) != 2:
@@ -84,8 +86,9 @@ def measure() -> list[dict]:
                                                          "modules_gathered_on_demand", "elements_gathered")}})
         print(rows[-1]["name"], rows[-1]["peak_forward"], rows[-1]["peak_backward"], file=sys.stderr, flush=True)
     for kind in ("llama", "mixtral"):  # each model's modules once, on its first run
-        first = next(i for i, row in enumerate(rows) if row["model"] == kind)
-        rows[first]["modules"] = outcome.ranks[0]["runs"][first]["modules"]
+        first = next((i for i, row in enumerate(rows) if row["model"] == kind), None)
+        if first is not None:
+            rows[first]["modules"] = outcome.ranks[0]["runs"][first]["modules"]
     return rows
 
 
@@ -96,7 +99,7 @@ def main(argv=None) -> int:
                    "ranks, a 3-layer Llama (calibrate/engines/deepspeed_zero3_worker.py LLAMA, bf16), the most "
                    "parameter elements gathered or in flight after any submodule fetch of the third step and the elements all-gathered, "
                    "forward and backward (a checkpoint's recompute counted in the backward)",
-                   measure, "deepspeed")
+                   measure, "deepspeed", names=list(KNOBS))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ parallelize.py apply_fsdp), runs Schedule1F1B or ScheduleGPipe with m micro-batc
 step, and counts every FSDPParam's tensors by attribute (distinct storages) after each
 micro-batch's backward, just before and after perform_reduce_grad, and after the optimizer step
 (the second step's: AdamW's states exist from the first).
-Usage: python -m torch.distributed.run --nproc_per_node 2 -m calibrate.engines.fsdp_pipe_worker '{"m": 4}'
+Usage: python -m torch.distributed.run --nproc_per_node 2 -m calibrate.engines.fsdp_pipe_worker '{"m": 4}';
+with '{"runs": [{"m": 4, "schedule": "1f1b"}, ...]}' each runs in turn in the same process groups (a model,
+stage, schedule and optimizer of its own each) and the rank's result is {"runs": [result, ...]}.
 """
 
 from __future__ import annotations
@@ -79,13 +81,20 @@ class CausalLM(torch.nn.Module):
 
 
 def main(cfg: dict) -> None:
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
     dev = device()
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     rank = dist.get_rank()
     own = [dist.new_group([r]) for r in range(dist.get_world_size())][rank]  # each rank its own pipeline
+    write_result({"runs": [run(c, dev, own) for c in cfg["runs"]]} if "runs" in cfg else run(cfg, dev, own))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run(cfg: dict, dev, own) -> dict:
+    """One config's moments on this rank (`own`: the rank's one-rank pipeline group)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
     torch.manual_seed(0)
     model = CausalLM().to(dev)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -123,9 +132,7 @@ def main(cfg: dict) -> None:
         opt.step()
         opt.zero_grad()
     moments.append({"moment": "after step", "held": fsdp_held(model, opt)})
-    write_result({"m": m, "params": sum(p.numel() for p in model.parameters()), "moments": moments})
-    dist.barrier()
-    dist.destroy_process_group()
+    return {"m": m, "params": sum(p.numel() for p in model.parameters()), "moments": moments}
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ optimizer step: the sharded parameters (DTensor local shards), the sharded gradi
 states. With "gathers_for": [m, ...] it also counts, for a step of m micro-batches each, the
 parameter all-gathers FSDP2 issues (calls of _fsdp_param_group.foreach_all_gather: one per unit
 unshard). Usage: python -m torch.distributed.run --nproc_per_node 2 -m calibrate.engines.fsdp_worker
-'{"mixed": true, "reshard_after_forward": true, ...}'
+'{"mixed": true, "reshard_after_forward": true, ...}'; with '{"runs": [{...}, ...]}' each config runs in
+turn in the same process group (a model, optimizer and counts of its own each) and the rank's result
+is {"runs": [result, ...]}, one launch for many configs (tests/test_fsdp_real.py).
 """
 
 from __future__ import annotations
@@ -38,10 +40,21 @@ def storage_bytes(tensors) -> int:
 
 
 def main(cfg: dict) -> None:
-    import transformers
-
     dev = device()
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    if "runs" in cfg:
+        write_result({"runs": [run(c, dev) for c in cfg["runs"]]})
+    else:
+        write_result(run(cfg, dev))
+    dist.destroy_process_group()
+
+
+def run(cfg: dict, dev) -> dict:
+    """One config's counts on this rank (the process group already up)."""
+    import transformers
+
+    if dev.type == "cuda":  # cuda_memory's peaks are this config's own
+        torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**LLAMA, **cfg.get("llama", {})})).to(dev)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cfg["mixed"] else MixedPrecisionPolicy()
@@ -91,8 +104,7 @@ def main(cfg: dict) -> None:
         "gathers_per_step": gathers,
         **cuda_memory(),
     }
-    write_result(result)
-    dist.destroy_process_group()
+    return result
 
 
 if __name__ == "__main__":

@@ -117,22 +117,31 @@ def megatron_core_layer_saved_bytes(seq: int, batch: int, hidden: int, heads: in
                                     llama: bool = False, groups: int = 0) -> int:
     """Bytes megatron-core 0.16.1's own TransformerLayer (get_gpt_layer_local_spec: LayerNorm, unfused
     DotProductAttention, GeLU with biases, dropout 0.1, bf16) keeps for backward in one forward on the
-    CPU, its input and parameters left out; run in a fresh process (python -m calibrate.engines.megatron_block
-    SEQ BATCH HIDDEN HEADS FFN): parallel_state and the process group are global. CPU stand-ins as
+    CPU, its input and parameters left out; run in a fresh process (megatron_core_layers_saved_bytes):
+    parallel_state and the process group are global. CPU stand-ins as
     calibrate/engines/megatron_moe.py's, and the CUDA RNG tracker's fork (attention dropout) a no-op;
     masked_softmax_fusion off (its kernel is CUDA's), so FusedScaleMaskSoftmax runs its torch path.
     llama: the Llama-style layer instead (RMSNorm, SwiGLU with Megatron-LM's fused bias_swiglu, no
     biases, no dropout) with SDPA as its core attention (SDPACore: flash's saves on the CPU). groups:
     num_query_groups (0: one a head)."""
+    return megatron_core_layers_saved_bytes([(seq, batch, hidden, heads, ffn, llama, groups)])[0]
+
+
+def megatron_core_layers_saved_bytes(configs: list) -> list:
+    """megatron_core_layer_saved_bytes of each (seq, batch, hidden, heads, ffn, llama, groups) in
+    `configs`, all in one fresh process (python -m calibrate.engines.megatron_block --many JSON): the
+    process group and parallel_state (tp = pp = 1 for all) are set up once, each layer is built anew
+    and counted on its own."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "calibrate.engines.megatron_block",
-                           *map(str, (seq, batch, hidden, heads, ffn, int(llama), groups or heads))],
-                          capture_output=True, text=True,
-                          cwd=str(Path(__file__).resolve().parents[2]), timeout=300)
+    many = [[seq, batch, hidden, heads, ffn, int(llama), groups or heads]
+            for seq, batch, hidden, heads, ffn, llama, groups in configs]
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "calibrate.engines.megatron_block", "--many",
+                           json.dumps(many)], capture_output=True, text=True,
+                          cwd=str(Path(__file__).resolve().parents[2]), timeout=300 * len(many))
     if proc.returncode:
         raise RuntimeError(f"megatron_block: exit {proc.returncode}\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])["saved_bytes"]
@@ -166,11 +175,12 @@ def _megatron_core_count(seq: int, batch: int, hidden: int, heads: int, ffn: int
 
     from calibrate.engines.megatron_moe import _cpu_stand_ins
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    if not torch.distributed.is_initialized():  # once a process (megatron_core_layers_saved_bytes)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
     from megatron.core import parallel_state, tensor_parallel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -178,7 +188,8 @@ def _megatron_core_count(seq: int, batch: int, hidden: int, heads: int, ffn: int
 
     from calibrate.benches.saved import counting
 
-    parallel_state.initialize_model_parallel(1, 1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
     torch.manual_seed(0)
     _cpu_stand_ins({})
     tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
@@ -210,7 +221,11 @@ if __name__ == "__main__":
 
     import os
 
-    print(json.dumps({"saved_bytes": _megatron_core_count(*map(int, sys.argv[1:6]), llama=sys.argv[6:7] == ["1"],
-                                                          groups=int(sys.argv[7]) if len(sys.argv) > 7 else 0)}))
+    if sys.argv[1:2] == ["--many"]:  # [[seq, batch, hidden, heads, ffn, llama 0/1, groups], ...]
+        counts = [_megatron_core_count(*c[:5], llama=c[5] == 1, groups=c[6]) for c in json.loads(sys.argv[2])]
+        print(json.dumps({"saved_bytes": counts}))
+    else:
+        print(json.dumps({"saved_bytes": _megatron_core_count(*map(int, sys.argv[1:6]), llama=sys.argv[6:7] == ["1"],
+                                                              groups=int(sys.argv[7]) if len(sys.argv) > 7 else 0)}))
     sys.stdout.flush()
     os._exit(0)  # no process-group teardown

@@ -88,11 +88,12 @@ def count(name: str) -> dict:
     import torch
     import torch.nn.functional as F
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    if not torch.distributed.is_initialized():  # once a process (measure's one_process)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
     import megatron.core
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -100,7 +101,8 @@ def count(name: str) -> dict:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     result = {"name": name, "megatron_core": megatron.core.__version__, "torch": torch.__version__}
-    parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=1)
     torch.manual_seed(0)
     _cpu_stand_ins(result)
     kwargs = dict(num_layers=1, hidden_size=HIDDEN, num_attention_heads=4, ffn_hidden_size=FFN, moe_ffn_hidden_size=FFN,
@@ -149,25 +151,31 @@ def count(name: str) -> dict:
             "bytes_per_token": {k: v / tokens for k, v in sorted(parts.items())}}
 
 
-def measure() -> list[dict]:
+def measure(one_process: bool = False) -> list[dict]:
+    """A row for every configuration, each counted in a fresh process (parallel_state and the process
+    group are global); one_process: all of them in one (the same tp = ep = 1 parallel state set up
+    once, a layer built and counted anew for each), as tests/test_activations_megatron_moe.py does."""
     rows = []
-    for name in CONFIGS:  # a fresh process each: parallel_state and the process group are global
-        proc = subprocess.run([sys.executable, "-m", "calibrate.engines.megatron_moe", "--config", name],
-                              capture_output=True, text=True, cwd=str(Path(__file__).resolve().parents[2]), timeout=600)
+    for names in [list(CONFIGS)] if one_process else [[name] for name in CONFIGS]:
+        proc = subprocess.run([sys.executable, "-m", "calibrate.engines.megatron_moe", "--config", ",".join(names)],
+                              capture_output=True, text=True, cwd=str(Path(__file__).resolve().parents[2]),
+                              timeout=600 * len(names))
         if proc.returncode:
-            raise SystemExit(f"megatron_moe {name}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        print(rows[-1], flush=True, file=sys.stderr)
+            raise SystemExit(f"megatron_moe {','.join(names)}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+        rows += [json.loads(line) for line in proc.stdout.strip().splitlines()[-len(names):]]
+        for row in rows[-len(names):]:
+            print(row, flush=True, file=sys.stderr)
     return rows
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--config"]:
+    if argv[:1] == ["--config"]:  # NAME[,NAME...]: a JSON line each, in this process
         import warnings
 
         warnings.filterwarnings("ignore")
-        print(json.dumps(count(argv[1])))
+        for name in argv[1].split(","):
+            print(json.dumps(count(name)))
         sys.stdout.flush()
         os._exit(0)  # no process-group teardown
     from calibrate.harness.recording import run_cli

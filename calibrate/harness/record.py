@@ -99,6 +99,41 @@ def run_case(case: Case) -> dict:
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
+def run_together(cases: list) -> list:
+    """Cases of one worker module that takes '{"runs": [config, ...]}' (each case's args its one JSON
+    config, itself a {"runs": [...]} or not), run in one launch instead of one each: the ranks start,
+    import and join the process group once. Each rank's result is {"runs": [one result a config]};
+    a case's reduce gets each rank's results of its own configs, shaped as its own launch would have
+    returned them. The records are run_case's, the launch's outcome shared by all."""
+    first = cases[0]
+    assert all((c.module, c.launcher, c.nproc, c.env) == (first.module, first.launcher, first.nproc, first.env)
+               and c.module is not None and len(c.args) == 1 for c in cases), [c.name for c in cases]
+    import json
+
+    configs = [json.loads(c.args[0]) for c in cases]
+    spans, runs = [], []
+    for cfg in configs:
+        own = cfg["runs"] if "runs" in cfg else [cfg]
+        spans.append((len(runs), len(runs) + len(own), "runs" in cfg))
+        runs += own
+    outcome = launch(first.module, [json.dumps({"runs": runs})], first.nproc, sum(c.timeout_s for c in cases),
+                     first.launcher, env=first.env)
+    records = []
+    for case, (start, end, nested) in zip(cases, spans):
+        out = Outcome(outcome.status, outcome.returncode, outcome.wall_s, [], outcome.log_tail, outcome.error)
+        measurement = {}
+        if out.status == "ok":
+            try:
+                ranks = [{"runs": r["runs"][start:end]} if nested else r["runs"][start] for r in outcome.ranks]
+                measurement = case.reduce(ranks)
+            except Exception as exc:  # ranks that wrote incomplete results
+                out.status, out.error = "crash", f"reduce failed: {type(exc).__name__}: {exc}"[:500]
+        records.append({"name": case.name, "kind": case.kind, "config": case.config, "prediction": case.predict(),
+                        "measurement": measurement, "outcome": out.to_json(),
+                        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    return records
+
+
 def expand_rows(record: dict) -> list:
     """A run that measured many points (a size sweep: measurement {"rows": [...]}) becomes one record
     per point, so that every record pairs one measured quantity set with its config."""

@@ -29,11 +29,28 @@ def write_recording(out: Path, source: str, rows: list, package: str = "torchtit
     tmp.replace(out)
 
 
-def run_cli(argv, doc: str, default_out: Path, source: str, measure_rows, package: str = "torchtitan") -> int:
-    """`python -m calibrate.<room>.<script> [--out PATH]`: measure and write the recording."""
+def run_cli(argv, doc: str, default_out: Path, source: str, measure_rows, package: str = "torchtitan",
+            names=None) -> int:
+    """`python -m calibrate.<room>.<script> [--out PATH]`: measure and write the recording. With `names`
+    (the rows the recorder measures, in order) it also takes `--only NAME,...`: those rows alone
+    (measure_rows(only), a list of names or None for all), written to an --out that must be given, so
+    that a partial recording never replaces the committed reference (a test re-records a few rows to
+    compare them with it)."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
-    p.add_argument("--out", type=Path, default=default_out)
-    write_recording(p.parse_args(argv).out, source, measure_rows(), package)
+    p.add_argument("--out", type=Path, default=None)
+    if names is not None:
+        p.add_argument("--only", type=lambda text: text.split(","), default=None,
+                       help="comma-separated row names to record (default: every row)")
+    args = p.parse_args(argv)
+    only = getattr(args, "only", None)
+    if only is not None:
+        unknown = [n for n in only if n not in names]
+        if unknown or not only:
+            p.error(f"--only: no row named {', '.join(unknown) or repr('')}")
+        if args.out is None:
+            p.error("--only records part of the reference: give --out")
+    rows = measure_rows(only) if names is not None else measure_rows()
+    write_recording(args.out or default_out, source, rows, package)
     return 0
 
 
