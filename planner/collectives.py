@@ -24,37 +24,41 @@ HOP_LATENCY_US = {"nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4)},
 NET_OVERHEAD_US = 1.0  # tuning.cc getNetOverhead: x86 Intel hosts (2 on AMD), x3 for Simple
 
 
-def _ring_bus_factor(protocol: str, kind: str, nodes, per_node):
+def _by_protocol(values, nd: int) -> np.ndarray:
+    """Per-protocol values (LL, LL128, Simple; scalars or arrays) stacked on a leading axis that
+    broadcasts against nd-d operands."""
+    parts = np.broadcast_arrays(*[np.asarray(v, dtype=np.float64) for v in values])
+    shape = parts[0].shape
+    return np.stack(parts).reshape((len(PROTOCOLS),) + (1,) * (nd - len(shape)) + shape)
+
+
+def _ring_bus_factor(kind: str, nodes, per_node, nd: int) -> np.ndarray:
     # tuning.cc "various model refinements": LL moves 8 B lines of 4 B data + 4 B flag; LL128 120 of 128 B
-    if protocol == "LL":
-        return np.where((nodes > 1) | (kind == "all_reduce"), 1.0 / 4.0, 1.0 / 3.0)
-    if protocol == "LL128":
-        return np.where(per_node < 2, 0.7, 0.92)
-    return 1.0
+    return _by_protocol((np.where((nodes > 1) | (kind == "all_reduce"), 1.0 / 4.0, 1.0 / 3.0),
+                         np.where(per_node < 2, 0.7, 0.92), 1.0), nd)
 
 
-def _tree_bus_factor(protocol: str, nodes):
+def _tree_bus_factor(nodes, nd: int) -> np.ndarray:
     # tuning.cc: busBw*.92 for Tree, then /3.8 for LL, x (nNodes == 1 ? 7/9 : 120/128) for LL128
-    if protocol == "LL":
-        return 0.92 / 3.8
-    if protocol == "LL128":
-        return 0.92 * np.where(nodes == 1, 7.0 / 9.0, 120.0 / 128.0)
-    return 0.92
+    return _by_protocol((0.92 / 3.8, 0.92 * np.where(nodes == 1, 7.0 / 9.0, 120.0 / 128.0), 0.92), nd)
 
 
-def ring_latency_us(protocol: int, steps, inter_steps, nodes, intra_hop_us) -> np.ndarray:
-    """tuning.cc ncclTopoTuneModel, ring: baseLat + the steps inside nodes at max(intra hop, net
-    overhead once the ring leaves the node) + the steps between nodes at the network hop."""
-    overhead = np.where(nodes > 1, NET_OVERHEAD_US * (3.0 if PROTOCOLS[protocol] == "Simple" else 1.0), 0.0)
-    return (BASE_LATENCY_US["ring"][protocol] + np.maximum(steps - inter_steps, 0.0)
-            * np.maximum(intra_hop_us["ring"][protocol], overhead) + inter_steps * HOP_LATENCY_US["net"]["ring"][protocol])
+def ring_latency_us(steps, inter_steps, nodes, intra_hop_us, nd: int) -> np.ndarray:
+    """tuning.cc ncclTopoTuneModel, ring, for each protocol (a leading axis): baseLat + the steps
+    inside nodes at max(intra hop, net overhead once the ring leaves the node) + the steps between
+    nodes at the network hop."""
+    overhead = np.where(nodes > 1, NET_OVERHEAD_US * _by_protocol((1.0, 1.0, 3.0), nd), 0.0)  # x3 for Simple
+    return (_by_protocol(BASE_LATENCY_US["ring"], nd) + np.maximum(steps - inter_steps, 0.0)
+            * np.maximum(_by_protocol(intra_hop_us["ring"], nd), overhead)
+            + inter_steps * _by_protocol(HOP_LATENCY_US["net"]["ring"], nd))
 
 
-def tree_latency_us(protocol: int, per_node, nodes, intra_hop_us) -> np.ndarray:
-    """tuning.cc ncclTopoTuneModel, tree (all-reduce): baseLat + up and down a chain of per_node
-    ranks inside the node and floor(log2 nodes) network levels."""
-    return BASE_LATENCY_US["tree"][protocol] + 2.0 * ((per_node - 1) * intra_hop_us["tree"][protocol]
-                                                     + np.floor(np.log2(np.maximum(nodes, 1.0))) * HOP_LATENCY_US["net"]["tree"][protocol])
+def tree_latency_us(per_node, nodes, intra_hop_us, nd: int) -> np.ndarray:
+    """tuning.cc ncclTopoTuneModel, tree (all-reduce), for each protocol (a leading axis): baseLat +
+    up and down a chain of per_node ranks inside the node and floor(log2 nodes) network levels."""
+    return _by_protocol(BASE_LATENCY_US["tree"], nd) + 2.0 * (
+        (per_node - 1) * _by_protocol(intra_hop_us["tree"], nd)
+        + np.floor(np.log2(np.maximum(nodes, 1.0))) * _by_protocol(HOP_LATENCY_US["net"]["tree"], nd))
 
 
 def nccl_time_s(nbytes, n, per_node, bus_bytes_per_s, kind, c: dict, count=1, nvlink=True):
@@ -65,23 +69,23 @@ def nccl_time_s(nbytes, n, per_node, bus_bytes_per_s, kind, c: dict, count=1, nv
     (tuning.cc ncclTopoTuneModel), scaled by the calibrated collective_latency_scale:
     ring: base + intra steps x max(intra hop, net overhead) + inter steps x net hop, with
     2(n-1) steps of which 2 x nodes cross nodes for an all-reduce, n-1 and nodes-1 otherwise;
-    tree (all-reduce only): base + 2((per_node - 1) intra hop + floor(log2 nodes) net hop)."""
+    tree (all-reduce only): base + 2((per_node - 1) intra hop + floor(log2 nodes) net hop).
+    Every protocol is evaluated at once on a leading axis and the fastest kept, as NCCL does."""
     n = np.asarray(n, dtype=np.float64)
     per_node = np.minimum(np.asarray(per_node, dtype=np.float64), np.maximum(n, 1.0))
     nodes = np.ceil(n / np.maximum(per_node, 1.0))
+    nd = max(np.ndim(nbytes), nodes.ndim, np.ndim(bus_bytes_per_s))
     scale = c["collective_latency_scale"] * 1e-6
     intra = HOP_LATENCY_US["nvlink" if nvlink else "pci"]
     steps = (2.0 if kind == "all_reduce" else 1.0) * (n - 1)
     inter_steps = np.where(nodes > 1, 2.0 * nodes, 0.0) if kind == "all_reduce" else nodes - 1
-    best = np.inf
-    for i, protocol in enumerate(PROTOCOLS):
-        ring = ring_latency_us(i, steps, inter_steps, nodes, intra) * scale + nbytes * steps / np.maximum(n, 1.0) / (
-            bus_bytes_per_s * _ring_bus_factor(protocol, kind, nodes, per_node))
-        best = np.minimum(best, ring)
-        if kind == "all_reduce":  # tree: algbw = busbw / 2 (tuning.cc ratio .5)
-            tree = tree_latency_us(i, per_node, nodes, intra) * scale + 2.0 * nbytes / (
-                bus_bytes_per_s * _tree_bus_factor(protocol, nodes))
-            best = np.minimum(best, tree)
+    per_rank = nbytes * steps / np.maximum(n, 1.0)
+    best = (ring_latency_us(steps, inter_steps, nodes, intra, nd) * scale
+            + per_rank / (bus_bytes_per_s * _ring_bus_factor(kind, nodes, per_node, nd))).min(axis=0)
+    if kind == "all_reduce":  # tree: algbw = busbw / 2 (tuning.cc ratio .5)
+        tree = tree_latency_us(per_node, nodes, intra, nd) * scale + 2.0 * nbytes / (
+            bus_bytes_per_s * _tree_bus_factor(nodes, nd))
+        best = np.minimum(best, tree.min(axis=0))
     return np.where((n > 1) & (np.asarray(nbytes) > 0), count * best, 0.0)
 
 
@@ -93,7 +97,7 @@ def has_nvlink(cluster: Cluster) -> bool:
 
 def ranks_per_node(cluster: Cluster, stride, n):
     """Members of a group of n ranks spaced `stride` apart that share a node (ranks fill nodes in order)."""
-    return np.clip(cluster.gpus_per_node // np.maximum(stride, 1), 1, np.maximum(n, 1))
+    return np.minimum(np.maximum(cluster.gpus_per_node // np.maximum(stride, 1), 1), np.maximum(n, 1))  # np.clip, without its dtype checks
 
 
 def group_collective_s(cluster: Cluster, c: dict, kind: str, nbytes, n, stride=1, count=1, bus_bytes_per_s=None):

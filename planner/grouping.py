@@ -16,6 +16,11 @@ import numpy as np
 from planner.layout import FIELDS, Layouts
 
 
+DERIVED = {"accumulates": lambda lay: (lay.gas > 1).astype(np.int64)}
+"""Codes computed from a field, for formulas that read it only so: `accumulates` is gas > 1 (a step of
+more than one micro-batch), all the model states read of gas."""
+
+
 class FieldCodes:
     """Layouts fields as small integer codes for grouping, computed once per field: the value itself
     when small, else its rank among the field's distinct values."""
@@ -25,7 +30,7 @@ class FieldCodes:
 
     def __call__(self, name: str, compress: bool = False) -> tuple[np.ndarray, int]:
         if (name, compress) not in self.cache:
-            col = getattr(self.lay, name).ravel()
+            col = DERIVED[name](self.lay).ravel() if name in DERIVED else getattr(self.lay, name).ravel()
             low, high = int(col.min()), int(col.max())
             if not compress and 0 <= low and high < 64:
                 code = (col, high + 1)
@@ -73,14 +78,41 @@ def grouped(codes, names: tuple, fn, lay=None) -> Grouped:
     With `codes` None, or few candidates, fn runs on `lay` itself."""
     lay = lay if codes is None else codes.lay
     if codes is None or lay.size <= 64:  # too few to be worth grouping: evaluate directly
-        values = {k: np.maximum(np.broadcast_to(v, lay.shape), 0.0).ravel() for k, v in fn(lay).items()}
+        values = {k: _nonnegative(v, lay.shape).ravel() for k, v in fn(lay).items()}
         return Grouped(values, None, lay.shape)
+    sub, inverse = _representatives(codes, names)
+    values = {k: _nonnegative(v, sub.shape) for k, v in fn(sub).items()}
+    return Grouped(values, inverse, lay.shape)
+
+
+def _representatives(codes: FieldCodes, names: tuple) -> tuple:
+    """(one candidate per distinct combination of `names` as flat Layouts, each candidate's combination)."""
     if names not in codes.groups:
         codes.groups[names] = _group(codes, names)
     first, inverse = codes.groups[names]
-    sub = Layouts(**{name: getattr(lay, name).ravel()[first] for name in FIELDS})
-    values = {k: np.maximum(np.broadcast_to(v, sub.shape), 0.0) for k, v in fn(sub).items()}
-    return Grouped(values, inverse, lay.shape)
+    return Layouts(**{name: getattr(codes.lay, name).ravel()[first] for name in FIELDS}), inverse
+
+
+def grouped_stages(codes, names: tuple, fn, lay, stages_of) -> list:
+    """grouped() of fn(sub, stage) for several pipeline stages in one evaluation, one Grouped per
+    stage: the representatives repeated once for each stage array stages_of(sub) gives, so a term's
+    fixed cost per call is paid once rather than once a stage (formulas elementwise, as grouped's)."""
+    lay = lay if codes is None else codes.lay
+    if codes is None or lay.size <= 64:  # too few to be worth grouping: every candidate its own
+        sub, inverse = Layouts(**{name: getattr(lay, name).ravel() for name in FIELDS}), None
+    else:
+        sub, inverse = _representatives(codes, names)
+    stages = [np.broadcast_to(stage, sub.shape).ravel() for stage in stages_of(sub)]
+    n, k = sub.size, len(stages)
+    every = sub if k == 1 else Layouts(**{name: np.tile(getattr(sub, name), k) for name in FIELDS})
+    values = {key: _nonnegative(v, every.shape) for key, v in fn(every, np.concatenate(stages)).items()}
+    return [Grouped({key: v[j * n:(j + 1) * n] for key, v in values.items()}, inverse, lay.shape) for j in range(k)]
+
+
+def _nonnegative(v, shape: tuple) -> np.ndarray:
+    """max(v, 0) over the candidates' shape, as a new array (broadcast only where v is not already
+    of that shape: the search calls this per term and evaluation)."""
+    return np.maximum(v, 0.0) if np.shape(v) == shape else np.maximum(np.broadcast_to(v, shape), 0.0)
 
 
 class Lazy(Mapping):

@@ -16,7 +16,7 @@ import numpy as np
 
 from planner import activations as A, fp8
 from planner.engines import Buffers, Modules
-from planner.grouping import Lazy, codes_of, grouped
+from planner.grouping import Grouped, Lazy, codes_of, grouped_stages
 from planner.hardware import Cluster
 from planner.layout import Layouts, Training, among
 from planner.model import ModelSpec
@@ -163,12 +163,15 @@ def reserved_bytes(allocated_bytes, coef: dict, expandable: bool = False) -> np.
 # the rank
 
 
-# the fields each group of terms reads; step time groups by the same two sets (timing.py), so the
-# grouping of the candidates is computed once for both (rank_order is step time's alone: where the
+# the fields each group of terms reads; step time groups by the activations' set too (timing.py), so
+# that grouping of the candidates is computed once for both (rank_order is step time's alone: where the
 # ranks sit moves no byte)
+# accumulates (grouping.DERIVED: gas > 1): the model states read the micro-batch count only so
+# (states.grad_bytes, grads_freed, host_bytes; engines/deepspeed/memory.py deepspeed_straddle_bytes),
+# so candidates that differ only in the micro-batch size share one evaluation
 # recompute: ZeRO-3's gathered parameters while a checkpoint recomputes (zero3_live_param_bytes)
-STATE_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "gas", "zero", "offload_optimizer", "offload_params", "rank_order",
-                "recompute")
+STATE_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "accumulates", "zero", "offload_optimizer", "offload_params",
+                "rank_order", "recompute")
 ACTIVATION_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "gas", "mbs", "recompute", "recompute_layers", "sequence_parallel", "vpp",
                      "schedule", "rank_order")
 
@@ -273,10 +276,9 @@ class _Stage:
     total, and its parts on demand (states and activations each evaluated per distinct combination
     of the fields they read)."""
 
-    def __init__(self, model, cluster, training, lay, where, codes):
+    def __init__(self, cluster, training, states: Grouped, acts: Grouped):
         coef = coefficients("memory", cluster.calibration)
-        self.states = grouped(codes, STATE_FIELDS, lambda sub: _states_part(model, cluster, training, sub, where), lay)
-        self.acts = grouped(codes, ACTIVATION_FIELDS, lambda sub: _activation_part(model, training, sub, where, coef), lay)
+        self.states, self.acts = states, acts
         grads = self.states["grads"] + self.states["grad_buffers"]
         acts, freed = self.acts["total"], self.states["grads_freed"] > 0
         # where the step freed the gradients, backward starts with every activation and no gradient
@@ -342,6 +344,21 @@ class _Stage:
         return total - sum(self.part(k, i, at) for k in BREAKDOWN_KEYS[:-1])
 
 
+def _stages(model, cluster, training, lay, wheres: tuple, codes) -> list:
+    """A _Stage for each of `wheres` (_stage's names or stage arrays), their states and activations
+    each evaluated for all of them at once (grouping.grouped_stages)."""
+    coef = coefficients("memory", cluster.calibration)
+
+    def stages_of(sub):
+        return [_stage(where, model, training, sub) for where in wheres]
+
+    states = grouped_stages(codes, STATE_FIELDS, lambda sub, stage: _states_part(model, cluster, training, sub, stage),
+                            lay, stages_of)
+    acts = grouped_stages(codes, ACTIVATION_FIELDS, lambda sub, stage: _activation_part(model, training, sub, stage, coef),
+                          lay, stages_of)
+    return [_Stage(cluster, training, s, a) for s, a in zip(states, acts)]
+
+
 def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts, stage=None):
     """Peak GPU bytes of one rank of `stage` (default: the larger of the first and last stage,
     which hold the most: embedding and most in-flight micro-batches, or output layer and logits;
@@ -365,7 +382,7 @@ def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
         return s.part(column, i, p) if column in BREAKDOWN_KEYS else s.moment(p, column, i)
 
     if stage is not None:
-        one = _Stage(model, cluster, training, lay, stage, None)
+        one = _stages(model, cluster, training, lay, (stage,), None)[0]
         return Lazy({**{k: (lambda i, k=k: column(one, k, i)) for k in RANK_COLUMNS},
                      **{k: (lambda i, k=k: one.part(k, i)) for k in BREAKDOWN_KEYS},
                      **{k: (lambda i, k=k: at_phase(one, k, i)) for k in PHASE_COLUMNS}})
@@ -374,7 +391,7 @@ def rank_memory(model: ModelSpec, cluster: Cluster, training: Training, lay: Lay
     # the first and last stage give blocks up to the embedding and the loss, the second may
     # (pipeline.max_layers_on_stage: Maverick on 32 stages, one dense block on stage 0, a routed one on 1)
     more = (("second",) if training.pipeline_edge_layers else ()) + (("routed",) if model.dense_layers else ())
-    stages = [_Stage(model, cluster, training, lay, where, codes) for where in ("first", "last") + more]
+    stages = _stages(model, cluster, training, lay, ("first", "last") + more, codes)
     pick = np.argmax(np.stack([s.required for s in stages]), axis=0)  # the first largest wins
 
     def choose(f, i):

@@ -27,7 +27,7 @@ from planner.hardware import Cluster
 from planner.layout import Layouts, Training, among
 from planner.engines.deepspeed.memory import deepspeed_bf16_optimizer
 from planner.held import deferred_reduction
-from planner.memory import ACTIVATION_FIELDS, STATE_FIELDS, coefficients
+from planner.memory import ACTIVATION_FIELDS, coefficients
 from planner.model import ModelSpec
 from planner.modules import block_modules
 from planner.options import Recompute
@@ -297,7 +297,10 @@ def param_fetch_exposed_s(step, pipe) -> np.ndarray:
 
 
 PIPE_FIELDS = ACTIVATION_FIELDS  # the same grouping as memory's (computed once per candidate set)
-STEP_FIELDS = STATE_FIELDS + ("recompute_layers", "recompute_method", "vpp")  # zero3_gather_s' recomputed share
+# the states' fields with the micro-batch count itself (reductions and offload transfers per micro-batch)
+# and zero3_gather_s' recomputed share
+STEP_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "gas", "zero", "offload_optimizer", "offload_params", "rank_order",
+               "recompute", "recompute_layers", "recompute_method", "vpp")
 Z3_KEYS = ("one", "calls", "fwd", "bwd", "whole_step", "prefetch", "ahead_fwd")  # zero3_gather_s
 FETCH_PIPE_KEYS = ("gpu_fwd_mb", "host_fwd_mb", "gpu_bwd_mb", "host_bwd_mb", "blocks", "reruns")  # param_fetch_exposed_s
 
