@@ -3,6 +3,10 @@ planner's GEMM curve and collective model to this machine's real measurements.""
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import pytest
 
 from calibrate.benches import bench
@@ -41,8 +45,53 @@ def test_gemm_and_adam_measure_what_they_say():
     assert a["implementation"] == "torch"
 
 
+def _ref(records) -> dict:
+    """The fit's reference rates: the fastest GEMM and collective bus bandwidth measured."""
+    gemms = [r["measurement"] for r in records if r["kind"] == "gemm"]
+    collectives = [r for r in records if r["kind"] == "collective" and r["measurement"]["op"] != "send_recv"]
+    return {"peak_flops_per_s": max(m["flops_per_s"] for m in gemms),
+            "link_bytes_per_s": max(r["measurement"]["bus_bytes_per_s"] for r in collectives)}
+
+
+SHIPPED = Path(__file__).resolve().parent.parent / "data" / "calibration" / "cpu-gloo.json"
+
+
+def test_fit_of_this_cpus_recorded_benches_lowers_held_out_error():
+    # the benches' records as the shipped profile holds them (bench.cases("cpu") on the 2-core
+    # development CPU, 2 gloo ranks): a fixed input, so the fit's quality is asserted without a clock
+    records = [rec for run in json.loads(SHIPPED.read_text())["runs"] for rec in expand_rows(run)]
+    result = fit(records, _ref(records), k=3)
+    # the GEMM prior (F_half = 2 GFLOP, sized for H100 kernels) predicts the recorded CPU GEMMs 372x
+    # too slow on average (1458x the smallest); fitted to this CPU, held-out GEMMs come within a
+    # factor of 2 (0.27 recorded)
+    e = result["error"]["gemm.gemm_s"]
+    assert e["before_mean"] > 10 and e["after_mean"] < 1.0, e
+    c = result["coefficients"]["time"]
+    # gloo on one host: NCCL's 2-rank latency (tuning.cc, LL ring: 6.6 + 2 x 0.6 = 7.8 us) scaled to
+    # between 0.8 us and 78 ms a call, a bus efficiency of the best measured bandwidth between 1 % and
+    # 100 %; a gloo message between two processes of one host between 1 us and 10 ms one way (TCP loopback)
+    assert 0.1 < c["collective_latency_scale"]["value"] < 1e4
+    assert 0.01 < c["bus_efficiency_intra_node"]["value"] <= 1.0
+    assert 1e-6 < c["p2p_latency_s"]["value"] < 1e-2
+    # the host optimizers: DeepSpeedCPUAdam and torch's fused AdamW make one pass over the states,
+    # torch's single-tensor loop a pass per operator; ZeRO-Offload (Ren et al. 2021 s.6) measured the
+    # former 5-7x faster, this CPU 7.1x (1.74e9 against 0.24e9 params/s recorded)
+    fused, unfused = c["cpu_adam_params_per_s"]["value"], c["cpu_adam_unfused_params_per_s"]["value"]
+    assert fused > 3 * unfused, (fused, unfused)
+    # one rate a kind across sizes: held-out steps within a factor of 4 (0.27 and 0.33 recorded)
+    for name in ("cpu_adam.fused_step_s", "cpu_adam.unfused_step_s"):
+        assert result["error"][name]["after_mean"] < 3.0, result["error"][name]
+    # DTensor's dispatch in an optimizer step: 15-22 us a tensor on this CPU, inside its bounds
+    lo, hi = BOUNDS[("time", "dtensor_step_host_s_per_tensor")]
+    assert lo < c["dtensor_step_host_s_per_tensor"]["value"] < hi
+
+
 @pytest.mark.slow
-def test_fit_to_this_machine_lowers_held_out_error():
+def test_benches_run_here_and_their_records_fit():
+    """The benches on this machine's torch and gloo: every record well formed and what the fit takes.
+    Their times are wall-clock, which a loaded machine scatters (small GEMMs waiting on busy cores took
+    1000x longer beside another test worker), so how good the fit is is asserted on the recorded runs
+    above; here only that each fitted coefficient is a number within its bounds."""
     records = [rec for case in bench.cases("cpu") for rec in expand_rows(run_case(case))]
     assert all(r["outcome"]["status"] == "ok" for r in records), [r["outcome"] for r in records]
     collectives = [r for r in records if r["kind"] == "collective" and r["measurement"]["op"] != "send_recv"]
@@ -50,43 +99,10 @@ def test_fit_to_this_machine_lowers_held_out_error():
     assert all(r["measurement"]["ranks"] == 2 and r["measurement"]["collective_s"] > 0 for r in collectives)
     pings = [r["measurement"] for r in records if r["kind"] == "collective" and r["measurement"]["op"] == "send_recv"]
     assert [m["bytes"] for m in pings] == list(bench.P2P_BYTES) and all(m["collective_s"] > 0 for m in pings)
-    gemms = [r["measurement"] for r in records if r["kind"] == "gemm"]
-    ref = {"peak_flops_per_s": max(m["flops_per_s"] for m in gemms),
-           "link_bytes_per_s": max(r["measurement"]["bus_bytes_per_s"] for r in collectives)}
-    result = fit(records, ref, k=3)
-    # the GEMM prior (F_half = 2 GFLOP, sized for H100 kernels) predicts a 2 x 64^3 = 0.5 MFLOP CPU
-    # GEMM 4000x too slow on an idle machine; fitted to this CPU, held-out GEMMs come within a factor
-    # of 2 there. The times are wall-clock, which a loaded machine scatters (small GEMMs waiting on
-    # busy cores took 1000x longer beside the other test worker: the prior then looked only 3x off,
-    # the fit 0.2), so only the fall is asserted
-    e = result["error"]["gemm.gemm_s"]
-    assert e["after_mean"] < e["before_mean"] / 2, e
-    c = result["coefficients"]["time"]
-    # gloo on one host: NCCL's 2-rank latency (tuning.cc, LL ring: 6.6 + 2 x 0.6 = 7.8 us) scaled to
-    # between 0.8 us and 78 ms a call, a bus efficiency of the best measured bandwidth between 1 % and
-    # 100 % (single calls vary too much on 2 shared cores to assert a held-out error here)
-    assert 0.1 < c["collective_latency_scale"]["value"] < 1e4
-    assert 0.01 < c["bus_efficiency_intra_node"]["value"] <= 1.0
-    # a gloo message between two processes of one host: between 1 us and 10 ms one way (TCP loopback)
-    assert 1e-6 < c["p2p_latency_s"]["value"] < 1e-2
-    # the host optimizers: DeepSpeedCPUAdam and torch's fused AdamW make one pass over the states,
-    # torch's single-tensor loop a pass per operator; ZeRO-Offload (Ren et al. 2021 s.6) measured the
-    # former 5-7x faster, this CPU 7.5x (2^24 parameters, 1.95e9 against 0.26e9 params/s)
-    fused, unfused = c["cpu_adam_params_per_s"]["value"], c["cpu_adam_unfused_params_per_s"]["value"]
-    assert fused > 3 * unfused, (fused, unfused)
-    # one rate a kind across sizes, within 2x on these 2 shared cores: torch's fused AdamW ran at
-    # 1.3-1.9e9 params/s here, DeepSpeedCPUAdam at 2.0e9 (held-out 27 % and, in a CI run, 61 %), the
-    # single-tensor loop at 0.28-0.30e9 (2^24 and 2^26 parameters)
-    # (wall-clock on shared cores: only a rate within a factor of 4 of its held-out steps is asserted)
-    for name in ("cpu_adam.fused_step_s", "cpu_adam.unfused_step_s"):
-        assert result["error"][name]["after_mean"] < 3.0, result["error"][name]
-    # DTensor's dispatch in an optimizer step: 15-22 us a tensor measured here idle, 113 us beside the
-    # other test worker (wall-clock): only a fit strictly inside its bounds (not pinned at one) is asserted;
-    # on a loaded machine the DTensor slope can come out no larger than the plain one, a measurement
-    # fit.usable drops, and then the prior must stand
-    extra = [r["measurement"]["extra_s_per_tensor"] for r in records if r["kind"] == "dtensor_step"]
-    if any(x > 0 for x in extra):
-        lo, hi = BOUNDS[("time", "dtensor_step_host_s_per_tensor")]
-        assert lo < c["dtensor_step_host_s_per_tensor"]["value"] < hi
-    else:
-        assert "dtensor_step_host_s_per_tensor" not in c
+    assert {r["kind"] for r in records} >= {"gemm", "collective", "cpu_adam", "dtensor_step"}
+    fitted = fit(records, _ref(records), k=3)["coefficients"]["time"]
+    for name in ("gemm_efficiency_max", "gemm_half_efficiency_flops", "collective_latency_scale",
+                 "bus_efficiency_intra_node", "p2p_latency_s", "cpu_adam_params_per_s", "cpu_adam_unfused_params_per_s"):
+        value = fitted[name]["value"]
+        lo, hi = BOUNDS.get(("time", name), (0.0, float("inf")))
+        assert math.isfinite(value) and lo <= value <= hi and value > 0, (name, value)
