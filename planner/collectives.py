@@ -9,6 +9,8 @@ model finds fastest for the message size (enqueue.cc topoGetAlgoInfo), and so do
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from planner.hardware import Cluster
@@ -27,9 +29,18 @@ NET_OVERHEAD_US = 1.0  # tuning.cc getNetOverhead: x86 Intel hosts (2 on AMD), x
 def _by_protocol(values, nd: int) -> np.ndarray:
     """Per-protocol values (LL, LL128, Simple; scalars or arrays) stacked on a leading axis that
     broadcasts against nd-d operands."""
+    if all(isinstance(v, float) for v in values):  # a table's constants, made once
+        return _constants(tuple(values), nd)
+    if all(np.ndim(v) == 0 for v in values):  # one group's: no broadcasting to do
+        return np.array([float(v) for v in values]).reshape((len(PROTOCOLS),) + (1,) * nd)
     parts = np.broadcast_arrays(*[np.asarray(v, dtype=np.float64) for v in values])
     shape = parts[0].shape
     return np.stack(parts).reshape((len(PROTOCOLS),) + (1,) * (nd - len(shape)) + shape)
+
+
+@lru_cache(maxsize=None)
+def _constants(values: tuple, nd: int) -> np.ndarray:
+    return np.array(values).reshape((len(PROTOCOLS),) + (1,) * nd)
 
 
 def _ring_bus_factor(kind: str, nodes, per_node, nd: int) -> np.ndarray:

@@ -432,13 +432,11 @@ class Layouts:
     def memo(self, name: str, args: tuple, compute):
         """compute() once per `args` (matched by identity) for these candidates: a term that many
         others read (sharding.rank_params: 900 calls in one recommend, 60 distinct)."""
-        entries = self.__dict__.setdefault("_memo", {}).setdefault(name, [])
-        for held, value in entries:
-            if all(a is b for a, b in zip(held, args)):
-                return value
-        value = compute()
-        entries.append((args, value))
-        return value
+        entries = self.__dict__.setdefault("_memo", {}).setdefault(name, {})
+        key = tuple(map(id, args))  # the entry holds the args, so their ids stay theirs
+        if key not in entries:
+            entries[key] = (args, compute())
+        return entries[key][1]
 
     def take(self, index) -> "Layouts":
         """The candidates at `index` (mask or integer array)."""
