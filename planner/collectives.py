@@ -33,9 +33,11 @@ def _by_protocol(values, nd: int) -> np.ndarray:
         return _constants(tuple(values), nd)
     if all(np.ndim(v) == 0 for v in values):  # one group's: no broadcasting to do
         return np.array([float(v) for v in values]).reshape((len(PROTOCOLS),) + (1,) * nd)
-    parts = np.broadcast_arrays(*[np.asarray(v, dtype=np.float64) for v in values])
-    shape = parts[0].shape
-    return np.stack(parts).reshape((len(PROTOCOLS),) + (1,) * (nd - len(shape)) + shape)
+    shape = np.broadcast_shapes(*(np.shape(v) for v in values))
+    out = np.empty((len(PROTOCOLS),) + shape)
+    for j, v in enumerate(values):
+        out[j] = v
+    return out.reshape((len(PROTOCOLS),) + (1,) * (nd - len(shape)) + shape)
 
 
 @lru_cache(maxsize=None)
@@ -113,6 +115,9 @@ def ranks_per_node(cluster: Cluster, stride, n):
 
 def group_collective_s(cluster: Cluster, c: dict, kind: str, nbytes, n, stride=1, count=1, bus_bytes_per_s=None):
     """nccl_time_s for a group of n ranks `stride` apart at its bus bandwidth (group_bus_bytes_per_s)."""
+    if not np.any(np.asarray(nbytes) > 0):  # nothing to move (a dense model's expert group): nccl_time_s's zeros
+        return np.zeros(np.broadcast_shapes(np.shape(nbytes), np.shape(n), np.shape(stride), np.shape(count),
+                                            np.shape(bus_bytes_per_s) if bus_bytes_per_s is not None else ()))
     bus = group_bus_bytes_per_s(cluster, stride, n, c) if bus_bytes_per_s is None else bus_bytes_per_s
     return nccl_time_s(nbytes, n, ranks_per_node(cluster, stride, n), bus, kind, c, count, has_nvlink(cluster))
 

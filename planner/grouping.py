@@ -104,7 +104,7 @@ def grouped_stages(codes, names: tuple, fn, lay, stages_of) -> list:
         sub, inverse = _representatives(codes, names)
     stages = [np.broadcast_to(stage, sub.shape).ravel() for stage in stages_of(sub)]
     n, k = sub.size, len(stages)
-    every = sub if k == 1 else Layouts(**{name: np.tile(getattr(sub, name), k) for name in FIELDS})
+    every = sub if k == 1 else Layouts(**{name: np.concatenate((getattr(sub, name),) * k) for name in FIELDS})
     values = {key: _nonnegative(v, every.shape) for key, v in fn(every, np.concatenate(stages)).items()}
     return [Grouped({key: v[j * n:(j + 1) * n] for key, v in values.items()}, inverse, lay.shape) for j in range(k)]
 

@@ -430,10 +430,12 @@ class Layouts:
         return self.dp * self.cp
 
     def memo(self, name: str, args: tuple, compute):
-        """compute() once per `args` (matched by identity) for these candidates: a term that many
-        others read (sharding.rank_params: 900 calls in one recommend, 60 distinct)."""
+        """compute() once per `args` (matched by identity; an array by its values, as the terms
+        build the same stage array apart) for these candidates: a term that many others read
+        (sharding.rank_params: 900 calls in one recommend, 60 distinct)."""
         entries = self.__dict__.setdefault("_memo", {}).setdefault(name, {})
-        key = tuple(map(id, args))  # the entry holds the args, so their ids stay theirs
+        # the entry holds the args, so their ids stay theirs
+        key = tuple((a.dtype.str, a.shape, a.tobytes()) if isinstance(a, np.ndarray) else id(a) for a in args)
         if key not in entries:
             entries[key] = (args, compute())
         return entries[key][1]

@@ -57,8 +57,12 @@ def expert_tp(training: Training, lay: Layouts) -> np.ndarray:
     and activations per rank are the same either way: whole experts on 1/t of the tokens or 1/t of
     each expert on all of them."""
     kind = training.engine.expert_tp
-    default = {ExpertTP.SPLIT: lay.tp, ExpertTP.CHOICE: lay.tp, ExpertTP.BY_EP: np.where(lay.ep > 1, 1, lay.tp),
-               ExpertTP.WHOLE: np.ones_like(lay.tp)}[kind]
+    if kind is ExpertTP.BY_EP:
+        default = np.where(lay.ep > 1, 1, lay.tp)
+    elif kind is ExpertTP.WHOLE:
+        default = np.ones_like(lay.tp)
+    else:  # SPLIT, CHOICE
+        default = lay.tp
     return np.where(lay.etp > 0, lay.etp, default)
 
 
