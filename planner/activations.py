@@ -255,11 +255,15 @@ def head_input_bytes(s: Stage) -> np.ndarray:
         per_token = sum(x.bytes_per_token for x in hf_layer_norm_saved(e, h, "final norm")) + e * h
     else:
         per_token = 2 * e * h
+    # each MTP depth (ModelSpec.mtp_layers): its enorm and hnorm inputs, eh_proj's 2h input, its final
+    # norm's input and the output layer's (megatron-core 0.16.1 multi_token_prediction.py
+    # MultiTokenPredictionLayer.forward), its block counted with the stage's blocks
+    per_token = per_token + model.mtp_layers * 6 * e * h
     return (stage == lay.pp - 1) * tokens * per_token / sp
 
 
 def logits_bytes(s: Stage, bytes_per_element: float) -> np.ndarray:
-    """Last stage: the vocab-parallel logits of one micro-batch, split by t, at `bytes_per_element`
+    """Last stage: the vocab-parallel logits of one micro-batch (and of each MTP depth), split by t, at `bytes_per_element`
     per logit (Megatron-core tensor_parallel/cross_entropy.py: 16-bit logits, their fp32 copy and
     the fp32 softmax it saves for backward: 2 + 4 + 4). An engine computing the loss over sequence
     chunks holds one chunk's logits and an fp32 gradient buffer of the hidden states (torchtitan
@@ -270,7 +274,9 @@ def logits_bytes(s: Stage, bytes_per_element: float) -> np.ndarray:
     held = bytes_per_element * tokens / chunks * model.vocab / lay.tp
     if chunks > 1:
         held = held + 4.0 * tokens * model.hidden
-    return (stage == lay.pp - 1) * held
+    # each MTP depth's logits and loss stay for the backward beside the model's own (megatron-core
+    # 0.16.1 models/gpt/gpt_model.py _postprocess: process_mtp_loss before the output layer's loss)
+    return (stage == lay.pp - 1) * held * (1 + model.mtp_layers)
 
 
 def stage_host_activation_bytes(s: Stage) -> np.ndarray:

@@ -78,6 +78,7 @@ BOUNDS: dict[str, Bound] = {
     "q_lora_rank": Bound(0, 2**20),
     "qk_rope_head_dim": Bound(0, 65536),
     "v_head_dim": Bound(0, 65536),
+    "mtp_layers": Bound(0, 16),
     # training
     "seq_len": Bound(1, 2**26, why="64 Mi tokens per sequence"),
     "gbs": Bound(1, 2**30),

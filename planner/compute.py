@@ -105,12 +105,17 @@ def flops_per_step(model: ModelSpec, training: Training, lay: Layouts) -> dict:
         selective = sum(2.0 * n_in * n_out for _, n_in, n_out, _, kept in op_sac_matmuls(model) if not kept)
     # per block kind (routed, dense-first) and its count: an expert GEMM runs `routed` rows per
     # token (GShard: k dropless), its model FLOPs count k
-    gemm, run = 0.0, 0.0
-    for block, n in ((model, model.moe_layers), (model.dense_block, model.layers - model.moe_layers)):
+    # MTP depths (ModelSpec.mtp_layers) count as blocks of the last one's kind, the logits once per
+    # depth more, and 2h^2 + 3h each (Megatron-LM d98e8a6 training.py num_floating_point_operations)
+    mtp = model.mtp_layers
+    routed_mtp = mtp if model.mtp_block is model else 0
+    proj = 2.0 * mtp * (2 * model.hidden * model.hidden + 3 * model.hidden)
+    gemm, run = proj, proj
+    for block, n in ((model, model.moe_layers + routed_mtp), (model.dense_block, model.layers - model.moe_layers + mtp - routed_mtp)):
         gemms = block.gemms(fused=True)
         gemm = gemm + n * sum(g.flops_per_token * (block.experts_per_token if g.expert else 1) for g in gemms)
         run = run + n * sum(g.flops_per_token * (routed if g.expert else 1) for g in gemms)
-    model_flops = 3.0 * tokens * (gemm + model.layers * core + logits)  # backward = 2x forward
+    model_flops = 3.0 * tokens * (gemm + (model.layers + mtp) * core + (1 + mtp) * logits)  # backward = 2x forward
     # full recompute reruns the block forward (the recomputed share of the blocks), selective the
     # attention core
     full_layers = recomputed_layers(lay, model.layers, lay.pp * lay.vpp)
@@ -397,11 +402,18 @@ def eager_host_s(model: ModelSpec, training: Training, c: dict) -> tuple:
 
 
 def head_s(ctx: Step) -> np.ndarray:
-    """Output layer of one micro-batch on the last stage: the vocab-parallel logits GEMM (V/t)
+    """Output layer of one micro-batch on the last stage (once more per MTP depth): the vocab-parallel logits GEMM (V/t)
     forward and its two backward GEMMs, and the fp32 cross entropy (Megatron
     vocab_parallel_cross_entropy: upcast e->4, max, exp, sum, grad, downcast: 2e + 32 bytes/logit)."""
     model, cluster, training, lay, c = ctx
     rate, f_half = compute_flops_per_s(cluster, training, c) * c["gemm_efficiency_max"], c["gemm_half_efficiency_flops"]
     T, t, e = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64), training.precision.element_bytes
     logits = (2.0 * T * model.hidden * model.vocab / t + f_half) / rate
-    return 3.0 * logits + T * model.vocab / t * (2 * e + 32) / hbm_bytes_per_s(cluster, c)
+    head = 3.0 * logits + T * model.vocab / t * (2 * e + 32) / hbm_bytes_per_s(cluster, c)
+    if not model.mtp_layers:
+        return head
+    # each MTP depth runs the output layer and its loss again, after its eh_proj (2h -> h, column-
+    # parallel); its block is timed with the stage's blocks (Megatron-LM d98e8a6 training.py
+    # num_floating_point_operations: logits x (mtp_num_layers + 1), 2h^2 per depth)
+    proj = (2.0 * T * 2 * model.hidden * model.hidden / t + f_half) / rate
+    return (1 + model.mtp_layers) * head + model.mtp_layers * 3.0 * proj

@@ -73,7 +73,8 @@ def _h(text: str, key: str | None = None) -> str:
 # flag groups shared by the subcommands (names frozen by tests/test_cli.py)
 
 MODEL_FLAGS = ("model", "params", "layers", "hidden", "heads", "kv_heads", "ffn", "ffn_kind", "vocab", "tied_embeddings",
-               "experts", "experts_per_token", "shared_expert_ffn", "dense_layers", "dense_ffn", "moe_layer_step")
+               "experts", "experts_per_token", "shared_expert_ffn", "dense_layers", "dense_ffn", "moe_layer_step",
+               "mtp_layers")
 CLUSTER_FLAGS = ("gpu", "gpus", "gpus_per_node", "gpu_memory_gib", "peak_tflops", "hbm_gb_per_s", "intra_node_gb_per_s",
                  "inter_node_gb_per_s", "pcie_gb_per_s", "host_ram_gib", "nvme_gb_per_s", "calibration", "pod_gpus",
                  "oversubscription")
@@ -103,6 +104,10 @@ def add_model_flags(p):
     g.add_argument("--moe-layer-step", type=positive_int,
                    help=_h("every this-th block (after the dense-first ones) has the experts, the others a dense "
                            "MLP (Qwen decoder_sparse_step, Llama 4 interleave_moe_layer_step)", "moe_layer_step"))
+    g.add_argument("--mtp-layers", type=non_negative_int,
+                   help=_h("multi-token-prediction depths trained after the last block, on the last pipeline "
+                           "stage (megatron --mtp-num-layers; DeepSeek-V3 and GLM-4.5 train 1: their configs' "
+                           "num_nextn_predict_layers; default 0)", "mtp_layers"))
     g.add_argument("--seq-len", type=positive_int, help=_h("tokens per sequence (default 4096)", "seq_len"))
 
 

@@ -30,7 +30,7 @@ DEFAULTS = {
 """Every default of the planning API, in one place."""
 
 SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "ffn_kind", "vocab", "tied_embeddings", "experts",
-                "experts_per_token", "shared_expert_ffn", "dense_layers", "dense_ffn", "moe_layer_step")
+                "experts_per_token", "shared_expert_ffn", "dense_layers", "dense_ffn", "moe_layer_step", "mtp_layers")
 ZERO_FIELDS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
                "stage3_max_reuse_distance", "stage3_param_persistence_threshold", "sub_group_size")
 NVME_FIELDS = ("nvme_optimizer_buffer_count", "nvme_param_buffer_count", "nvme_param_buffer_size", "nvme_params_in_cpu")
@@ -80,10 +80,13 @@ class ModelInput:
     """MLP width of the dense blocks."""
     moe_layer_step: int | None = None
     """Every this-th block (after the dense-first ones) has the experts, the others a dense MLP."""
+    mtp_layers: int | None = None
+    """Multi-token-prediction depths trained after the last block (ModelSpec.mtp_layers; default 0)."""
 
     def __post_init__(self):
         _checked(self, ("params", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "experts",
-                        "experts_per_token", "shared_expert_ffn", "dense_layers", "dense_ffn", "moe_layer_step"))
+                        "experts_per_token", "shared_expert_ffn", "dense_layers", "dense_ffn", "moe_layer_step",
+                        "mtp_layers"))
         _boolean(self.tied_embeddings, "--tied-embeddings")
         if self.ffn_kind is not None and self.ffn_kind not in ("gelu", "swiglu"):
             raise InputError(f"--ffn-kind: must be one of gelu, swiglu, got {self.ffn_kind!r}")
@@ -105,7 +108,9 @@ class ModelInput:
         if self.params is not None:
             from planner.shapes import derive_shape
 
-            return derive_shape(self.params, **overrides)
+            # --params sizes the model itself; MTP depths come on top, as DeepSeek-V3's 671B + 14B
+            mtp = overrides.pop("mtp_layers", None)
+            return M.with_overrides(derive_shape(self.params, **overrides), mtp_layers=mtp)
         missing = [k for k in ("layers", "hidden", "heads", "vocab") if k not in overrides]
         if missing:
             raise InputError("--model: give --model NAME|config.json, --params N, or a full shape "

@@ -112,6 +112,15 @@ class ModelSpec:
     """MLA's decoupled rotary query/key width per head d_h^R (the rotary key is shared by all heads)."""
     v_head_dim: int = 0
     """MLA's value width per head (0: the query/key head width)."""
+    mtp_layers: int = 0
+    """Multi-token-prediction depths trained after the last block (DeepSeek-V3, arXiv 2412.19437
+    section 2.2; Megatron-core --mtp-num-layers; a Hugging Face config's num_nextn_predict_layers
+    says how many its checkpoint holds, which transformers does not build). Each depth is one more
+    block of the last block's kind, a norm of the hidden state and one of the next token's
+    embedding, a 2h -> h projection and a final norm, sharing the embedding and the output layer
+    (megatron-core 0.16.1 transformer/multi_token_prediction.py MultiTokenPredictionLayer), all on
+    the last pipeline stage, which then holds an embedding copy of its own (models/gpt/gpt_model.py
+    GPTModel: pre_process or mtp_process builds LanguageModelEmbedding)."""
     architecture: str = "llama"
     """Hugging Face module layout the tensors are named and ordered by (ARCHITECTURES)."""
     name: str = "custom"
@@ -124,7 +133,7 @@ class ModelSpec:
 
         for key in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "experts", "experts_per_token",
                     "max_positions", "head_dim", "shared_expert_ffn", "dense_layers", "dense_ffn", "moe_layer_step",
-                    "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+                    "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "mtp_layers"):
             value = getattr(self, key)
             if not isinstance(value, int):  # a float that is whole is a user's typo, not an int
                 raise InputError(f"--{key.replace('_', '-')}: must be an integer, got {value!r}")
@@ -215,7 +224,21 @@ class ModelSpec:
         if self.moe_layers == self.layers:
             return self
         return replace(self, layers=self.layers - self.moe_layers, ffn=self.dense_ffn, experts=1, experts_per_token=1,
-                       shared_expert_ffn=0, dense_layers=0, dense_ffn=0, moe_layer_step=1)
+                       shared_expert_ffn=0, dense_layers=0, dense_ffn=0, moe_layer_step=1, mtp_layers=0)
+
+    @property
+    def mtp_block(self) -> "ModelSpec":
+        """The block kind of each multi-token-prediction depth: the last block's (megatron-core 0.16.1
+        models/gpt/gpt_layer_specs.py get_gpt_mtp_block_spec_for_backend: spec.layer_specs[-1])."""
+        return self if self.moe_layers == self.layers or self.is_routed(self.layers - 1) else self.dense_block
+
+    @property
+    def mtp_extra_params(self) -> int:
+        """Parameters of one MTP depth besides its block: eh_proj (2h -> h, no bias) and the enorm,
+        hnorm and final_layernorm (multi_token_prediction.py MultiTokenPredictionLayer.__init__; the
+        same 2h^2 + 3h that Megatron-LM training.py num_floating_point_operations counts per depth)."""
+        norm = self.hidden * (2 if self.norm == "layernorm" else 1)  # LayerNorm: weight and bias
+        return 2 * self.hidden * self.hidden + 3 * norm
 
     @property
     def q_width(self) -> int:
@@ -241,7 +264,8 @@ class ModelSpec:
     # ---- the tensor list -----------------------------------------------------------------
     def tensors(self) -> list[Tensor]:
         """Every parameter tensor in Hugging Face registration order, blocks expanded (names with
-        their layer index). The tied output layer is listed, marked `tied`."""
+        their layer index). The tied output layer is listed, marked `tied`. No MTP depth: transformers
+        builds none (params counts them)."""
         out = [t for t in self._tensors if t.place == FIRST]
         for i in range(self.layers):
             block = self.block_tensors() if self.moe_layers == self.layers or self.is_routed(i) else \
@@ -280,16 +304,18 @@ class ModelSpec:
 
     @property
     def params(self) -> int:
-        """Exact total parameter count (tied matrices counted once)."""
+        """Exact total parameter count (tied matrices counted once; the MTP depths included)."""
         s = self.sums
         dense = (self.layers - self.moe_layers) * self.dense_block.sums.block_total
-        return self.moe_layers * s.block_total + dense + s.first_total + s.last_total
+        mtp = self.mtp_layers * (self.mtp_block.sums.block_total + self.mtp_extra_params)
+        return self.moe_layers * s.block_total + dense + s.first_total + s.last_total + mtp
 
     @property
     def active_params(self) -> int:
         """Parameters touched per token (MoE: only the top-k experts' tensors)."""
         expert = sum(t.numel for t in self.block_tensors() if t.expert)
-        return self.params - self.moe_layers * expert * (self.experts - self.experts_per_token) // self.experts
+        routed = self.moe_layers + self.mtp_layers * (self.experts > 1 and self.mtp_block is self)
+        return self.params - routed * expert * (self.experts - self.experts_per_token) // self.experts
 
     @property
     def largest_layer_params(self) -> int:

@@ -82,12 +82,15 @@ def chunk_slots(slots: int, chunks, i) -> tuple:
 
 def blocks_on_stage(model, lay, stage, edge_layers: int = 0) -> list[tuple]:
     """(block, count) pairs of one rank of `stage`: the model's own (routed-expert) blocks and, where
-    it mixes in dense ones, `model.dense_block` with its count (what per-block formulas sum over)."""
+    it mixes in dense ones, `model.dense_block` with its count (what per-block formulas sum over);
+    the last stage also runs the MTP depths' blocks (ModelSpec.mtp_layers)."""
     n = layers_on_stage(model.layers, lay.pp, stage, edge_layers)
+    mtp = model.mtp_layers * (np.asarray(stage) == lay.pp - 1) if model.mtp_layers else 0
     if model.moe_layers == model.layers:
-        return [(model, n)]
+        return [(model, n + mtp)]
     dense = dense_layers_on_stage(model, lay.pp, chunks_per_stage(lay.vpp, lay.schedule), stage, edge_layers)
-    return [(model, n - dense), (model.dense_block, dense)]
+    routed_mtp = mtp if model.mtp_block is model else 0
+    return [(model, n - dense + routed_mtp), (model.dense_block, dense + mtp - routed_mtp)]
 
 
 def first_routed_stage(dense_layers: int, layers: int, pp, edge_layers: int = 0) -> np.ndarray:

@@ -32,6 +32,8 @@ def describe(model, cluster, training) -> str:
         moe += f", 1 block in {model.moe_layer_step} routed (others ffn {model.dense_ffn})" \
             if model.moe_layer_step > 1 else ""
         moe += f" ({model.active_params:,} active)"
+    if model.mtp_layers:
+        moe += f"; {model.mtp_layers} MTP depth{'s' if model.mtp_layers > 1 else ''} on the last stage"
     if model.kv_lora_rank:
         moe += (f"; MLA kv_lora {model.kv_lora_rank} q_lora {model.q_lora_rank or '-'} "
                 f"qk {model.dim_per_head - model.qk_rope_head_dim}+{model.qk_rope_head_dim} v {model.v_head_dim}")

@@ -220,6 +220,10 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr, l: np.full(l.shape, tr.compile and not compiled_block_measured(m)),
          lambda m, cl, tr: "--compile: measured for transformers' Llama-style dense blocks (Llama, Mistral, Qwen2); "
                            "MoE, per-head q/k norms and the other architectures are not"),
+    Rule("mtp_engine", ENGINE_RULE,
+         lambda m, cl, tr, l: np.full(l.shape, m.mtp_layers > 0 and not tr.engine.multi_token_prediction),
+         lambda m, cl, tr: f"--mtp-layers: --engine {tr.engine.name} builds no multi-token-prediction depths as "
+                           "modelled here; megatron does (--mtp-num-layers)"),
     Rule("deepspeed_moe_blocks_alike", ENGINE_RULE,
          lambda m, cl, tr, l: np.full(l.shape, (m.moe_layers != m.layers or m.kv_lora_rank > 0)
                                       and tr.engine.moe_capacity is MoeCapacity.DEEPSPEED_MOE),

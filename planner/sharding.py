@@ -45,6 +45,11 @@ def _rank_params(s: Stage) -> tuple[np.ndarray, np.ndarray]:
     embedding = sums.first_split / t + sums.first_replicated
     output = np.where(sums.tied & (p == 1), 0, sums.output / t)
     dense = dense + first * embedding + last * (sums.last_replicated + output)
+    if model.mtp_layers:  # the MTP depths besides their blocks: eh_proj column-parallel, norms whole,
+        # and an embedding copy where the last stage is not the first (ModelSpec.mtp_layers)
+        norms = model.mtp_extra_params - 2 * model.hidden * model.hidden
+        extra = model.mtp_layers * (2 * model.hidden * model.hidden / t + norms)
+        dense = dense + last * (extra + np.where(p > 1, embedding, 0))
     return np.ceil(dense), np.ceil(expert)
 
 

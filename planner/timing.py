@@ -90,10 +90,12 @@ def block_s(ctx: Step) -> dict:
 def _slowest_stage_blocks(model: ModelSpec, training: Training, lay: Layouts) -> list[list[tuple]]:
     """(block kind, count) lists of the stages that can be slowest: the most loaded one; with
     dense-first blocks also the first, second and last, the one where they end and its neighbours
-    (stages after it hold only routed blocks, as many as it or fewer; planner/pipeline.py)."""
+    (stages after it hold only routed blocks, as many as it or fewer; planner/pipeline.py); with MTP
+    depths also the last, which runs them."""
     edge = training.pipeline_edge_layers
     if model.moe_layers == model.layers:
-        return [[(model, max_layers_on_stage(model.layers, lay.pp, edge))]]
+        most = [[(model, max_layers_on_stage(model.layers, lay.pp, edge))]]
+        return most + [blocks_on_stage(model, lay, lay.pp - 1, edge)] if model.mtp_layers else most
     end = first_routed_stage(model.dense_layers, model.layers, lay.pp, edge)
     return [blocks_on_stage(model, lay, np.clip(stage, 0, lay.pp - 1), edge)
             for stage in (0 * lay.pp, 1 + 0 * lay.pp, lay.pp - 1, end - 1, end, end + 1)]

@@ -239,6 +239,9 @@ for command in ("estimate", "recommend"):
 # the allocator's expandable segments, torchtitan's launcher's setting
 for command in ("estimate", "recommend"):
     FROZEN[command] = FROZEN[command] + ["--expandable-segments", "--no-expandable-segments"]
+# multi-token-prediction depths (DeepSeek-V3, GLM-4.5), on every command that takes a model
+for command in ("estimate", "recommend", "check"):
+    FROZEN[command] = FROZEN[command] + ["--mtp-layers"]
 FROZEN = {command: sorted(flags) for command, flags in FROZEN.items()}
 
 

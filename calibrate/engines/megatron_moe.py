@@ -21,11 +21,11 @@ data/references/megatron_moe_cpu.json (atomically), read by tests/test_activatio
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from calibrate.harness.worker_io import one_gloo_rank
 
 OUT = Path(__file__).resolve().parents[2] / "data" / "references" / "megatron_moe_cpu.json"
 HIDDEN, FFN, SEQ, BATCH = 64, 128, 16, 2
@@ -88,12 +88,7 @@ def count(name: str) -> dict:
     import torch
     import torch.nn.functional as F
 
-    if not torch.distributed.is_initialized():  # once a process (measure's one_process)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    one_gloo_rank()  # once a process (measure's one_process)
     import megatron.core
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -171,13 +166,9 @@ def measure(one_process: bool = False) -> list[dict]:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--config"]:  # NAME[,NAME...]: a JSON line each, in this process
-        import warnings
+        from calibrate.harness.worker_io import print_counts
 
-        warnings.filterwarnings("ignore")
-        for name in argv[1].split(","):
-            print(json.dumps(count(name)))
-        sys.stdout.flush()
-        os._exit(0)  # no process-group teardown
+        print_counts(argv[1], count)
     from calibrate.harness.recording import run_cli
 
     return run_cli(argv, __doc__, OUT, "python -m calibrate.engines.megatron_moe: megatron-core 0.16.1 MoELayer "

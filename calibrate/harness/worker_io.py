@@ -42,3 +42,32 @@ def device():
         torch.cuda.set_device(local)
         return torch.device("cuda", local)
     return torch.device("cpu")
+
+
+def one_gloo_rank() -> None:
+    """A process group of one gloo rank on a free local port, once a process (megatron-core's
+    parallel_state needs one to count a layer or a model on the CPU)."""
+    import socket
+
+    import torch
+
+    if torch.distributed.is_initialized():
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+
+
+def print_counts(names: str, count) -> None:
+    """A recorder's child (`--config NAME[,NAME...]`): count(name) of each as a JSON line on stdout,
+    then exit without the process group's teardown."""
+    import sys
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    for name in names.split(","):
+        print(json.dumps(count(name)))
+    sys.stdout.flush()
+    os._exit(0)

@@ -317,6 +317,10 @@ class Engine:
     (param_copy_back_gpu_hook), all in turn on the current stream (overlap_cpu_optimizer_d2h_h2d
     off, OptimizerConfig's default); rather than DeepSpeed's ZeRO-Offload, which copies gradients
     down during backward and 16-bit parameters up."""
+    multi_token_prediction: bool = False
+    """The engine's model builds multi-token-prediction depths (ModelSpec.mtp_layers): megatron-core
+    0.16.1 GPTModel(mtp_block_spec), Megatron-LM --mtp-num-layers. (torchtitan 0.3.0's DeepSeek-V3
+    has one too, models/deepseek_v3/mtp.py, not modelled here.)"""
     precision_aware_optimizer: bool = False
     """--precision bf16-pure is megatron-core's precision-aware optimizer (Megatron-LM training/
     arguments.py --use-precision-aware-optimizer --main-grads-dtype bf16 --exp-avg-dtype bf16

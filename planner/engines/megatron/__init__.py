@@ -43,6 +43,7 @@ MEGATRON = Engine(
     offload_together=False,
     offload_hybrid_optimizer=True,
     precision_aware_optimizer=True,
+    multi_token_prediction=True,  # core/transformer/multi_token_prediction.py, --mtp-num-layers
     buffers=Buffers.NONE,
     # training/arguments.py validate_args: bf16 accumulates and all-reduces grads in fp32 unless
     # --grad-reduce-in-bf16 (main_grad in param_and_grad_buffer.py)

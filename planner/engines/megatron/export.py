@@ -109,6 +109,8 @@ def _size_args(model: ModelSpec, training: Training, row: dict, mds: bool) -> li
               f"--qk-head-dim {model.dim_per_head - model.qk_rope_head_dim}",
               f"--qk-pos-emb-head-dim {model.qk_rope_head_dim}", f"--v-head-dim {model.v_head_dim or model.dim_per_head}"]
         a += [f"--q-lora-rank {model.q_lora_rank}"] if model.q_lora_rank else []
+    if model.mtp_layers:  # Megatron-LM d98e8a6 --mtp-num-layers (core/transformer/transformer_config.py mtp_num_layers)
+        a.append(f"--mtp-num-layers {model.mtp_layers}")
     if model.ffn_kind == "swiglu":
         a.append("--swiglu")
     a += megatron_shape_args(model, mds)

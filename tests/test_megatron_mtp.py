@@ -1,0 +1,119 @@
+"""Multi-token prediction (ModelSpec.mtp_layers) against megatron-core's own GPTModel.
+
+The reference, data/references/megatron_mtp_cpu.json, is python -m calibrate.engines.megatron_mtp:
+megatron-core 0.16.1 GPTModel parameter counts with and without one MTP depth, as the whole model
+(pp = 1) and as a last pipeline stage (pp > 1). What one depth adds, by the rows' arithmetic:
+- Llama-style (h 64, 4 heads, 2 KV groups, SwiGLU f 96, RMSNorm): its block 2 norms 128 + qkv 64 x 128
+  + proj 4096 + fc1 2 x 96 x 64 + fc2 96 x 64 = 30,848, eh_proj 2 x 64 x 64 = 8,192, 3 norms 192:
+  39,232; a last stage of pp > 1 also builds the embedding, 1000 x 64 = 64,000.
+- GPT-style (LayerNorm with biases, GeLU f 256, learned positions, tied): block 49,984, eh_proj 8,192
+  (no bias), 3 LayerNorms 384: 58,560; the last stage's embedding 64,000 + 128 x 64 positions beside
+  its copy of the tied output layer.
+- DeepSeek-style (a dense block, then routed ones): the depth is a routed block (8 experts of f 32,
+  a shared one, router 512): 72,320 + 8,384 = 80,704.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner import layout, sharding
+from planner.model import ModelSpec, with_overrides
+from planner.stage import Stage
+
+REFERENCE = Path(__file__).resolve().parent.parent / "data" / "references" / "megatron_mtp_cpu.json"
+ROWS = {row["name"]: row for row in json.loads(REFERENCE.read_text())["rows"]}
+
+
+def _spec(row) -> ModelSpec:
+    """The row's shape as the planner's model (no MTP)."""
+    shape = dict(layers=row["num_layers"], hidden=row["hidden_size"], heads=row["num_attention_heads"],
+                 kv_heads=row.get("num_query_groups") or row["num_attention_heads"], vocab=row["vocab"],
+                 tied_embeddings=row["share_embeddings"])
+    if row["name"] == "gpt-style":
+        return ModelSpec(**shape, ffn=row["ffn_hidden_size"], ffn_kind="gelu", norm="layernorm", bias=True,
+                         qkv_bias=True, positions="learned", max_positions=row["max_positions"], architecture="gpt2")
+    if row.get("num_moe_experts"):
+        return ModelSpec(**shape, ffn=row["moe_ffn_hidden_size"], experts=row["num_moe_experts"],
+                         experts_per_token=row["moe_router_topk"],
+                         shared_expert_ffn=row["moe_shared_expert_intermediate_size"],
+                         dense_layers=row["moe_layer_freq"].index(1), dense_ffn=row["ffn_hidden_size"],
+                         architecture="deepseek_v3", head_dim=16)
+    return ModelSpec(**shape, ffn=row["ffn_hidden_size"])
+
+
+def _last_stage_params(model: ModelSpec, pp: int) -> float:
+    """Parameter elements one rank of the last stage holds (tp 1, ep 1, megatron)."""
+    training = layout.Training(seq_len=128, engine="megatron")
+    lay = layout.Layouts(tp=1, pp=pp, dp=1, cp=1, ep=1, vpp=1, zero=[1], offload_optimizer=0, offload_params=0, mbs=1,
+                         gas=pp, recompute=0, sequence_parallel=0, schedule=0)
+    dense, expert = sharding.rank_params(Stage(model, training, lay, lay.pp - 1))
+    return float(dense[0] + expert[0])
+
+
+def test_reference_is_megatron_cores_own_model():
+    assert json.loads(REFERENCE.read_text())["environment"]["megatron-core"] == "0.16.1"
+    assert set(ROWS) == {"llama-style", "gpt-style", "moe-dense-first"}
+
+
+@pytest.mark.parametrize("name", list(ROWS))
+def test_one_depth_adds_what_megatron_core_builds(name):
+    row = ROWS[name]
+    plain = _spec(row)
+    assert with_overrides(plain, mtp_layers=1).params - plain.params == \
+        row["params_whole_mtp1"] - row["params_whole_mtp0"]
+
+
+@pytest.mark.parametrize("name", list(ROWS))
+def test_last_stage_adds_the_depth_and_an_embedding(name):
+    row = ROWS[name]
+    plain = _spec(row)
+    added = _last_stage_params(with_overrides(plain, mtp_layers=1), pp=2) - _last_stage_params(plain, pp=2)
+    assert added == row["params_last_stage_mtp1"] - row["params_last_stage_mtp0"]
+
+
+def test_deepseek_v3_depth_is_a_routed_block():
+    """DeepSeek-V3 (arXiv 2412.19437 section 2.2; Megatron-LM's count per depth, training.py
+    num_floating_point_operations): one routed block of 256 experts, 7168 x 2048 x 3 each, plus the
+    shared expert, router, MLA attention and norms, then 2 x 7168^2 for eh_proj and 3 x 7168."""
+    from planner.model import lookup
+
+    v3 = lookup("deepseek-v3")
+    depth = with_overrides(v3, mtp_layers=1).params - v3.params
+    experts = 256 * 3 * 7168 * 2048  # 11,274,289,152
+    assert depth == v3.layer_params + 2 * 7168 * 7168 + 3 * 7168
+    assert experts < depth < experts + 0.4e9  # the rest: attention 187M, shared expert 44M, eh_proj 103M
+
+
+@pytest.mark.slow
+def test_megatron_core_counts_what_the_reference_says():
+    """The count itself, on the installed megatron-core (a test extra; one process, about 10 s)."""
+    from calibrate.engines.megatron_mtp import measure
+
+    assert measure() == list(ROWS.values())
+
+
+def test_model_flops_add_megatrons_count_per_depth():
+    """Megatron-LM d98e8a6 training.py num_floating_point_operations: a depth is one more layer of the
+    last kind, 2h^2 + 3h for eh_proj and its norms, and the logits once more, each 3 x 2 FLOPs per
+    multiply-add per token, and the layer's attention scores 2 s (q + o) forward per token (Narayanan
+    et al. 2021 eq. 3's 4 s h, the convention the planner's model FLOPs keep). Llama-3-8B's shape,
+    seq 16."""
+    from planner import compute
+    from planner.model import lookup
+
+    llama = lookup("llama-3-8b")
+    h, f, kv, V = 4096, 14336, 1024, 128256
+    training = layout.Training(seq_len=16, engine="megatron")
+    lay = layout.Layouts(tp=1, pp=1, dp=1, cp=1, ep=1, vpp=1, zero=[1], offload_optimizer=0, offload_params=0, mbs=1,
+                         gas=1, recompute=0, sequence_parallel=0, schedule=0)
+    tokens = 16
+    layer = h * (h + 2 * kv) + h * h + 2 * h * f + f * h  # qkv, proj, fc1 (gate and up), fc2
+    scores = 2 * 16 * (h + h)  # QK^T and AV over the whole sequence
+    expected = 6 * tokens * (layer + 2 * h * h + 3 * h + h * V) + 3 * tokens * scores
+    plain = compute.flops_per_step(llama, training, lay)["model_flops"][0]
+    with_mtp = compute.flops_per_step(with_overrides(llama, mtp_layers=1), training, lay)["model_flops"][0]
+    assert with_mtp - plain == pytest.approx(expected, rel=1e-6)
