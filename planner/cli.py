@@ -8,6 +8,7 @@ one line naming the flag and exits with status 2, without a traceback and withou
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from planner.errors import InputError
@@ -77,8 +78,11 @@ def cmd_recommend(args, out) -> int:
     from planner import api, report
 
     pinned = {k: getattr(args, k) for k in LAYOUT_DEFAULTS if getattr(args, k) is not None}
+    # the other engines' searches beside this one's where the machine has a core for them (a
+    # single-threaded process: planner/forked.py)
     r = api.recommend(model_input(args), cluster_input(args), training_input(args), top=args.top,
-                      memory_headroom=args.memory_headroom, max_mbs=args.max_mbs, pinned=pinned)
+                      memory_headroom=args.memory_headroom, max_mbs=args.max_mbs, pinned=pinned,
+                      workers=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     # the files are for the fastest layout that clears its memory band: #1, or under a borderline #1 the
     # clear fit recommend names (#1 itself where none clears it)
     chosen = (r.clear_fit or r.layouts[0]) if r.layouts else None

@@ -4,11 +4,12 @@ answer's `defaults`."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from planner import fp8, results, rules, search
+from planner import forked, fp8, results, rules, search
 from planner.engines import ENGINES, NAMES as ENGINE_NAMES
 from planner.errors import InputError
 from planner.hardware import Cluster, lookup_gpu
@@ -203,7 +204,7 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
 
 def recommend(model, cluster=None, training=None, *, top: int | None = None, memory_headroom: float | None = None,
               max_mbs: int | None = None, pinned: dict | None = None, landscape: int = 0,
-              compare_engines: bool = True, _engines: dict | None = None) -> Recommendation:
+              compare_engines: bool = True, workers: int = 1, _engines: dict | None = None) -> Recommendation:
     """The `top` fastest layouts that fit (with `memory_headroom` of GPU memory kept free), searched
     over every TP/PP/VPP/CP/DP/EP degree, ZeRO stage, offload, micro-batch up to `max_mbs`,
     recompute and sequence parallelism the engine allows.
@@ -213,6 +214,8 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     (memory, speed) points with the Pareto front (Recommendation.landscape), for plots.
     compare_engines: False skips the other engines' searches (most of the time a recommend takes):
     Recommendation.engines is then empty, and no other engine answers when this one has no layout.
+    workers: processes the other engines' searches run in besides this one (forked: planner/forked.py,
+    for single-threaded callers such as the CLI); the answer is the same for any number.
 
     Without an engine given, where the default engine has no fitting layout, the answer is the
     fastest engine's that has one (Recommendation.notes says so; defaults["engine"] names it).
@@ -225,7 +228,8 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     tin = coerce(training, TrainingInput, "--engine")
     if str(tin.precision).strip().lower() == "auto":
         return _recommend_either_precision(model, cin, tin, dict(top=top, memory_headroom=memory_headroom,
-                                                                 max_mbs=max_mbs, pinned=pinned, landscape=landscape))
+                                                                 max_mbs=max_mbs, pinned=pinned, landscape=landscape,
+                                                                 workers=workers))
     given = {"top": top, "memory_headroom": memory_headroom, "max_mbs": max_mbs}
     defaults = {k: DEFAULTS[k] for k, v in given.items() if v is None}
     top, headroom, max_mbs = (check(k, DEFAULTS[k] if v is None else v) for k, v in given.items())
@@ -247,18 +251,28 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     if tin.engine is None:
         defaults["engine"] = train.engine.name
     defaults.update(_training_defaults(tin, cin, train, spec))
-    train, result, knobbed, frees = _searched(spec, clus, train, tin, headroom, max_mbs, pins, defaults)
-    if pins and result.valid.size == 0:
-        raise_contradiction(spec, clus, train, max_mbs, pins, pinned)
-    assumptions = _assumptions(spec, clus, train, gbs, headroom, defaults, pinned if pins else None, result)
-    # with other ZeRO-3 knobs, the ZeRO-3 rows are that search's, the others the first search's
-    sources = [(result, result.valid.zero != 3 if knobbed else None)] + ([(knobbed, None)] if knobbed else [])
-    records = _records(clus, train, tin, gbs, sources, top)
-    clear = fastest_clear_fit(clus, sources, records) if records and records[0]["memory"]["verdict"] != "fits" else None
-    points = results.landscape(result, landscape) if landscape else None
-    best = records[0]["throughput"]["tokens_per_s"] if records else None
-    # each engine searches overlap_comm itself from the user's value, as its own recommend would
+    # the other engines start from the user's settings, as their own recommend would, searched while
+    # this one's search runs where there are workers for them
     unsearched = replace(train, zero_config=replace(train.zero_config, overlap_comm=tin.overlap_comm))
+    frees = free_settings(tin)
+    names = [name for name in ENGINE_NAMES if name != train.engine.name] if compare_engines and _engines is None else []
+    others_search = _OtherEngines(spec, clus, unsearched, headroom, max_mbs, pins, frees, names, workers)
+    try:
+        train, result, knobbed, _ = _searched(spec, clus, train, tin, headroom, max_mbs, pins, defaults)
+        if pins and result.valid.size == 0:
+            raise_contradiction(spec, clus, train, max_mbs, pins, pinned)
+        assumptions = _assumptions(spec, clus, train, gbs, headroom, defaults, pinned if pins else None, result)
+        # with other ZeRO-3 knobs, the ZeRO-3 rows are that search's, the others the first search's
+        sources = [(result, result.valid.zero != 3 if knobbed else None)] + ([(knobbed, None)] if knobbed else [])
+        records = _records(clus, train, tin, gbs, sources, top)
+        clear = fastest_clear_fit(clus, sources, records) if records and records[0]["memory"]["verdict"] != "fits" \
+            else None
+        points = results.landscape(result, landscape) if landscape else None
+        best = records[0]["throughput"]["tokens_per_s"] if records else None
+        if names:
+            _engines = others_search.result()
+    finally:
+        others_search.close()
     others = _other_engines(spec, clus, unsearched, headroom, max_mbs, pins, best, frees, compare_engines, _engines)
     proposals, batch_note = ([], None) if records else batch_proposals(spec, clus, unsearched, headroom, max_mbs, pins,
                                                                          result, frees)
@@ -280,6 +294,61 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
                           records, hints, result.elapsed_s, points, clear, others, [], proposals, batch_note)
 
 
+SEARCH_COST_MS = {"deepspeed": 52, "megatron-deepspeed": 43, "megatron": 70, "fsdp": 15, "torchtitan": 14}
+"""Each engine's recommend searches, warm, for a 70B model on 16 H100s on a 2-core CPU (measured):
+weights that only split the engines evenly over the workers (_engine_groups)."""
+
+
+def _engine_groups(own_engine: str, names: list, workers: int) -> list[list]:
+    """`names` in `workers` groups, the last one this process's, which also runs `own_engine`'s
+    search: longest first to the least loaded (SEARCH_COST_MS)."""
+    workers = max(1, min(int(workers), len(names) + 1))
+    groups, loads = [[] for _ in range(workers)], [0.0] * (workers - 1) + [SEARCH_COST_MS.get(own_engine, 0)]
+    for name in sorted(names, key=lambda n: -SEARCH_COST_MS.get(n, 0)):
+        i = loads.index(min(loads))
+        groups[i].append(name)
+        loads[i] += SEARCH_COST_MS.get(name, 0)
+    return [g for g in groups[:-1] if g] + [[n for n in names if n in groups[-1]]]
+
+
+def _engines_best(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, frees: tuple,
+                  names: list) -> dict:
+    """{engine: refine.engine_best} of `names`, each without a speed to compare with yet."""
+    return {name: engine_best(spec, clus, train, name, headroom, max_mbs, pins, None, *frees) for name in names}
+
+
+class _OtherEngines:
+    """The other engines' searches (_engines_best) in groups: forked children started on creation
+    (planner/forked.py), this process's group run by result(), which then gathers the children's."""
+
+    def __init__(self, spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, frees: tuple,
+                 names: list, workers: int):
+        self.args = (spec, clus, train, headroom, max_mbs, pins, frees)
+        *children, self.own = _engine_groups(train.engine.name, names, workers)
+        self.pending = [forked.start(_engines_best, *self.args, group) for group in children]
+
+    def result(self) -> dict:
+        found = _engines_best(*self.args, self.own)
+        while self.pending:
+            found.update(self.pending.pop(0)())
+        order = {name: i for i, name in enumerate(ENGINE_NAMES)}
+        return dict(sorted(found.items(), key=lambda kv: order[kv[0]]))
+
+    def close(self) -> None:
+        """Reap the children not gathered (an error before result())."""
+        while self.pending:
+            with contextlib.suppress(Exception):
+                self.pending.pop(0)()
+
+
+def free_settings(tin: TrainingInput) -> tuple:
+    """Which settings recommend searches because the user left them alone: the pipeline split, the
+    ZeRO-3 live-parameter knobs, the offloaded optimizer share, --tp-comm-overlap."""
+    knobs_free = tin.stage3_max_live_parameters is None and tin.stage3_max_reuse_distance is None
+    return (tin.pipeline_edge_layers is None, knobs_free, tin.optimizer_offload_fraction is None,
+            tin.tp_comm_overlap is None)
+
+
 def _other_engines(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, best: float | None,
                    frees: tuple, compare: bool, searched: dict | None) -> list[dict]:
     """The other engines' fastest fitting layouts against `best` (refine.engine_best), none where not
@@ -298,26 +367,24 @@ def _searched(spec, clus, train: Training, tin: TrainingInput, headroom: float, 
     """(training, search result, ZeRO-3 search under other knobs or None, which settings were free):
     the first search and recommend's searches of the settings no layout field holds (planner/refine.py),
     each where the user left it alone; `defaults` gets what they chose."""
-    train, result = search_edges(spec, clus, train, headroom, max_mbs, pins, tin.pipeline_edge_layers is None)
-    if tin.pipeline_edge_layers is None and train.pipeline_edge_layers != train.engine.pipeline_edge_layers:
+    edges_free, knobs_free, share_free, overlap_free = frees = free_settings(tin)
+    train, result = search_edges(spec, clus, train, headroom, max_mbs, pins, edges_free)
+    if edges_free and train.pipeline_edge_layers != train.engine.pipeline_edge_layers:
         defaults["pp_edge_layers"] = train.pipeline_edge_layers  # chosen: variants.edge_layers_choice
-    knobs_free = tin.stage3_max_live_parameters is None and tin.stage3_max_reuse_distance is None
     train, result, knobbed = search_zero3_knobs(spec, clus, train, headroom, max_mbs, pins, result, knobs_free)
     if knobs_free and train.zero_config.stage3_max_live_parameters != ZeroConfig().stage3_max_live_parameters:
         defaults["stage3_max_live_parameters"] = train.zero_config.stage3_max_live_parameters  # searched
         defaults["stage3_max_reuse_distance"] = train.zero_config.stage3_max_reuse_distance
-    overlap_free = tin.tp_comm_overlap is None
     train, result = search_tp_overlap(spec, clus, train, headroom, max_mbs, pins, result, overlap_free)
     if train.tp_comm_overlap and overlap_free:
         defaults["tp_comm_overlap"] = True  # searched
-    share_free = tin.optimizer_offload_fraction is None
     train, result = search_offload_share(spec, clus, train, headroom, result, share_free)
     if train.optimizer_offload_fraction != 1.0:
         defaults["optimizer_offload_fraction"] = train.optimizer_offload_fraction  # searched
     train, result = search_overlap_comm(spec, clus, train, headroom, result)
     if train.zero_config.overlap_comm and tin.overlap_comm is None:
         defaults["overlap_comm"] = True  # searched: ZeRO-1/2 with DeepSpeed's overlap_comm
-    return train, result, knobbed, (tin.pipeline_edge_layers is None, knobs_free, share_free, overlap_free)
+    return train, result, knobbed, frees
 
 
 def _assumptions(spec, clus, train: Training, gbs: int, headroom: float, defaults: dict, pinned: dict | None,
