@@ -194,7 +194,9 @@ def engine_best(spec, clus, training: Training, engine: str, headroom: float, ma
     if not result.order.size:
         why = "nothing fits"
         if result.valid.size == 0:
-            why = "the pinned axes break its rules" if pins else "it cannot train this model (its rules reject every layout)"
+            refusal = rules.refused(spec, clus, first)
+            why = (f"it cannot train this model: {refusal}" if refusal else "the pinned axes break its rules" if pins
+                   else "it cannot train this model (its rules reject every layout)")
         return {"engine": engine, "layout": None, "tokens_per_s": None, "relative_speed": None, "note": why,
                 "settings": {}}
     i = int(result.order[0])

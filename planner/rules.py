@@ -35,6 +35,19 @@ class Rule:
     """(model, cluster, training, layouts) -> bool array: candidates breaking the rule."""
     message: Callable
     """(model, cluster, training) -> the one-line error naming the flag."""
+    refuses: Callable | None = None
+    """For a rule every layout breaks or none (refused()): (model, cluster, training) -> bool."""
+
+
+def _whole(name: str, refuses: Callable, message: Callable) -> Rule:
+    """An engine rule that no layout changes: the model, cluster and training break it or not."""
+    return Rule(name, ENGINE_RULE, lambda m, cl, tr, l: np.full(l.shape, bool(refuses(m, cl, tr))), message, refuses)
+
+
+def refused(model: ModelSpec, cluster: Cluster, training: Training) -> str | None:
+    """The message of the first rule that refuses every layout whatever it is, or None."""
+    return next((r.message(model, cluster, training) for r in RULES if r.refuses and r.refuses(model, cluster, training)),
+                None)
 
 
 def compiled_block_measured(model) -> bool:
@@ -212,25 +225,22 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr: "--recompute-method: uniform needs --recompute-layers N (the layers per checkpoint)"),
     # torchtitan 0.3.0 config/configs.py TrainingConfig: dtype and mixed_precision_param are float32 or
     # bfloat16; no fp16 loss scaling
-    Rule("torchtitan_no_fp16", ENGINE_RULE,
-         lambda m, cl, tr, l: np.full(l.shape, tr.engine.launcher is Launcher.TORCHTITAN and tr.precision == Precision.FP16),
-         lambda m, cl, tr: "--precision: torchtitan trains in bf16, bf16-pure or fp32, not fp16"),
+    _whole("torchtitan_no_fp16", lambda m, cl, tr: tr.engine.launcher is Launcher.TORCHTITAN and tr.precision == Precision.FP16,
+           lambda m, cl, tr: "--precision: torchtitan trains in bf16, bf16-pure or fp32, not fp16"),
     # calibrate/benches/hf_compiled.py measured transformers' LlamaDecoderLayer compiled (data/references/hf_compiled_cpu.json)
-    Rule("compile_measured", ENGINE_RULE,
-         lambda m, cl, tr, l: np.full(l.shape, tr.compile and not compiled_block_measured(m)),
-         lambda m, cl, tr: "--compile: measured for transformers' Llama-style dense blocks (Llama, Mistral, Qwen2); "
-                           "MoE, per-head q/k norms and the other architectures are not"),
-    Rule("mtp_engine", ENGINE_RULE,
-         lambda m, cl, tr, l: np.full(l.shape, m.mtp_layers > 0 and not tr.engine.multi_token_prediction),
-         lambda m, cl, tr: f"--mtp-layers: --engine {tr.engine.name} builds no multi-token-prediction depths as "
-                           "modelled here; megatron does (--mtp-num-layers)"),
-    Rule("deepspeed_moe_blocks_alike", ENGINE_RULE,
-         lambda m, cl, tr, l: np.full(l.shape, (m.moe_layers != m.layers or m.kv_lora_rank > 0)
-                                      and tr.engine.moe_capacity is MoeCapacity.DEEPSPEED_MOE),
-         lambda m, cl, tr: f"--engine: {tr.engine.name} mixes no dense blocks in as modelled here (its DeepSpeed-MoE "
-                           "layers repeat every --expert-interval blocks, a spelling not read) and has no multi-head "
-                           "latent attention; use megatron, "
-                           "deepspeed, fsdp or torchtitan"),
+    _whole("compile_measured", lambda m, cl, tr: tr.compile and not compiled_block_measured(m),
+           lambda m, cl, tr: "--compile: measured for transformers' Llama-style dense blocks (Llama, Mistral, Qwen2); "
+                             "MoE, per-head q/k norms and the other architectures are not"),
+    _whole("mtp_engine", lambda m, cl, tr: m.mtp_layers > 0 and not tr.engine.multi_token_prediction,
+           lambda m, cl, tr: f"--mtp-layers: --engine {tr.engine.name} builds no multi-token-prediction depths as "
+                             "modelled here; megatron does (--mtp-num-layers)"),
+    _whole("deepspeed_moe_blocks_alike",
+           lambda m, cl, tr: (m.moe_layers != m.layers or m.kv_lora_rank > 0)
+           and tr.engine.moe_capacity is MoeCapacity.DEEPSPEED_MOE,
+           lambda m, cl, tr: f"--engine: {tr.engine.name} mixes no dense blocks in as modelled here (its DeepSpeed-MoE "
+                             "layers repeat every --expert-interval blocks, a spelling not read) and has no multi-head "
+                             "latent attention; use megatron, "
+                             "deepspeed, fsdp or torchtitan"),
     Rule("moe_tp_needs_sp", ENGINE_RULE,
          lambda m, cl, tr, l: (m.experts > 1) & (tr.engine.moe_capacity is MoeCapacity.MEGATRON) & (l.tp > 1)
                               & (l.sequence_parallel == 0),
@@ -275,10 +285,9 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr: f"--recompute-layers: --engine {tr.engine.name} recomputes every k-th of the {m.layers} "
                            "layers (transformers activation_checkpointing_enable(every_n_layers=k)): N must be "
                            f"ceil({m.layers}/k) for some k, with --pp 1 and --recompute-method block"),
-    Rule("cpu_checkpointing_engine", ENGINE_RULE,
-         lambda m, cl, tr, l: np.full(l.shape, tr.zero_config.cpu_checkpointing and not offloads_checkpoints(tr.engine)),
-         lambda m, cl, tr: f"--cpu-checkpointing: --engine {tr.engine.name} has no host copy of checkpointed inputs "
-                           f"(engines with one: {_names(e for e in ENGINES.values() if offloads_checkpoints(e))})"),
+    _whole("cpu_checkpointing_engine", lambda m, cl, tr: tr.zero_config.cpu_checkpointing and not offloads_checkpoints(tr.engine),
+           lambda m, cl, tr: f"--cpu-checkpointing: --engine {tr.engine.name} has no host copy of checkpointed inputs "
+                             f"(engines with one: {_names(e for e in ENGINES.values() if offloads_checkpoints(e))})"),
     Rule("engine_rank_order", ENGINE_RULE,
          lambda m, cl, tr, l: (l.rank_order == RankOrder.PP_INNER) & (not tr.engine.rank_order_choice),
          lambda m, cl, tr: f"--rank-order: --engine {tr.engine.name} places pipeline stages outermost (tp-cp-dp-pp); "

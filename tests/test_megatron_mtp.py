@@ -117,3 +117,14 @@ def test_model_flops_add_megatrons_count_per_depth():
     plain = compute.flops_per_step(llama, training, lay)["model_flops"][0]
     with_mtp = compute.flops_per_step(with_overrides(llama, mtp_layers=1), training, lay)["model_flops"][0]
     assert with_mtp - plain == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_other_engines_say_why_they_cannot_train_it():
+    """Of the five engines, Megatron's GPTModel alone builds MTP depths as modelled here: the others'
+    comparison lines name the flag, not only that every layout broke a rule."""
+    from planner import api
+    from planner.inputs import ModelInput
+
+    r = api.recommend(ModelInput(name="mixtral-8x7b", mtp_layers=1), {"gpus": 32}, {"engine": "megatron"}, top=1)
+    assert r.layouts and {e["engine"] for e in r.engines} == {"deepspeed", "megatron-deepspeed", "fsdp", "torchtitan"}
+    assert all(e["layout"] is None and "--mtp-layers" in e["note"] for e in r.engines)
