@@ -1,6 +1,6 @@
 """Independent pieces of one answer side by side: each in a forked process (POSIX os.fork), its
-result pickled back through a pipe. Where os.fork is missing the piece runs at once in this
-process; the answer is the same either way.
+result pickled back through a pipe. Where os.fork is missing or fails the piece runs at once in
+this process; the answer is the same either way.
 
 Only for single-threaded callers, the CLI: forking a process whose other threads hold locks can
 deadlock the child (the planning API defaults to one worker).
@@ -15,11 +15,16 @@ import pickle
 def start(fn, *args):
     """Run fn(*args) in a forked child; return a function that waits for it and returns what it
     returned (or raises what it raised)."""
-    if not hasattr(os, "fork"):
+    read = write = None
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+    except (AttributeError, OSError):  # no fork here (Windows), or none allowed now: run it at once
+        for fd in (read, write):
+            if fd is not None:
+                os.close(fd)
         outcome = _outcome(fn, args)
         return lambda: _unwrap(outcome)
-    read, write = os.pipe()
-    pid = os.fork()
     if pid == 0:  # the child: its answer down the pipe, then out without the parent's exit handlers
         try:
             os.close(read)

@@ -27,6 +27,14 @@ def test_what_the_piece_raises_is_raised_here():
         wait()
 
 
+def test_where_fork_fails_the_piece_runs_here(monkeypatch):
+    def refuse():
+        raise OSError("fork refused")
+
+    monkeypatch.setattr(os, "fork", refuse)
+    assert forked.start(lambda: os.getpid())() == os.getpid()
+
+
 @pytest.mark.parametrize("own", NAMES)
 @pytest.mark.parametrize("workers", [1, 2, 3, 8])
 def test_every_other_engine_is_searched_once(own, workers):
