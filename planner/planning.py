@@ -294,20 +294,15 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
                           records, hints, result.elapsed_s, points, clear, others, [], proposals, batch_note)
 
 
-SEARCH_COST_MS = {"deepspeed": 52, "megatron-deepspeed": 43, "megatron": 70, "fsdp": 15, "torchtitan": 14}
-"""Each engine's recommend searches, warm, for a 70B model on 16 H100s on a 2-core CPU (measured):
-weights that only split the engines evenly over the workers (_engine_groups)."""
-
-
 def _engine_groups(own_engine: str, names: list, workers: int) -> list[list]:
     """`names` in `workers` groups, the last one this process's, which also runs `own_engine`'s
-    search: longest first to the least loaded (SEARCH_COST_MS)."""
+    search: longest first to the least loaded (Engine.search_ms)."""
     workers = max(1, min(int(workers), len(names) + 1))
-    groups, loads = [[] for _ in range(workers)], [0.0] * (workers - 1) + [SEARCH_COST_MS.get(own_engine, 0)]
-    for name in sorted(names, key=lambda n: -SEARCH_COST_MS.get(n, 0)):
+    groups, loads = [[] for _ in range(workers)], [0.0] * (workers - 1) + [ENGINES[own_engine].search_ms]
+    for name in sorted(names, key=lambda n: -ENGINES[n].search_ms):
         i = loads.index(min(loads))
         groups[i].append(name)
-        loads[i] += SEARCH_COST_MS.get(name, 0)
+        loads[i] += ENGINES[name].search_ms
     return [g for g in groups[:-1] if g] + [[n for n in names if n in groups[-1]]]
 
 

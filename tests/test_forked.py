@@ -46,7 +46,7 @@ def test_every_other_engine_is_searched_once(own, workers):
 
 def test_two_deepspeed_family_searches_split_on_two_workers():
     """The default (deepspeed) on 2 workers: megatron, the slowest search, in the child beside the two
-    cheap ones, megatron-deepspeed here beside deepspeed's own (SEARCH_COST_MS: 70 + 15 + 14 against
+    cheap ones, megatron-deepspeed here beside deepspeed's own (Engine.search_ms: 70 + 15 + 14 against
     52 + 43 ms)."""
     assert _engine_groups("deepspeed", [n for n in NAMES if n != "deepspeed"], 2) == \
         [["megatron", "fsdp", "torchtitan"], ["megatron-deepspeed"]]

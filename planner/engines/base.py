@@ -373,6 +373,10 @@ class Engine:
     """Its users keep FP8 parameters where the optimizer is distributed (Megatron --fp8-param-gather:
     NeMo 2.4 recipes/precision/mixed_precision.py bf16_with_fp8_mixed and Megatron-Bridge's FP8
     recipes set fp8_param_gather=True); the default of Training.fp8_param_gather."""
+    search_ms: float = 20.0
+    """The planner's own recommend searches for this engine, warm, for a 70B model on 16 H100s on a
+    2-core CPU (measured): a weight that only splits the engines evenly over recommend's workers
+    (planner/planning.py _engine_groups); no answer reads it."""
 
     @property
     def pipeline(self) -> bool:

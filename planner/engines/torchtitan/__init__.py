@@ -14,7 +14,7 @@ from planner.options import Fp8Recipe, Schedule
 # enable_cpu_offload); what differs is below
 TORCHTITAN = replace(
     FSDP,
-    name="torchtitan", summary="torchtitan: FSDP2 composed with TP/SP, CP and PP; op-level selective AC; chunked loss",
+    search_ms=14, name="torchtitan", summary="torchtitan: FSDP2 composed with TP/SP, CP and PP; op-level selective AC; chunked loss",
     # distributed/pipeline_parallel.py pipeline_llm applies the same parallelize_fn (FSDP included)
     # to each stage; ParallelismConfig.pipeline_parallel_schedule "1F1B" (also Interleaved1F1B, GPipe,
     # and InterleavedZeroBubble: torch.distributed.pipelining ScheduleInterleavedZeroBubble, the paper's
