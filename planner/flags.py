@@ -37,7 +37,10 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     if str(text).strip() == "0":
         return 0
-    return positive_int(text)
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
 
 
 def number(text: str) -> float:
