@@ -263,8 +263,8 @@ def head_input_bytes(s: Stage) -> np.ndarray:
 
 
 def logits_bytes(s: Stage, bytes_per_element: float) -> np.ndarray:
-    """Last stage: the vocab-parallel logits of one micro-batch (and of each MTP depth), split by t, at `bytes_per_element`
-    per logit (Megatron-core tensor_parallel/cross_entropy.py: 16-bit logits, their fp32 copy and
+    """Last stage: the vocab-parallel logits of one micro-batch (and of each MTP depth), split by t,
+    at `bytes_per_element` per logit (Megatron-core tensor_parallel/cross_entropy.py: 16-bit logits, their fp32 copy and
     the fp32 softmax it saves for backward: 2 + 4 + 4). An engine computing the loss over sequence
     chunks holds one chunk's logits and an fp32 gradient buffer of the hidden states (torchtitan
     components/loss.py ChunkedLossWrapper: GradAccumulator(dtype=torch.float32) of [B, L, D])."""

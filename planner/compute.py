@@ -111,7 +111,9 @@ def flops_per_step(model: ModelSpec, training: Training, lay: Layouts) -> dict:
     routed_mtp = mtp if model.mtp_block is model else 0
     proj = 2.0 * mtp * (2 * model.hidden * model.hidden + 3 * model.hidden)
     gemm, run = proj, proj
-    for block, n in ((model, model.moe_layers + routed_mtp), (model.dense_block, model.layers - model.moe_layers + mtp - routed_mtp)):
+    kinds = ((model, model.moe_layers + routed_mtp),
+             (model.dense_block, model.layers - model.moe_layers + mtp - routed_mtp))
+    for block, n in kinds:
         gemms = block.gemms(fused=True)
         gemm = gemm + n * sum(g.flops_per_token * (block.experts_per_token if g.expert else 1) for g in gemms)
         run = run + n * sum(g.flops_per_token * (routed if g.expert else 1) for g in gemms)
@@ -402,8 +404,8 @@ def eager_host_s(model: ModelSpec, training: Training, c: dict) -> tuple:
 
 
 def head_s(ctx: Step) -> np.ndarray:
-    """Output layer of one micro-batch on the last stage (once more per MTP depth): the vocab-parallel logits GEMM (V/t)
-    forward and its two backward GEMMs, and the fp32 cross entropy (Megatron
+    """Output layer of one micro-batch on the last stage (once more per MTP depth): the
+    vocab-parallel logits GEMM (V/t) forward and its two backward GEMMs, and the fp32 cross entropy (Megatron
     vocab_parallel_cross_entropy: upcast e->4, max, exp, sum, grad, downcast: 2e + 32 bytes/logit)."""
     model, cluster, training, lay, c = ctx
     rate, f_half = compute_flops_per_s(cluster, training, c) * c["gemm_efficiency_max"], c["gemm_half_efficiency_flops"]

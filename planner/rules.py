@@ -46,8 +46,8 @@ def _whole(name: str, refuses: Callable, message: Callable) -> Rule:
 
 def refused(model: ModelSpec, cluster: Cluster, training: Training) -> str | None:
     """The message of the first rule that refuses every layout whatever it is, or None."""
-    return next((r.message(model, cluster, training) for r in RULES if r.refuses and r.refuses(model, cluster, training)),
-                None)
+    broken = (r for r in RULES if r.refuses and r.refuses(model, cluster, training))
+    return next((r.message(model, cluster, training) for r in broken), None)
 
 
 def compiled_block_measured(model) -> bool:
@@ -225,7 +225,8 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr: "--recompute-method: uniform needs --recompute-layers N (the layers per checkpoint)"),
     # torchtitan 0.3.0 config/configs.py TrainingConfig: dtype and mixed_precision_param are float32 or
     # bfloat16; no fp16 loss scaling
-    _whole("torchtitan_no_fp16", lambda m, cl, tr: tr.engine.launcher is Launcher.TORCHTITAN and tr.precision == Precision.FP16,
+    _whole("torchtitan_no_fp16",
+           lambda m, cl, tr: tr.engine.launcher is Launcher.TORCHTITAN and tr.precision == Precision.FP16,
            lambda m, cl, tr: "--precision: torchtitan trains in bf16, bf16-pure or fp32, not fp16"),
     # calibrate/benches/hf_compiled.py measured transformers' LlamaDecoderLayer compiled (data/references/hf_compiled_cpu.json)
     _whole("compile_measured", lambda m, cl, tr: tr.compile and not compiled_block_measured(m),
@@ -285,7 +286,8 @@ RULES: tuple[Rule, ...] = (
          lambda m, cl, tr: f"--recompute-layers: --engine {tr.engine.name} recomputes every k-th of the {m.layers} "
                            "layers (transformers activation_checkpointing_enable(every_n_layers=k)): N must be "
                            f"ceil({m.layers}/k) for some k, with --pp 1 and --recompute-method block"),
-    _whole("cpu_checkpointing_engine", lambda m, cl, tr: tr.zero_config.cpu_checkpointing and not offloads_checkpoints(tr.engine),
+    _whole("cpu_checkpointing_engine",
+           lambda m, cl, tr: tr.zero_config.cpu_checkpointing and not offloads_checkpoints(tr.engine),
            lambda m, cl, tr: f"--cpu-checkpointing: --engine {tr.engine.name} has no host copy of checkpointed inputs "
                              f"(engines with one: {_names(e for e in ENGINES.values() if offloads_checkpoints(e))})"),
     Rule("engine_rank_order", ENGINE_RULE,

@@ -63,7 +63,8 @@ DS_COMMON = dict(
 )
 
 DEEPSPEED = Engine(
-    search_ms=52, name="deepspeed", summary="DeepSpeed ZeRO 0-3 + offload on Hugging Face modules; 1F1B PipelineModule (ZeRO 0/1)",
+    name="deepspeed", summary="DeepSpeed ZeRO 0-3 + offload on Hugging Face modules; 1F1B PipelineModule (ZeRO 0/1)",
+    search_ms=52,  # Engine.search_ms: a scheduling weight, measured
     tensor_parallel=False, fused_gemms=False, eager_elementwise=True, p2p_split_over_tp=False, p2p_overlaps_interleaved=False,
     modules=Modules.HUGGING_FACE, launcher=Launcher.DEEPSPEED, expert_tp=ExpertTP.SPLIT, grouped_experts=True,
     selective_recompute=False,

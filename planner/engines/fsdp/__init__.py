@@ -7,7 +7,8 @@ from planner.engines.base import Buffers, Engine, ExpertTP, GradBuckets, Launche
 from planner.options import Fp8Recipe, Offload
 
 FSDP = Engine(
-    search_ms=15, name="fsdp", summary="PyTorch FSDP2 fully_shard on Hugging Face modules (--zero 3 full shard, 2 shard-grad-op, 0 no shard)",
+    name="fsdp", summary="PyTorch FSDP2 fully_shard on Hugging Face modules (--zero 3 full shard, 2 shard-grad-op, 0 no shard)",
+    search_ms=15,  # Engine.search_ms: a scheduling weight, measured
     zero_stages=(0, 2, 3),
     # DTensor parallelize_module on the TP dimension of a 2-D mesh composes with fully_shard
     tensor_parallel=True,

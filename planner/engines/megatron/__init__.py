@@ -12,7 +12,8 @@ from planner.engines.deepspeed import DS_COMMON
 from planner.options import Fp8Recipe, Offload, Schedule
 
 MEGATRON_DEEPSPEED = Engine(
-    search_ms=43, name="megatron-deepspeed", summary="Megatron TP/SP/CP and fused kernels + DeepSpeed ZeRO, offload and pipeline",
+    name="megatron-deepspeed", summary="Megatron TP/SP/CP and fused kernels + DeepSpeed ZeRO, offload and pipeline",
+    search_ms=43,  # Engine.search_ms: a scheduling weight, measured
     tensor_parallel=True, fused_gemms=True, eager_elementwise=False, p2p_split_over_tp=False, p2p_overlaps_interleaved=False,
     modules=Modules.MEGATRON, launcher=Launcher.MEGATRON_DEEPSPEED,
     # Megatron-DeepSpeed --deepspeed-activation-checkpointing: deepspeed.checkpointing.configure(mpu, ...)
@@ -23,7 +24,8 @@ MEGATRON_DEEPSPEED = Engine(
     expert_tp=ExpertTP.WHOLE, cp_with_sp=False, **DS_COMMON)
 
 MEGATRON = Engine(
-    search_ms=70, name="megatron", summary="Megatron-LM: TP/SP/CP/PP with interleaving; --zero 1 = distributed optimizer",
+    name="megatron", summary="Megatron-LM: TP/SP/CP/PP with interleaving; --zero 1 = distributed optimizer",
+    search_ms=70,  # Engine.search_ms: a scheduling weight, measured
     # megatron/core/optimizer/distrib_optimizer.py shards fp32 main params and Adam states only
     zero_stages=(0, 1),
     tensor_parallel=True,

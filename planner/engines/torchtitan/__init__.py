@@ -14,7 +14,8 @@ from planner.options import Fp8Recipe, Schedule
 # enable_cpu_offload); what differs is below
 TORCHTITAN = replace(
     FSDP,
-    search_ms=14, name="torchtitan", summary="torchtitan: FSDP2 composed with TP/SP, CP and PP; op-level selective AC; chunked loss",
+    name="torchtitan", summary="torchtitan: FSDP2 composed with TP/SP, CP and PP; op-level selective AC; chunked loss",
+    search_ms=14,  # Engine.search_ms: a scheduling weight, measured
     # distributed/pipeline_parallel.py pipeline_llm applies the same parallelize_fn (FSDP included)
     # to each stage; ParallelismConfig.pipeline_parallel_schedule "1F1B" (also Interleaved1F1B, GPipe,
     # and InterleavedZeroBubble: torch.distributed.pipelining ScheduleInterleavedZeroBubble, the paper's
