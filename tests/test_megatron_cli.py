@@ -20,7 +20,7 @@ from planner.errors import InputError
 from planner.export import normalise_row, megatron_args, megatron_environment
 from planner.hardware import Cluster, lookup_gpu
 from planner.layout import Training, ZeroConfig
-from planner.model import lookup
+from planner.model import lookup, with_overrides
 
 RECORD = json.loads((Path(__file__).resolve().parent.parent / "data/references/megatron_cli.json").read_text())
 ROWS = RECORD["rows"]
@@ -30,6 +30,11 @@ def case_id(case):
     row = case["row"]
     return f"{case['engine']}-{case['model']}-{case['precision']}-" + "-".join(
         f"{k}{row[k]}" for k in ("tp", "pp", "vpp", "cp", "ep", "dp", "zero")) + f"-{row['recompute']}"
+
+
+def model_of(case):
+    """The case's catalog model with its overrides (multi-token prediction)."""
+    return with_overrides(lookup(case["model"]), **case.get("model_overrides", {}))
 
 
 def rebuild(case):
@@ -45,7 +50,9 @@ def test_the_record_covers_every_case():
     # the record is the parse of calibrate/engines/megatron_cli.py's case list, one row each, in order
     assert len(ROWS) == len(CASES)
     for case, (engine, name, precision, changes, row_changes) in zip(ROWS, CASES):
+        name, overrides = (name, {}) if isinstance(name, str) else name
         assert (case["engine"], case["model"], case["precision"]) == (engine, name, precision)
+        assert case.get("model_overrides", {}) == overrides
         assert case["row"] == normalise_row({**BASE, **row_changes})
         assert case["training"] == {k: v for k, v in changes.items() if k not in ("gpu", *ZERO_CONFIG)}
     assert set(RECORD["commits"]) == {"NVIDIA/Megatron-LM", "microsoft/Megatron-DeepSpeed"}
@@ -54,7 +61,7 @@ def test_the_record_covers_every_case():
 @pytest.mark.parametrize("case", ROWS, ids=case_id)
 def test_what_was_parsed_is_what_planner_writes(case):
     training, cluster, row = rebuild(case)
-    model = lookup(case["model"])
+    model = model_of(case)
     assert megatron_args(model, training, row, ds_config_path="ds_config.json") == case["args"]
     exports = [line.split("#")[0].split()[1] for line in megatron_environment(cluster, training, row)]
     assert dict(kv.split("=", 1) for kv in exports) == case["environment"]
@@ -76,7 +83,7 @@ def _recompute(row):
 @pytest.mark.parametrize("case", [c for c in ROWS if c["engine"] == "megatron"], ids=case_id)
 def test_megatron_lm_parses_the_layout(case):
     training, cluster, row = rebuild(case)
-    model, parsed = lookup(case["model"]), case["parsed"]
+    model, parsed = model_of(case), case["parsed"]
     a, config = parsed["args"], parsed["config"]
     tp, pp, cp, ep, dp, vpp = (row[k] for k in ("tp", "pp", "cp", "ep", "dp", "vpp"))
     assert [a[k] for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
@@ -90,6 +97,7 @@ def test_megatron_lm_parses_the_layout(case):
         stages = layout.split("|")
         assert len(stages) == pp * vpp and "".join(stages).count("t") == model.layers
         assert layout.startswith("E") and layout.endswith("L") and a["num_layers_per_virtual_pipeline_stage"] is None
+        assert stages[-1].count("m") == layout.count("m") == model.mtp_layers  # MTP depths in the last stage
     if vpp > 1 and not layout:
         assert (model.layers // pp) // a["num_layers_per_virtual_pipeline_stage"] == vpp
     if vpp > 1:
@@ -103,6 +111,7 @@ def test_megatron_lm_parses_the_layout(case):
     assert a["micro_batch_size"] == row["mbs"] and a["global_batch_size"] == row["mbs"] * row["gas"] * dp
     assert a["global_batch_size"] // (a["micro_batch_size"] * a["data_parallel_size"]) == row["gas"]
     assert a["seq_length"] == 4096 and a["num_layers"] == model.layers and a["hidden_size"] == model.hidden
+    assert a["mtp_num_layers"] == config["mtp_num_layers"] == (model.mtp_layers or None)
     granularity, full = _recompute(row)
     assert a["recompute_granularity"] == config["recompute_granularity"] == granularity
     if full:
@@ -149,7 +158,7 @@ def test_megatron_lm_parses_the_layout(case):
 @pytest.mark.parametrize("case", [c for c in ROWS if c["engine"] == "megatron-deepspeed"], ids=case_id)
 def test_megatron_deepspeed_parses_the_layout(case):
     training, _, row = rebuild(case)
-    model, a = lookup(case["model"]), case["parsed"]["args"]
+    model, a = model_of(case), case["parsed"]["args"]
     tp, pp, cp, ep, dp = (row[k] for k in ("tp", "pp", "cp", "ep", "dp"))
     # CP is DeepSpeed-Ulysses here: --ds-sequence-parallel-size, a model-parallel axis of its own
     assert [a[k] for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -214,9 +223,9 @@ def test_layout_blocks_per_rank_are_the_planners_split():
     from planner.pipeline import layers_on_stage
 
     cases = [c for c in ROWS if any(a.startswith("--pipeline-model-parallel-layout ") for a in c["args"])]
-    assert len(cases) == 2
+    assert len(cases) == 3  # DeepSeek-V3 on 4 x 4 virtual stages (with and without MTP) and on 16
     for case in cases:
-        row, model = case["row"], lookup(case["model"])
+        row, model = case["row"], model_of(case)
         edge = case["training"].get("pipeline_edge_layers", 0)
         stages = next(a.split()[1] for a in case["args"] if a.startswith("--pipeline-model-parallel-layout ")).split("|")
         p = row["pp"]

@@ -12,7 +12,7 @@ with PYTHONPATH on its extracted tree, the tree's megatron/core included.
 
 For each layout below (dense Llama 3 8B/70B; TP with and without SP; PP with 1F1B and interleaving; CP;
 the distributed optimizer; full, block, uniform and selective recompute; fp32/bf16/fp16/bf16-pure; FP8
-with each Megatron-LM recipe; EP on MoE models; optimizer offload), the arguments and launch.sh's
+with each Megatron-LM recipe; EP on MoE models; multi-token prediction; optimizer offload), the arguments and launch.sh's
 environment (megatron_environment) come from planner's own functions, and are then handed to
   * Megatron-LM: training/arguments.py parse_args(ignore_unknown_args=False) with sys.argv set,
     validate_args(args, {'tokenizer_type': 'GPT2BPETokenizer'}) as pretrain_gpt.py passes it, then
@@ -91,6 +91,12 @@ CASES = [  # (engine, catalog model, precision, Training changes, row changes); 
     # 61 blocks on 4 x 4 virtual stages (NVIDIA's GB200 recipe) and on 16 stages: --pipeline-model-parallel-layout
     ("megatron", "deepseek-v3", "bf16", {}, {"pp": 4, "vpp": 4, "dp": 8, "ep": 8, "gas": 16, "schedule": "interleaved"}),
     ("megatron", "deepseek-v3", "bf16", {"pipeline_edge_layers": 1}, {"pp": 16, "dp": 2, "ep": 2, "gas": 16}),
+    # one multi-token-prediction depth (--mtp-num-layers), alone and on the last of 4 x 4 virtual stages
+    ("megatron", ("deepseek-v3", {"mtp_layers": 1}), "bf16", {}, {"ep": 8, "dp": 8}),
+    ("megatron", ("deepseek-v3", {"mtp_layers": 1}), "bf16", {}, {"pp": 4, "vpp": 4, "dp": 8, "ep": 8, "gas": 16,
+                                                               "schedule": "interleaved"}),
+    ("megatron", ("mixtral-8x7b", {"mtp_layers": 2}), "bf16", {}, {"tp": 2, "pp": 2, "vpp": 2, "dp": 2, "ep": 2, **SP,
+                                                                "gas": 16, "schedule": "interleaved"}),
     ("megatron-deepspeed", "llama-3-8b", "bf16", {}, {}),
     ("megatron-deepspeed", "llama-3-8b", "bf16", {}, {"tp": 2, "dp": 4, **SP, "zero": 2, "recompute": "full"}),
     ("megatron-deepspeed", "llama-3-8b", "bf16", {}, {"tp": 2, "cp": 2, "dp": 2, "recompute": "selective"}),
@@ -105,23 +111,26 @@ CASES = [  # (engine, catalog model, precision, Training changes, row changes); 
 ZERO_CONFIG = ("partition_activations", "cpu_checkpointing")  # Training changes that are ZeroConfig's
 
 
-def build(engine: str, name: str, precision: str, changes: dict, row_changes: dict) -> dict:
-    """One case: planner's row, arguments and launch.sh environment, after planner's own checks."""
+def build(engine: str, name, precision: str, changes: dict, row_changes: dict) -> dict:
+    """One case: planner's row, arguments and launch.sh environment, after planner's own checks.
+    `name`: a catalog model, or (catalog model, its ModelSpec overrides)."""
     from planner.export import check_row, normalise_row, megatron_args, megatron_environment
     from planner.hardware import Cluster, lookup_gpu
     from planner.layout import Training, ZeroConfig
-    from planner.model import lookup
+    from planner.model import lookup, with_overrides
 
+    name, overrides = (name, {}) if isinstance(name, str) else name
     changes = dict(changes)
     gpu = lookup_gpu(changes.pop("gpu", "h100-sxm"))
     zero = ZeroConfig(**{k: changes.pop(k) for k in ZERO_CONFIG if k in changes})
     row = normalise_row({**BASE, **row_changes})
     gpus = row["tp"] * row["pp"] * row["cp"] * row["dp"]
-    model, cluster = lookup(name), Cluster(gpu, gpus, min(gpus, 8))
+    model, cluster = with_overrides(lookup(name), **overrides), Cluster(gpu, gpus, min(gpus, 8))
     training = Training(engine=engine, seq_len=4096, precision=precision, zero_config=zero, **changes)
     check_row(model, cluster, training, row)  # a layout --emit writes
     env = [line.split("#")[0].split()[1] for line in megatron_environment(cluster, training, row)]
-    return {"engine": engine, "model": name, "precision": precision, "gpu": gpu.name, "training": changes,
+    return {"engine": engine, "model": name, **({"model_overrides": overrides} if overrides else {}),
+            "precision": precision, "gpu": gpu.name, "training": changes,
             "zero_config": {k: getattr(zero, k) for k in ZERO_CONFIG}, "row": row,
             "args": megatron_args(model, training, row, ds_config_path="ds_config.json"),
             "environment": dict(kv.split("=", 1) for kv in env),
@@ -145,9 +154,9 @@ MLM_FIELDS = (
     "optimizer_cpu_offload", "optimizer_offload_fraction", "use_precision_aware_optimizer", "main_grads_dtype",
     "exp_avg_dtype", "exp_avg_sq_dtype", "accumulate_allreduce_grads_in_fp32", "overlap_grad_reduce",
     "overlap_param_gather", "overlap_p2p_comm", "tp_comm_overlap", "use_tp_pp_dp_mapping",
-    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "use_flash_attn",
+    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "use_flash_attn", "mtp_num_layers",
     "attention_backend")
-CONFIG_FIELDS = ("sequence_parallel", "recompute_granularity", "recompute_method", "recompute_num_layers",
+CONFIG_FIELDS = ("mtp_num_layers", "sequence_parallel", "recompute_granularity", "recompute_method", "recompute_num_layers",
                  "virtual_pipeline_model_parallel_size", "context_parallel_size", "fp8", "fp8_recipe", "fp8_param",
                  "num_moe_experts", "moe_layer_freq", "gated_linear_unit", "normalization")
 MDS_FIELDS = (

@@ -28,8 +28,9 @@ def megatron_args(model: ModelSpec, training: Training, row: dict, ds_config_pat
 def pipeline_layout(model: ModelSpec, training: Training, p: int, v: int) -> str | None:
     """Megatron-LM's --pipeline-model-parallel-layout for blocks that do not split evenly over the
     p x v virtual stages (Engine.pipeline_layout; None where they do): one entry per virtual stage in
-    order, split by "|", the embedding (E) first and the loss (L) last, t a block (megatron-core
-    transformer/pipeline_parallel_layer_layout.py PipelineParallelLayerLayout). Each stage takes
+    order, split by "|", the embedding (E) first and the loss (L) last, t a block, m an MTP depth, after
+    every block and in the last stage (megatron-core transformer/pipeline_parallel_layer_layout.py
+    PipelineParallelLayerLayout, validate_layer_layout: as many m as --mtp-num-layers). Each stage takes
     pipeline.chunk_slots' share of the slots, the embedding and the loss a slot each where
     Training.pipeline_edge_layers counts them."""
     e, chunks = training.pipeline_edge_layers, p * v
@@ -39,7 +40,7 @@ def pipeline_layout(model: ModelSpec, training: Training, p: int, v: int) -> str
     stages = []
     for i in range(chunks):
         size = int(chunk_slots(slots, chunks, i)[1]) - e * ((i == 0) + (i == chunks - 1))
-        stages.append("E" * (i == 0) + "t" * size + "L" * (i == chunks - 1))
+        stages.append("E" * (i == 0) + "t" * size + ("m" * model.mtp_layers + "L") * (i == chunks - 1))
     return "|".join(stages)
 
 
