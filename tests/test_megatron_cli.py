@@ -112,6 +112,8 @@ def test_megatron_lm_parses_the_layout(case):
     assert a["global_batch_size"] // (a["micro_batch_size"] * a["data_parallel_size"]) == row["gas"]
     assert a["seq_length"] == 4096 and a["num_layers"] == model.layers and a["hidden_size"] == model.hidden
     assert a["mtp_num_layers"] == config["mtp_num_layers"] == (model.mtp_layers or None)
+    # the loss the plan books: megatron-core's fused native cross entropy (data/coefficients.json)
+    assert (a["cross_entropy_loss_fusion"], a["cross_entropy_fusion_impl"]) == (True, "native")
     granularity, full = _recompute(row)
     assert a["recompute_granularity"] == config["recompute_granularity"] == granularity
     if full:

@@ -155,6 +155,7 @@ MLM_FIELDS = (
     "exp_avg_dtype", "exp_avg_sq_dtype", "accumulate_allreduce_grads_in_fp32", "overlap_grad_reduce",
     "overlap_param_gather", "overlap_p2p_comm", "tp_comm_overlap", "use_tp_pp_dp_mapping",
     "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "use_flash_attn", "mtp_num_layers",
+    "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
     "attention_backend")
 CONFIG_FIELDS = ("mtp_num_layers", "sequence_parallel", "recompute_granularity", "recompute_method", "recompute_num_layers",
                  "virtual_pipeline_model_parallel_size", "context_parallel_size", "fp8", "fp8_recipe", "fp8_param",

@@ -175,7 +175,7 @@ def _optimizer_args(model: ModelSpec, training: Training, row: dict, mds: bool, 
 
 
 def _recompute_and_precision_args(training: Training, row: dict, mds: bool) -> list[str]:
-    """Recompute, the 16-bit format and FP8, FlashAttention."""
+    """Recompute, the 16-bit format and FP8, FlashAttention, the fused loss."""
     a = []
     if row["recompute"] == "selective":
         a.append("--recompute-granularity selective")
@@ -196,6 +196,12 @@ def _recompute_and_precision_args(training: Training, row: dict, mds: bool) -> l
         # Megatron-DeepSpeed f4157be megatron/arguments.py: --use-flash-attn is --use-flash-attn-v1, whose
         # ParallelAttention asserts flash_attn_unpadded_func (flash-attn 1.x); v2 is flash_attn_varlen_func
         a.append("--use-flash-attn-v2" if mds else "--use-flash-attn")
+    if not mds:
+        # the loss the plan books (data/coefficients.json logits_bytes_per_element, 10 B a logit, measured:
+        # data/references/megatron_loss_cpu.json): megatron-core's fused vocab-parallel cross entropy, as
+        # NeMo's GPTConfig (cross_entropy_loss_fusion True) and Megatron-Bridge's performance guide run it;
+        # Megatron-LM's default, the unfused one, peaks at 6 B a logit
+        a.append("--cross-entropy-loss-fusion")
     return a
 
 
