@@ -14,12 +14,10 @@ it where they are live at the peak, are under 0.15 byte a logit at these shapes 
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
-from calibrate.harness.worker_io import one_gloo_rank
+from calibrate.harness.worker_io import counted_in_child, one_gloo_rank
 
 OUT = Path(__file__).resolve().parents[2] / "data" / "references" / "megatron_loss_cpu.json"
 
@@ -61,26 +59,18 @@ def count(name: str) -> dict:
 
 
 def measure() -> list[dict]:
-    """A row for every shape, all in one fresh process (parallel state is global)."""
-    proc = subprocess.run([sys.executable, "-m", "calibrate.engines.megatron_loss", "--config", ",".join(CONFIGS)],
-                          capture_output=True, text=True, cwd=str(Path(__file__).resolve().parents[2]), timeout=600)
-    if proc.returncode:
-        raise SystemExit(f"megatron_loss: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-    return [json.loads(line) for line in proc.stdout.strip().splitlines()[-len(CONFIGS):]]
+    """A row for every shape, all in one fresh process."""
+    return counted_in_child("calibrate.engines.megatron_loss", list(CONFIGS))
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--config"]:  # NAME[,NAME...]: a JSON line each, in this process
-        from calibrate.harness.worker_io import print_counts
+    from calibrate.harness.recording import count_or_record
 
-        print_counts(argv[1], count)
-    from calibrate.harness.recording import run_cli
-
-    return run_cli(argv, __doc__, OUT, "python -m calibrate.engines.megatron_loss: megatron-core 0.16.1 "
-                   "vocab_parallel_cross_entropy and fused_vocab_parallel_cross_entropy after a bf16 output-layer GEMM "
-                   "on one gloo rank, peak live bytes per logit of forward and backward (torch.profiler allocation "
-                   "events)", measure, "megatron-core")
+    return count_or_record(sys.argv[1:] if argv is None else argv, count, __doc__, OUT,
+                           "python -m calibrate.engines.megatron_loss: megatron-core 0.16.1 vocab_parallel_cross_entropy "
+                           "and fused_vocab_parallel_cross_entropy after a bf16 output-layer GEMM on one gloo rank, peak "
+                           "live bytes per logit of forward and backward (torch.profiler allocation events)",
+                           measure, "megatron-core")
 
 
 if __name__ == "__main__":

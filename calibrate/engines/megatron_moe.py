@@ -164,17 +164,13 @@ def measure(one_process: bool = False) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--config"]:  # NAME[,NAME...]: a JSON line each, in this process
-        from calibrate.harness.worker_io import print_counts
+    from calibrate.harness.recording import count_or_record
 
-        print_counts(argv[1], count)
-    from calibrate.harness.recording import run_cli
-
-    return run_cli(argv, __doc__, OUT, "python -m calibrate.engines.megatron_moe: megatron-core 0.16.1 MoELayer "
-                   "(local spec, SequentialMLP, fused SwiGLU, bf16) on one gloo rank, bytes its forward saves per token "
-                   "by part (saved_tensors_hooks, each storage once, parameters and the layer input left out)", measure,
-                   "megatron-core")
+    return count_or_record(sys.argv[1:] if argv is None else argv, count, __doc__, OUT,
+                           "python -m calibrate.engines.megatron_moe: megatron-core 0.16.1 MoELayer (local spec, "
+                           "SequentialMLP, fused SwiGLU, bf16) on one gloo rank, bytes its forward saves per token by "
+                           "part (saved_tensors_hooks, each storage once, parameters and the layer input left out)",
+                           measure, "megatron-core")
 
 
 if __name__ == "__main__":

@@ -12,12 +12,10 @@ tests/test_megatron_mtp.py to hold the planner's ModelSpec.mtp_layers against.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
-from calibrate.harness.worker_io import one_gloo_rank
+from calibrate.harness.worker_io import counted_in_child, one_gloo_rank
 
 OUT = Path(__file__).resolve().parents[2] / "data" / "references" / "megatron_mtp_cpu.json"
 
@@ -82,25 +80,18 @@ def count(name: str) -> dict:
 
 
 def measure() -> list[dict]:
-    """A row for every configuration, all in one fresh process (parallel state is global)."""
-    proc = subprocess.run([sys.executable, "-m", "calibrate.engines.megatron_mtp", "--config", ",".join(CONFIGS)],
-                          capture_output=True, text=True, cwd=str(Path(__file__).resolve().parents[2]), timeout=600)
-    if proc.returncode:
-        raise SystemExit(f"megatron_mtp: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-    return [json.loads(line) for line in proc.stdout.strip().splitlines()[-len(CONFIGS):]]
+    """A row for every configuration, all in one fresh process."""
+    return counted_in_child("calibrate.engines.megatron_mtp", list(CONFIGS))
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--config"]:  # NAME[,NAME...]: a JSON line each, in this process
-        from calibrate.harness.worker_io import print_counts
+    from calibrate.harness.recording import count_or_record
 
-        print_counts(argv[1], count)
-    from calibrate.harness.recording import run_cli
-
-    return run_cli(argv, __doc__, OUT, "python -m calibrate.engines.megatron_mtp: megatron-core 0.16.1 GPTModel (local "
-                   "spec) on one gloo rank, parameter elements with and without one MTP depth, as the whole model "
-                   "and as a last pipeline stage (post_process only)", measure, "megatron-core")
+    return count_or_record(sys.argv[1:] if argv is None else argv, count, __doc__, OUT,
+                           "python -m calibrate.engines.megatron_mtp: megatron-core 0.16.1 GPTModel (local spec) on one "
+                           "gloo rank, parameter elements with and without one MTP depth, as the whole model and as a "
+                           "last pipeline stage (post_process only)",
+                           measure, "megatron-core")
 
 
 if __name__ == "__main__":

@@ -54,6 +54,16 @@ def run_cli(argv, doc: str, default_out: Path, source: str, measure_rows, packag
     return 0
 
 
+def count_or_record(argv, count, doc: str, default_out: Path, source: str, measure_rows, package: str) -> int:
+    """A recorder whose rows are counted in a child of itself: `--config NAME,...` counts them in this
+    process (the child: calibrate/harness/worker_io.py print_counts, which exits); otherwise run_cli."""
+    if argv[:1] == ["--config"]:
+        from calibrate.harness.worker_io import print_counts
+
+        print_counts(argv[1], count)
+    return run_cli(argv, doc, default_out, source, measure_rows, package)
+
+
 def stub_triton_kernels() -> None:
     """torchtitan.distributed.minimal_async_ep imports triton at import time (its MoE all-to-all)."""
     stub = types.ModuleType("torchtitan.distributed.minimal_async_ep")

@@ -71,3 +71,16 @@ def print_counts(names: str, count) -> None:
         print(json.dumps(count(name)))
     sys.stdout.flush()
     os._exit(0)
+
+
+def counted_in_child(module: str, names: list, timeout_s: float = 600) -> list[dict]:
+    """`python -m module --config NAME,...` in a fresh process (parallel state and the process group
+    are global) from the repository root: the rows its print_counts writes, one per name, in order."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", module, "--config", ",".join(names)], capture_output=True, text=True,
+                          cwd=str(Path(__file__).resolve().parents[2]), timeout=timeout_s)
+    if proc.returncode:
+        raise SystemExit(f"{module} {','.join(names)}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+    return [json.loads(line) for line in proc.stdout.strip().splitlines()[-len(names):]]
