@@ -258,15 +258,8 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     names = [name for name in ENGINE_NAMES if name != train.engine.name] if compare_engines and _engines is None else []
     others_search = _OtherEngines(spec, clus, unsearched, headroom, max_mbs, pins, frees, names, workers)
     try:
-        train, result, knobbed, _ = _searched(spec, clus, train, tin, headroom, max_mbs, pins, defaults)
-        if pins and result.valid.size == 0:
-            raise_contradiction(spec, clus, train, max_mbs, pins, pinned)
-        assumptions = _assumptions(spec, clus, train, gbs, headroom, defaults, pinned if pins else None, result)
-        # with other ZeRO-3 knobs, the ZeRO-3 rows are that search's, the others the first search's
-        sources = [(result, result.valid.zero != 3 if knobbed else None)] + ([(knobbed, None)] if knobbed else [])
-        records = _records(clus, train, tin, gbs, sources, top)
-        clear = fastest_clear_fit(clus, sources, records) if records and records[0]["memory"]["verdict"] != "fits" \
-            else None
+        train, result, assumptions, records, clear = _this_engine(spec, clus, train, tin, gbs, headroom, max_mbs, pins,
+                                                                  pinned, defaults, top)
         points = results.landscape(result, landscape) if landscape else None
         best = records[0]["throughput"]["tokens_per_s"] if records else None
         if names:
@@ -292,6 +285,21 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
                         f"{proposals[0]['tokens_per_s']:,.0f} tokens/s)")
     return Recommendation(spec, clus, train, assumptions, defaults, result.candidates, result.rejected,
                           records, hints, result.elapsed_s, points, clear, others, [], proposals, batch_note)
+
+
+def _this_engine(spec, clus, train: Training, tin: TrainingInput, gbs: int, headroom: float, max_mbs: int, pins: dict,
+                 pinned: dict | None, defaults: dict, top: int) -> tuple:
+    """(training, search result, assumptions, the top records, the clear fit under a borderline #1 or
+    None) of recommend's own engine: its searches (_searched), then the records of their layouts."""
+    train, result, knobbed, _ = _searched(spec, clus, train, tin, headroom, max_mbs, pins, defaults)
+    if pins and result.valid.size == 0:
+        raise_contradiction(spec, clus, train, max_mbs, pins, pinned)
+    assumptions = _assumptions(spec, clus, train, gbs, headroom, defaults, pinned if pins else None, result)
+    # with other ZeRO-3 knobs, the ZeRO-3 rows are that search's, the others the first search's
+    sources = [(result, result.valid.zero != 3 if knobbed else None)] + ([(knobbed, None)] if knobbed else [])
+    records = _records(clus, train, tin, gbs, sources, top)
+    clear = fastest_clear_fit(clus, sources, records) if records and records[0]["memory"]["verdict"] != "fits" else None
+    return train, result, assumptions, records, clear
 
 
 def _engine_groups(own_engine: str, names: list, workers: int) -> list[list]:

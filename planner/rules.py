@@ -232,6 +232,8 @@ RULES: tuple[Rule, ...] = (
     _whole("compile_measured", lambda m, cl, tr: tr.compile and not compiled_block_measured(m),
            lambda m, cl, tr: "--compile: measured for transformers' Llama-style dense blocks (Llama, Mistral, Qwen2); "
                              "MoE, per-head q/k norms and the other architectures are not"),
+    # megatron-core 0.16.1 GPTModel(mtp_block_spec) builds MTP depths; the other engines' models here none
+    # (torchtitan 0.3.0's own models/deepseek_v3/mtp.py is not modelled)
     _whole("mtp_engine", lambda m, cl, tr: m.mtp_layers > 0 and not tr.engine.multi_token_prediction,
            lambda m, cl, tr: f"--mtp-layers: --engine {tr.engine.name} builds no multi-token-prediction depths as "
                              "modelled here; megatron does (--mtp-num-layers)"),
