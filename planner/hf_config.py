@@ -271,6 +271,10 @@ def deepseek(f: Fields, kind: str) -> dict:
     dense_layers = f.integer("first_k_dense_replace", default=0)
     if f.flag("attention_bias", False) and not glm:
         f.approximate("MLA's attention_bias (q_a/kv_a/o_proj biases) not modelled")
+    mtp = f.integer("num_nextn_predict_layers", default=0)
+    if mtp:  # transformers builds no MTP module (its checkpoint loading skips those weights)
+        f.approximate(f"its {mtp} multi-token-prediction depth(s) (num_nextn_predict_layers) left out, as transformers "
+                      f"leaves them; --mtp-layers {mtp} trains them (megatron)")
     mla = {} if glm else dict(
         head_dim=f.integer("qk_nope_head_dim"), kv_lora_rank=f.integer("kv_lora_rank"),
         q_lora_rank=f.integer("q_lora_rank", default=0), qk_rope_head_dim=f.integer("qk_rope_head_dim"),

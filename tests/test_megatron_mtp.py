@@ -133,24 +133,29 @@ def test_the_other_engines_say_why_they_cannot_train_it():
 CI = json.loads((REFERENCE.parent / "megatron_ci_moe_mtp_h100.json").read_text())
 
 
+def _ci_config() -> dict:
+    """NVIDIA's Megatron-LM CI MoE run's Megatron arguments (data/references/megatron_ci_moe_mtp_h100.json)
+    as a DeepSeek-V3-style config (MLA, one dense block first, a shared expert)."""
+    c = CI["config"]
+    return {"model_type": "deepseek_v3", "hidden_size": c["hidden_size"], "intermediate_size": c["ffn_hidden_size"],
+            "moe_intermediate_size": c["moe_ffn_hidden_size"], "n_routed_experts": c["num_experts"],
+            "num_experts_per_tok": c["moe_router_topk"],
+            "n_shared_experts": c["moe_shared_expert_intermediate_size"] // c["moe_ffn_hidden_size"],  # 1024 / 1024
+            "first_k_dense_replace": 1,  # --moe-layer-freq ([0]*1+[1]*15)
+            "num_hidden_layers": c["num_layers"], "num_attention_heads": c["num_attention_heads"],
+            "num_key_value_heads": c["num_attention_heads"], "q_lora_rank": c["q_lora_rank"],
+            "kv_lora_rank": c["kv_lora_rank"], "qk_nope_head_dim": c["qk_head_dim"],
+            "qk_rope_head_dim": c["qk_pos_emb_head_dim"], "v_head_dim": c["v_head_dim"],
+            "vocab_size": CI["padded_vocab"], "tie_word_embeddings": False, "max_position_embeddings": c["seq_length"]}
+
+
 def _ci_estimate(mtp_layers: int):
-    """NVIDIA's Megatron-LM CI MoE run (data/references/megatron_ci_moe_mtp_h100.json) as planner inputs:
-    its Megatron arguments in a DeepSeek-V3-style config (MLA, one dense block first, a shared expert)."""
+    """That run as planner inputs."""
     from planner import api
     from planner.inputs import ModelInput
 
     c = CI["config"]
-    config = {"model_type": "deepseek_v3", "hidden_size": c["hidden_size"], "intermediate_size": c["ffn_hidden_size"],
-              "moe_intermediate_size": c["moe_ffn_hidden_size"], "n_routed_experts": c["num_experts"],
-              "num_experts_per_tok": c["moe_router_topk"],
-              "n_shared_experts": c["moe_shared_expert_intermediate_size"] // c["moe_ffn_hidden_size"],  # 1024 / 1024
-              "first_k_dense_replace": 1,  # --moe-layer-freq ([0]*1+[1]*15)
-              "num_hidden_layers": c["num_layers"], "num_attention_heads": c["num_attention_heads"],
-              "num_key_value_heads": c["num_attention_heads"], "q_lora_rank": c["q_lora_rank"],
-              "kv_lora_rank": c["kv_lora_rank"], "qk_nope_head_dim": c["qk_head_dim"],
-              "qk_rope_head_dim": c["qk_pos_emb_head_dim"], "v_head_dim": c["v_head_dim"],
-              "vocab_size": CI["padded_vocab"], "tie_word_embeddings": False, "max_position_embeddings": c["seq_length"]}
-    return api.estimate(ModelInput(config=config, mtp_layers=mtp_layers),
+    return api.estimate(ModelInput(config=_ci_config(), mtp_layers=mtp_layers),
                         {"gpu": "h100-sxm", "gpus": c["gpus"], "gpus_per_node": c["gpus_per_node"]},
                         {"engine": "megatron", "seq_len": c["seq_length"], "gbs": c["global_batch_size"],
                          "flash_attention": False,  # --attention-backend unfused
@@ -168,3 +173,13 @@ def test_the_last_stage_of_nvidias_moe_ci_run_peaks_as_measured():
     assert last["stage"] == 1
     allocated = last["phases"][last["peak_phase"]]["allocated_bytes"]
     assert allocated == pytest.approx(CI["measured"]["mem_max_allocated_bytes_steps_3_to_29"], rel=0.10)
+
+
+def test_a_config_with_mtp_weights_says_they_are_left_out():
+    """transformers' DeepseekV3ForCausalLM builds no MTP module (its checkpoint's layer 61 is skipped on
+    loading): the config's num_nextn_predict_layers is named in the model's source, not counted."""
+    from planner.hf_config import from_hf_config
+
+    cfg = {**_ci_config(), "num_nextn_predict_layers": 1}
+    spec = from_hf_config(cfg)
+    assert spec.mtp_layers == 0 and "num_nextn_predict_layers" in spec.source and "--mtp-layers 1" in spec.source
