@@ -191,6 +191,9 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
         # tp_comm_overlap=True; the Megatron-LM README's runs): --no-tp-comm-overlap turns it off
         train = replace(train, tp_comm_overlap=True)
         defaults["tp_comm_overlap"] = True
+    train = _edges_the_layout_needs(spec, clus, train, lay, tin.pipeline_edge_layers is None)
+    if train.pipeline_edge_layers != train.engine.pipeline_edge_layers:
+        defaults["pp_edge_layers"] = train.pipeline_edge_layers
     rules.check_single(spec, clus, train, lay)
     ev = search.evaluate(spec, clus, train, lay)
     record = layout_record(clus, lay, ev, 0)
@@ -200,6 +203,27 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
         tt = _time_to_train(record["time"]["step_s"], gbs * train.seq_len, tin, clus)
     dse = deepspeed_estimator_rows(spec, clus) if ds_estimator else None
     return Estimate(spec, clus, train, record, defaults, tt, dse)
+
+
+def _edges_the_layout_needs(spec, clus, train: Training, lay, free: bool) -> Training:
+    """`train` with the embedding and the loss counted as pipeline layers where the user left the
+    split free and the stated pp x vpp can only run that way: Megatron-LM asserts that the layers
+    plus one each for --account-for-embedding/loss-in-pipeline-split divide by the stages
+    (training/arguments.py), which NVIDIA's recipes set for such layouts (NeMo 2 recipes/
+    qwen3_235b_a22b.py pretrain_recipe: account_for_embedding_in_pipeline_split=True and
+    account_for_loss_in_pipeline_split=True, Qwen3-235B's 94 blocks over pp 8 x vpp 12)."""
+    if not free or not train.engine.pipeline_edge_choice or train.pipeline_edge_layers:
+        return train
+    try:
+        rules.check_single(spec, clus, train, lay)
+        return train
+    except InputError:
+        edges = replace(train, pipeline_edge_layers=1)
+        try:
+            rules.check_single(spec, clus, edges, lay)
+        except InputError:
+            return train  # the first rule's message stands
+        return edges
 
 
 def recommend(model, cluster=None, training=None, *, top: int | None = None, memory_headroom: float | None = None,

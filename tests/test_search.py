@@ -8,6 +8,7 @@ import pytest
 
 from planner import cli, hardware, layout, results, search, variants
 from planner.engines import NAMES as ENGINE_NAMES
+from planner.errors import InputError
 from planner.model import lookup
 
 
@@ -347,6 +348,25 @@ def test_recommend_searches_megatrons_edge_accounting():
                           {"engine": "megatron", "seq_len": 8192, "gbs": 2048, "pipeline_edge_layers": 0},
                           pinned={"tp": 8, "pp": 16, "vpp": 2}, top=1)
     assert plain.layouts[0]["layout"]["vpp"] == 2 and plain.assumptions["pp_edge_layers"] == 0
+
+
+def test_estimate_takes_the_edge_accounting_a_stated_interleaving_needs():
+    # NVIDIA's B200 recipe for Qwen3-235B-A22B (NeMo scripts/performance/recommended_model_configs/
+    # model_configs_b200.csv: pp 8, vpp 12, ep 8) interleaves 94 blocks over 96 chunks, which
+    # Megatron-LM only starts with the embedding and the loss counted as layers ((94 + 2) / 96 = 1;
+    # training/arguments.py validate_args; NeMo's qwen3_235b_a22b recipe sets both --account-for-*)
+    from planner import api
+
+    cluster, training = {"gpu": "b200", "gpus": 64}, {"engine": "megatron", "seq_len": 4096, "gbs": 1024}
+    lay = {"pp": 8, "vpp": 12, "ep": 8, "mbs": 1, "zero": 1}
+    est = api.estimate("qwen3-235b-a22b", cluster, training, lay)
+    assert est.training.pipeline_edge_layers == 1 and est.defaults["pp_edge_layers"] == 1
+    # told not to count them, 96 chunks exceed 94 blocks: refused, naming the flag
+    with pytest.raises(InputError, match=r"^--pp\*--vpp: must not exceed the layer count 94"):
+        api.estimate("qwen3-235b-a22b", cluster, {**training, "pipeline_edge_layers": 0}, lay)
+    # a layout that divides the blocks as they are keeps Megatron-LM's default (no edge accounting)
+    plain = api.estimate("qwen3-235b-a22b", cluster, training, {**lay, "pp": 2, "vpp": 1, "ep": 8})
+    assert plain.training.pipeline_edge_layers == 0 and "pp_edge_layers" not in plain.defaults
 
 
 def test_recommend_lowers_zero3_live_parameters_where_that_decides_the_fit():

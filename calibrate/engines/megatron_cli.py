@@ -69,6 +69,9 @@ CASES = [  # (engine, catalog model, precision, Training changes, row changes); 
     ("megatron", "llama-3-8b", "bf16", {"pipeline_edge_layers": 1, "tp_comm_overlap": True,
                                         "grad_reduce_in_bf16": True},
      {"tp": 2, "pp": 2, "dp": 2, **SP, "rank_order": "tp-cp-pp-dp"}),  # (32 + 2) / 2 blocks a stage
+    # Llama 3.1 405B as Meta interleaved it: (126 + 2) / (16 x 2) = 4 layer slots a virtual stage
+    ("megatron", "llama-3.1-405b", "bf16", {"pipeline_edge_layers": 1}, {"tp": 8, "pp": 16, "vpp": 2, "dp": 1, **SP,
+                                                                        "gas": 16, "schedule": "interleaved"}),
     ("megatron", "llama-3-8b", "bf16", {}, {"cp": 4, "dp": 2}),
     ("megatron", "llama-3-8b", "bf16", {}, {"tp": 2, "cp": 2, "dp": 2, **SP}),
     ("megatron", "llama-3-8b", "fp32", {}, {"zero": 0}),

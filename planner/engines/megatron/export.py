@@ -8,7 +8,7 @@ from planner.engines import Launcher
 from planner.hardware import Cluster
 from planner.layout import Training
 from planner.model import ModelSpec
-from planner.pipeline import chunk_slots
+from planner.pipeline import chunk_slots, interleaved_layers
 
 from planner.engines.deepspeed.export import DS_CONFIG
 
@@ -52,7 +52,9 @@ def _parallel_args(model: ModelSpec, training: Training, row: dict, mds: bool) -
     if layout:
         a.append(f"--pipeline-model-parallel-layout {layout}")
     elif v > 1:
-        a.append(f"--num-layers-per-virtual-pipeline-stage {model.layers // (p * v)}")
+        # the edge slots count as layers before the division (Megatron-LM d98e8a6 training/
+        # arguments.py validate_args: num_layers += 1 per --account-for-*-in-pipeline-split)
+        a.append(f"--num-layers-per-virtual-pipeline-stage {interleaved_layers(model, training) // (p * v)}")
     if c > 1:
         # Megatron-LM context parallelism; Megatron-DeepSpeed's sequence split is DeepSpeed-Ulysses
         a.append(f"--ds-sequence-parallel-size {c}" if mds else f"--context-parallel-size {c}")
