@@ -177,12 +177,26 @@ def op_sac_recompute_s(ctx: Step) -> np.ndarray:
     return seconds
 
 
+def _fitted(cluster: Cluster, name: str) -> bool:
+    """Whether the cluster's calibration profile fitted time coefficient `name`."""
+    cal = cluster.calibration
+    return cal is not None and any(n == name for _, n, _ in cal.overrides)
+
+
+def gpu_time_coefficients(cluster: Cluster, c: dict) -> dict:
+    """Time coefficients `c` for the cluster's GPU: the large-GEMM ceiling a profile fitted (calibrate's
+    GEMM bench) where it has one, else the catalog's measured one for the GPU (GPU.gemm_efficiency_max:
+    an MI300X's best bf16 GEMM reaches 51 % of its peak where an H100's reaches 80 %), else the prior."""
+    if cluster.gpu.gemm_efficiency_max and not _fitted(cluster, "gemm_efficiency_max"):
+        return dict(c, gemm_efficiency_max=cluster.gpu.gemm_efficiency_max)
+    return c
+
+
 def attention_efficiency(cluster: Cluster, c: dict) -> float:
     """Fraction of the 16-bit peak the attention core's matmuls reach: a profile's fitted value
     (calibrate's attention bench on this GPU) where it has one, else the GPU catalog's published
     figure, else the generic prior (data/coefficients.json)."""
-    cal = cluster.calibration
-    if cal is not None and any(name == "attention_efficiency" for _, name, _ in cal.overrides):
+    if _fitted(cluster, "attention_efficiency"):
         return c["attention_efficiency"]
     return cluster.gpu.attention_efficiency or c["attention_efficiency"]
 

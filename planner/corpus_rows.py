@@ -92,8 +92,13 @@ def recipe(row: dict) -> dict:
 
 
 def precision(row: dict) -> str | None:
-    """bf16, bf16-pure, fp16, or fp8 (None while the planner does not take fp8)."""
-    n, ident = notes(row).lower(), row["id"]
+    """bf16, bf16-pure, fp16, or fp8 (None while the planner does not take fp8): the row's own
+    `precision` where it states one (the measured-peak rows: their notes name the FP8 rows of the
+    same table beside a bf16 one), else as its notes and id read."""
+    stated = (row.get("precision") or "").lower()
+    n, ident = (stated or notes(row).lower()), row["id"]
+    if stated and "fp8" not in stated and "float8" not in stated:
+        ident = ""  # stated bf16: the id's words do not override it
     if "fp8" in n or "float8" in n or "float8" in ident or "fp8" in ident:
         return "fp8" if accepts("fp8") else None
     if "pure bf16" in n or recipe(row).get("precision") == "bf16-pure":

@@ -37,6 +37,10 @@ class GPU:
     """Aggregate NVMe bandwidth per node (ZeRO-Infinity)."""
     attention_efficiency: float = 0.0
     """Fraction of the 16-bit peak FlashAttention reaches on this GPU (0: the global prior)."""
+    gemm_efficiency_max: float = 0.0
+    """Fraction of the 16-bit peak the largest GEMMs reach on this GPU in isolation, where it was
+    measured and no published run checks the global prior on it (0: the prior, gemm_efficiency_max
+    in data/coefficients.json)."""
     sm_count: int = 0
     """Streaming multiprocessors (AMD: compute units): communication kernels that run beside a
     GEMM take some of them (0: unknown, none taken)."""
@@ -157,6 +161,7 @@ def load_gpus() -> dict[str, GPU]:
             host_ram_bytes_per_node=int(e["host_ram_gib_per_node"] * 2**30),
             nvme_bytes_per_s_per_node=e["nvme_gb_per_s_per_node"] * 1e9,
             attention_efficiency=float(e.get("attention_efficiency", 0.0)),
+            gemm_efficiency_max=float(e.get("gemm_efficiency_max", 0.0)),
             sm_count=int(e.get("sm_count", 0)),
             compute_capability=float(e.get("compute_capability", 0.0)),
             source=e["source"],

@@ -149,9 +149,15 @@ def microbatch_s(ctx: Step) -> dict:
     return out
 
 
+def time_coefficients(cluster: Cluster) -> dict:
+    """data/coefficients.json's time section, a profile's fitted values and the GPU's own measured
+    figures in their place (compute.gpu_time_coefficients)."""
+    return C.gpu_time_coefficients(cluster, coefficients("time", cluster.calibration))
+
+
 def layer_times(model: ModelSpec, cluster: Cluster, training: Training, lay: Layouts) -> dict:
     """Forward, backward and recompute seconds of one transformer block per micro-batch on one rank."""
-    mb = microbatch_s(Step(model, cluster, training, lay, coefficients("time", cluster.calibration)))
+    mb = microbatch_s(Step(model, cluster, training, lay, time_coefficients(cluster)))
     return {k: mb[k] for k in ("fwd_s", "bwd_s", "recompute_s")}
 
 
@@ -385,7 +391,7 @@ def step_time(model: ModelSpec, cluster: Cluster, training: Training, lay: Layou
         step_s = pipeline work + the slowest rank's delay to it (planner/stragglers.py)
                  + exposed DP, offload and optimizer
                  + max(hideable DP - the compute it hides behind, 0) + fixed overhead"""
-    c = coefficients("time", cluster.calibration)
+    c = time_coefficients(cluster)
     codes = codes_of(lay) if lay.size > 64 else None
     pipe = grouped(codes, PIPE_FIELDS, lambda sub: _pipeline_terms(Step(model, cluster, training, sub, c)), lay)
     step = grouped(codes, STEP_FIELDS, lambda sub: _step_terms(Step(model, cluster, training, sub, c)), lay)

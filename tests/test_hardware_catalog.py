@@ -115,6 +115,42 @@ def test_every_catalog_entry_loads_with_a_source():
         assert all(math.isfinite(v) and v >= 0 for v in g.peak_flops_per_s.values())
 
 
+# --- the largest GEMMs' share of the peak ------------------------------------------------------
+
+# Bekman, Machine Learning Engineering (stas00/ml-engineering 744d01e) compute/accelerator/README.md,
+# 'Maximum Achievable Matmul FLOPS comparison table', BF16: TFLOP/s at each GPU's best shape (M, N, K)
+MAMF_BF16 = {"mi300x": (668.4, (10240, 15360, 8192)), "b200": (1745.0, (1792, 16128, 3072)),
+             "gb200": (1822.0, (4096, 9728, 2048))}
+
+
+@pytest.mark.parametrize("name", sorted(MAMF_BF16))
+def test_the_largest_gemm_runs_at_the_measured_ceiling(name):
+    from planner import compute, hardware
+
+    tflops, (m, n, k) = MAMF_BF16[name]
+    cluster = hardware.Cluster(H.lookup_gpu(name), 8, 8)
+    c = compute.gpu_time_coefficients(cluster, coefficient_values("time"))
+    flops = 2.0 * m * n * k  # one GEMM at the table's best shape
+    rate = flops / compute.gemm_s(flops, cluster.gpu.peak_flops_per_s["bf16"], c)
+    assert rate == pytest.approx(tflops * 1e12, rel=0.02)  # MI300X: 668 of its 1307 TFLOP/s peak
+    from planner import timing
+
+    assert timing.time_coefficients(cluster)["gemm_efficiency_max"] == c["gemm_efficiency_max"]  # the step's
+
+
+def test_a_gpu_without_a_measured_ceiling_keeps_the_prior_and_a_profile_beats_the_catalog():
+    from planner import compute, hardware
+    from planner.calibration import Calibration
+
+    prior = coefficient_values("time")
+    h100 = hardware.Cluster(H.lookup_gpu("h100-sxm"), 8, 8)
+    assert compute.gpu_time_coefficients(h100, prior)["gemm_efficiency_max"] == prior["gemm_efficiency_max"]
+    # a profile fitted on the GPU itself (calibrate's GEMM bench) comes before the catalog's figure
+    fitted = Calibration("mi300x-bench", "-", "mi300x", overrides=(("time", "gemm_efficiency_max", 0.6),))
+    mi300x = hardware.Cluster(H.lookup_gpu("mi300x"), 8, 8, calibration=fitted)
+    assert compute.gpu_time_coefficients(mi300x, coefficient_values("time", fitted))["gemm_efficiency_max"] == 0.6
+
+
 # --- names, as the CLI resolves them -------------------------------------------------------------
 
 @pytest.mark.parametrize("typed, name", [
@@ -235,10 +271,12 @@ def test_docs_table_is_the_catalog():
     from pathlib import Path
 
     text = (Path(__file__).resolve().parent.parent / "docs" / "hardware.md").read_text()
-    rows = {cells[0].strip("` "): cells[1:9] for line in text.splitlines() if line.startswith("| `")
-            for cells in [[c.strip() for c in line.strip("|").split("|")]]}
+    tables = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| `")]
+    rows = {cells[0].strip("` "): cells[1:9] for cells in tables if len(cells) >= 9}
+    ceilings = {cells[0].strip("` "): float(cells[2]) for cells in tables if len(cells) == 3}
     gpus = catalog("gpus.json")["gpus"]
     assert set(rows) == {e["name"] for e in gpus}
+    assert ceilings == {e["name"]: e["gemm_efficiency_max"] for e in gpus if "gemm_efficiency_max" in e}
     for e in gpus:
         mem, bf16, fp8, hbm, link, nic, host, node = rows[e["name"]]
         num = lambda s: float(s.replace(",", ""))  # noqa: E731

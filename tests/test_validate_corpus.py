@@ -66,6 +66,17 @@ def test_fp8_rows_run_the_recipe_they_name(row_id, recipe):
     assert reading.training.precision == "fp8" and reading.training.fp8_recipe == recipe
 
 
+@pytest.mark.parametrize("row_id", ["mem-torchao-h100-llama3-8b-bf16", "mem-torchao-mi300x-llama3-8b-bf16",
+                                    "mem-torchao-b200-llama3-8b-bf16"])
+def test_a_stated_bf16_row_runs_bf16_though_its_notes_name_the_fp8_rows_beside_it(row_id):
+    # torchao's tables list bf16 beside float8; the row's precision 'bf16 mixed' is the run, and its
+    # notes' 'no float8' or 'float8 rowwise 33.72 GiB (not recorded)' are about the others
+    row = BY_ID[row_id]
+    assert "float8" in row["notes"] and row["precision"] == "bf16 mixed"
+    reading = corpus_rows.read(row)
+    assert reading.training.precision == "bf16" and reading.training.fp8_recipe is None
+
+
 @pytest.mark.parametrize("row_id, chunks", [
     ("torchtitan-t2-8B-8gpu-fsdp8-cp1", 1),  # torchtitan 9dec370: eager loss, whole fp32 logits
     ("torchtitan-t3-8B-128gpu-fsdp", 1),  # no torch.compile: eager loss
