@@ -206,7 +206,8 @@ def _add_engine_setting_flags(g):
                         "beside the next chunk's compute)")
     g.add_argument("--pp-edge-layers", type=int, choices=(0, 1), default=None,
                    help="blocks' worth the first and last pipeline stages give up for the embedding and the loss "
-                        "(Megatron --account-for-embedding/loss-in-pipeline-split: 1; default: the engine's)")
+                        "(Megatron --account-for-embedding/loss-in-pipeline-split: 1; default: the engine's, or 1 "
+                        "where only the blocks + 2 split evenly over the stated --pp x --vpp)")
 
 
 def _add_memory_setting_flags(g):

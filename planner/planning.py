@@ -16,6 +16,7 @@ from planner.hardware import Cluster, lookup_gpu
 from planner.inputs import DEFAULTS, ClusterInput, LayoutInput, ModelInput, TrainingInput, coerce, model_input, resolve_model
 from planner.layout import Training, ZeroConfig, single
 from planner.model import ModelSpec
+from planner.pipeline import interleaved_layers
 from planner.modules import block_modules, word_of
 from planner.records import band_of, cluster_dict, layout_record, stage_records
 from planner.refine import (batch_proposals, engine_best, fastest_clear_fit, pin_codes, raise_contradiction,
@@ -207,18 +208,22 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
 
 def _edges_the_layout_needs(spec, clus, train: Training, lay, free: bool) -> Training:
     """`train` with the embedding and the loss counted as pipeline layers where the user left the
-    split free and the stated pp x vpp can only run that way: Megatron-LM asserts that the layers
-    plus one each for --account-for-embedding/loss-in-pipeline-split divide by the stages
-    (training/arguments.py), which NVIDIA's recipes set for such layouts (NeMo 2 recipes/
-    qwen3_235b_a22b.py pretrain_recipe: account_for_embedding_in_pipeline_split=True and
-    account_for_loss_in_pipeline_split=True, Qwen3-235B's 94 blocks over pp 8 x vpp 12)."""
+    split free and the stated pp x vpp divides the blocks evenly only that way, or runs only that
+    way: Megatron-LM asserts that the layers plus one each for --account-for-embedding/loss-in-
+    pipeline-split divide by the stages (training/arguments.py); NVIDIA's recipes set both for such
+    layouts (NeMo 2 recipes/llama31_405b.py pretrain_recipe defaults, 126 blocks over pp 8 x vpp 8;
+    qwen3_235b_a22b.py, 94 blocks over pp 8 x vpp 12). Without them an uneven split needs a
+    --pipeline-model-parallel-layout of its own."""
     if not free or not train.engine.pipeline_edge_choice or train.pipeline_edge_layers:
         return train
+    edges = replace(train, pipeline_edge_layers=1)
+    chunks = int(lay.pp[0] * lay.vpp[0])
+    if chunks > 1 and spec.layers % chunks and interleaved_layers(spec, edges) % chunks == 0:
+        return edges
     try:
         rules.check_single(spec, clus, train, lay)
         return train
     except InputError:
-        edges = replace(train, pipeline_edge_layers=1)
         try:
             rules.check_single(spec, clus, edges, lay)
         except InputError:
