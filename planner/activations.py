@@ -28,19 +28,23 @@ from planner.stage import Stage
 
 
 def layer_bytes(model: ModelSpec, training: Training, lay: Layouts) -> tuple:
-    """(every saved tensor, without the attention core, the block input alone) bytes of one block
-    for one micro-batch on one rank: what no, selective and full recompute keep."""
+    """(every saved tensor, without what selective recompute drops, the block input alone) bytes of
+    one block for one micro-batch on one rank: what no, selective and full recompute keep. Selective
+    drops the attention core's internals (Korthikanti 2022 section 5), and under Megatron what else
+    Training.recompute_modules lists (Saved.dropped_by)."""
     t = lay.tp.astype(np.float64)
     s = training.seq_len / lay.cp  # context parallelism splits the sequence
     tokens = s * lay.mbs
     sp = np.where(lay.sequence_parallel > 0, t, 1.0)
     rows_split = t / expert_tp(training, lay)
     whole, stored = 0.0, 0.0
+    modules = set(training.recompute_modules)
     fp8_input = {"": 1.0, "own": fp8.saved_input_scale(training, False), "shared": fp8.saved_input_scale(training, True)}
     for x in saved_tensors(model, training, s, routed_per_token(model, training, lay, tokens), lay.mbs):
         part = tokens * x.bytes_per_token / {TP: t, SP: sp, WHOLE: 1.0, ROWS: rows_split}[x.split] * fp8_input[x.gemm_input]
         whole = whole + part
-        stored = stored + (0.0 if x.core else part)
+        dropped = (x.core and "core_attn" in modules) or not modules.isdisjoint(x.dropped_by)
+        stored = stored + (0.0 if dropped else part)
     whole = whole + cp_gathered_kv_bytes(model, training, lay)
     return whole, stored, boundary_bytes(model, training, lay) / checkpoint_partitions(training, lay)
 

@@ -43,6 +43,7 @@ def training_input(args):
                          fp32_grad_accum=args.fp32_grad_accum, tp_comm_overlap=args.tp_comm_overlap,
                          compile=args.compile, modules=args.modules,
                          grad_reduce_in_bf16=args.grad_reduce_in_bf16, fsdp_mixed_precision=args.fsdp_mixed_precision,
+                         recompute_modules=args.recompute_modules,
                          overlap_p2p=args.overlap_p2p, pipeline_edge_layers=args.pp_edge_layers,
                          loss_chunks=args.loss_chunks, expandable_segments=args.expandable_segments, partition_activations=args.partition_activations, cpu_checkpointing=args.cpu_checkpointing,
                          moe_capacity_factor=args.moe_capacity_factor, moe_pad_to_capacity=args.moe_pad_to_capacity,

@@ -19,6 +19,7 @@ from planner.modules import autocasts_fp32_params, block_modules
 from planner.moe import routed_per_token
 from planner.options import Fp8Recipe, Recompute
 from planner.saved.llm_foundry import llm_foundry_block_input_scale
+from planner.saved.megatron import recomputed_gemms
 from planner.stage import Step
 
 
@@ -99,8 +100,9 @@ def flops_per_step(model: ModelSpec, training: Training, lay: Layouts) -> dict:
     # PaLM appendix B (12 L h s); MLA's query/key and value head widths differ (DeepSeek-V2 2.1.2)
     core = 2.0 * model.attended_keys(training.seq_len, causal=False) * (model.q_width + model.attention_out_width)
     logits = 2.0 * model.hidden * model.vocab
-    if training.engine.selective_policy is SelectivePolicy.CORE_ATTENTION:  # Korthikanti 2022 section 6.3
-        selective = core
+    core_policy = training.engine.selective_policy is SelectivePolicy.CORE_ATTENTION
+    if core_policy:  # Korthikanti 2022 section 6.3, and Megatron's --recompute-modules GEMMs per block kind
+        selective = core * ("core_attn" in training.recompute_modules)
     else:  # torchtitan: the matmuls op-level SAC does not keep
         selective = sum(2.0 * n_in * n_out for _, n_in, n_out, _, kept in op_sac_matmuls(model) if not kept)
     # per block kind (routed, dense-first) and its count: an expert GEMM runs `routed` rows per
@@ -113,16 +115,21 @@ def flops_per_step(model: ModelSpec, training: Training, lay: Layouts) -> dict:
     gemm, run = proj, proj
     kinds = ((model, model.moe_layers + routed_mtp),
              (model.dense_block, model.layers - model.moe_layers + mtp - routed_mtp))
+    rerun_modules = 0.0  # FLOPs per token the listed modules rerun (engines/megatron/recompute.py)
     for block, n in kinds:
         gemms = block.gemms(fused=True)
         gemm = gemm + n * sum(g.flops_per_token * (block.experts_per_token if g.expert else 1) for g in gemms)
         run = run + n * sum(g.flops_per_token * (routed if g.expert else 1) for g in gemms)
+        if core_policy:
+            again = recomputed_gemms(block, training.recompute_modules)
+            rerun_modules = rerun_modules + n * sum(g.flops_per_token * (routed if g.expert else 1)
+                                                    for g in gemms if g.name in again)
     model_flops = 3.0 * tokens * (gemm + (model.layers + mtp) * core + (1 + mtp) * logits)  # backward = 2x forward
     # full recompute reruns the block forward (the recomputed share of the blocks), selective the
     # attention core
     full_layers = recomputed_layers(lay, model.layers, lay.pp * lay.vpp)
     extra = full_layers / model.layers * (run + model.layers * core) \
-        + np.where(lay.recompute == Recompute.SELECTIVE, model.layers * selective, 0.0)
+        + np.where(lay.recompute == Recompute.SELECTIVE, model.layers * selective + rerun_modules, 0.0)
     padding = 3.0 * (run - gemm)  # capacity padding, forward and backward (planner/moe.py)
     return {"model_flops": model_flops, "hardware_flops": model_flops + tokens * (padding + extra)}
 
@@ -138,8 +145,8 @@ def gemm_s(flops, peak_flops_per_s: float, c: dict, count=1):
     return (flops + c["gemm_half_efficiency_flops"] * count) / (peak_flops_per_s * c["gemm_efficiency_max"])
 
 
-def gemm_fwd_s(ctx: Step) -> np.ndarray:
-    """Forward GEMMs of one block. Each GEMM runs at eff = emax F/(F + F_half) of peak, so its time
+def gemm_fwd_s(ctx: Step, only: frozenset | None = None) -> np.ndarray:
+    """Forward GEMMs of one block (those named in `only`, where given: Gemm.name). Each GEMM runs at eff = emax F/(F + F_half) of peak, so its time
     is (F + F_half)/(peak emax) (small-matrix fall-off, data/coefficients.json). TP splits all but
     the router; each local expert runs its own GEMMs on T k ep/E routed tokens (Lepikhin et al.
     2020, GShard), i.e. T k FLOPs-worth in total; T k C padded to an expert capacity
@@ -156,6 +163,8 @@ def gemm_fwd_s(ctx: Step) -> np.ndarray:
     routed = routed_per_token(model, training, lay, T)  # k dropless, E capacity / T padded
     seconds = 0.0
     for g in model.gemms(fused=training.engine.fused_gemms, fused_qkv=training.engine.fused_qkv):
+        if only is not None and g.name not in only:
+            continue
         flops = T * g.flops_per_token * (routed if g.expert else 1) / (t if g.tp_split else 1.0)
         fp8 = g.tp_split and not (g.expert and training.engine.fp8_library == "torchao")
         seconds = seconds + gemm_s(flops, fp8_peak if fp8 else peak, fp8_c if fp8 else c, expert_kernels if g.expert else 1)

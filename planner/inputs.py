@@ -246,6 +246,9 @@ class TrainingInput:
     """torch.compile on each Hugging Face block (default off; Training.compile)."""
     grad_reduce_in_bf16: bool | None = None
     """Megatron --grad-reduce-in-bf16 (default off; Training.grad_reduce_in_bf16)."""
+    recompute_modules: str | tuple | list | None = None
+    """Megatron --recompute-modules, comma-separated or a list (default core_attn;
+    Training.recompute_modules)."""
     fsdp_mixed_precision: str | None = None
     """Composer's FSDP mixed precision under llm-foundry's modules (default 'default'; Training.fsdp_mixed_precision)."""
     modules: str | None = None
@@ -307,6 +310,7 @@ class TrainingInput:
                         engine=engine, zero_config=ZeroConfig(**{k: v for k, v in zero.items() if v is not None}),
                         tp_comm_overlap=bool(self.tp_comm_overlap), compile=bool(self.compile), modules=self.modules,
                         grad_reduce_in_bf16=bool(self.grad_reduce_in_bf16),
+                        **({} if self.recompute_modules is None else {"recompute_modules": self.recompute_modules}),
                         fsdp_mixed_precision=self.fsdp_mixed_precision or "default",
                         moe_capacity_factor=self.moe_capacity_factor,
                         overlap_p2p=self.overlap_p2p is not False, pipeline_edge_layers=self.pipeline_edge_layers,

@@ -18,6 +18,13 @@ from planner.errors import InputError
 from planner.modules import FSDP_MIXED_PRECISION, check as modules_check, choices as modules_choices, parse as modules_parse, word_of as modules_word
 from planner.options import Fp8Recipe, Offload, Optimizer, Precision, RankOrder, Recompute, RecomputeMethod, Schedule
 
+# megatron-core 0.16.1 transformer_config.py recompute_modules choices the planner models, in Megatron's
+# order; moe_act is left out: it needs moe_grouped_gemm (TransformerConfig.__post_init__ raises
+# without it), and the planner runs Megatron's experts as SequentialMLP (Engine.grouped_experts)
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+
+
 
 def among(values, choices) -> np.ndarray:
     """Elementwise: is each of `values` one of `choices` (np.isin without its sort, which costs
@@ -130,6 +137,10 @@ class Training:
     grad_reduce_in_bf16: bool = False
     """Megatron --grad-reduce-in-bf16: gradients kept and reduced in bf16, not fp32 main grads
     (Engine.grad_reduce_bf16_choice; default off, Megatron-LM's bf16 default)."""
+    recompute_modules: tuple = ("core_attn",)
+    """What `--recompute selective` recomputes under Megatron (--recompute-modules; megatron-core
+    0.16.1 transformer_config.py recompute_modules, default ['core_attn']): RECOMPUTE_MODULES, in that
+    order (Engine.recompute_modules_choice; the other engines' selective policy is their own)."""
     fsdp_mixed_precision: str = "default"
     """Composer's FSDP mixed_precision under llm-foundry's modules (planner/modules.py
     FSDP_MIXED_PRECISION): 'default' fp32 parameters under autocast, 'pure' 16-bit ones."""
@@ -173,6 +184,7 @@ class Training:
             raise InputError(f"overlap_p2p: must be true or false, got {self.overlap_p2p!r}")
         self._check_edge_layers()
         self._check_loss_chunks()
+        self._check_recompute_modules()
         if self.expandable_segments is None:
             object.__setattr__(self, "expandable_segments", self.engine.expandable_segments)
         elif not isinstance(self.expandable_segments, bool):
@@ -248,6 +260,19 @@ class Training:
         """The GPU catalog's peak key of the block GEMMs: fp8 under an FP8 recipe."""
         return "fp8" if self.fp8_recipe is not None else self.precision.gemm_dtype
 
+    def _check_recompute_modules(self) -> None:
+        words = self.recompute_modules
+        if isinstance(words, str):
+            words = [w for w in words.replace(",", " ").split() if w]
+        if not isinstance(words, (list, tuple)) or not words or any(w not in RECOMPUTE_MODULES for w in words):
+            raise InputError(f"--recompute-modules: a comma-separated list of {', '.join(RECOMPUTE_MODULES)} "
+                             f"(moe_act needs grouped-GEMM experts, not modelled), got {self.recompute_modules!r}")
+        chosen = tuple(w for w in RECOMPUTE_MODULES if w in words)
+        object.__setattr__(self, "recompute_modules", chosen)
+        if chosen != DEFAULT_RECOMPUTE_MODULES and not self.engine.recompute_modules_choice:
+            raise InputError(f"--recompute-modules: --engine {self.engine.name} recomputes its own selection under "
+                             "--recompute selective; --engine megatron takes a list")
+
     def _check_loss_chunks(self) -> None:
         chunks = self.loss_chunks
         if chunks is None:
@@ -284,6 +309,8 @@ class Training:
         return replace(self, engine=other, tp_comm_overlap=self.tp_comm_overlap and other.tp_comm_overlap,
                        modules=self.modules if self.modules in modules_choices(other) else None,
                        grad_reduce_in_bf16=self.grad_reduce_in_bf16 and other.grad_reduce_bf16_choice,
+                       recompute_modules=self.recompute_modules if other.recompute_modules_choice
+                       else DEFAULT_RECOMPUTE_MODULES,
                        compile=self.compile and other.modules is Modules.HUGGING_FACE,
                        pipeline_edge_layers=self.pipeline_edge_layers if other.pipeline_edge_choice
                        and self.pipeline_edge_layers != self.engine.pipeline_edge_layers else None,
@@ -321,6 +348,10 @@ class Training:
         out["engine"] = self.engine.name
         out["modules"] = None if self.modules is None else modules_word(self.modules)
         out["zero_config"] = asdict(self.zero_config)
+        if self.engine.recompute_modules_choice:  # what --recompute selective means; the others' is their own
+            out["recompute_modules"] = list(self.recompute_modules)
+        else:
+            del out["recompute_modules"]
         return out
 
 

@@ -14,7 +14,7 @@ from planner.engines import ENGINES, NAMES as ENGINE_NAMES
 from planner.errors import InputError
 from planner.hardware import Cluster, lookup_gpu
 from planner.inputs import DEFAULTS, ClusterInput, LayoutInput, ModelInput, TrainingInput, coerce, model_input, resolve_model
-from planner.layout import Training, ZeroConfig, single
+from planner.layout import DEFAULT_RECOMPUTE_MODULES, Training, ZeroConfig, single
 from planner.model import ModelSpec
 from planner.pipeline import interleaved_layers
 from planner.modules import block_modules, word_of
@@ -176,6 +176,7 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
     train = tin.resolve(gbs, engine)
     defaults.update(_training_defaults(tin, cin, train, spec))
     clus = cin.resolve(train.gemm_dtype if train.fp8_recipe else train.precision, world)
+    _check_recompute_modules(lin.recompute, train)
     lay = single(tp=tp, pp=pp, dp=dp, cp=cp, ep=lin.ep, etp=lin.etp, vpp=lin.vpp, zero=lin.zero,
                  offload_optimizer=lin.offload_optimizer, offload_params=lin.offload_params, mbs=mbs,
                  gas=gbs // (mbs * dp), recompute=lin.recompute, recompute_layers=lin.recompute_layers,
@@ -204,6 +205,14 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
         tt = _time_to_train(record["time"]["step_s"], gbs * train.seq_len, tin, clus)
     dse = deepspeed_estimator_rows(spec, clus) if ds_estimator else None
     return Estimate(spec, clus, train, record, defaults, tt, dse)
+
+
+def _check_recompute_modules(recompute, train: Training) -> None:
+    """--recompute-modules beside --recompute selective only: Megatron reads recompute_modules under
+    --recompute-granularity selective alone (megatron-core 0.16.1 transformer_config.py)."""
+    if train.recompute_modules != DEFAULT_RECOMPUTE_MODULES and str(recompute) != "selective":
+        raise InputError(f"--recompute-modules: Megatron recomputes them under --recompute selective, not "
+                         f"{recompute} (add --recompute selective)")
 
 
 def _edges_the_layout_needs(spec, clus, train: Training, lay, free: bool) -> Training:

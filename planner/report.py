@@ -6,6 +6,7 @@ import re
 import textwrap
 
 from planner.engines import ENGINES
+from planner.layout import DEFAULT_RECOMPUTE_MODULES
 from planner.memory import BREAKDOWN_KEYS
 from planner.results import short
 
@@ -44,7 +45,14 @@ def describe(model, cluster, training) -> str:
             f"{f'fp8 GEMMs ({training.fp8_recipe}) over bf16' if training.fp8_recipe else training.precision}, "
             f"{training.optimizer}, engine {training.engine.name}, "
             f"flash attention {'on' if training.flash_attention else 'off'}{', torch.compile' if training.compile else ''}"
-            f"{', TP comm overlap (TransformerEngine)' if training.tp_comm_overlap else ''}")
+            f"{', TP comm overlap (TransformerEngine)' if training.tp_comm_overlap else ''}"
+            f"{selective_text(training)}")
+
+
+def selective_text(training) -> str:
+    """What selective recompute reruns where the user listed Megatron's modules."""
+    modules = training.recompute_modules
+    return "" if modules == DEFAULT_RECOMPUTE_MODULES else f", selective recompute of {' '.join(modules)}"
 
 
 def pod_text(cluster) -> str:

@@ -237,6 +237,11 @@ RULES: tuple[Rule, ...] = (
     _whole("mtp_engine", lambda m, cl, tr: m.mtp_layers > 0 and not tr.engine.multi_token_prediction,
            lambda m, cl, tr: f"--mtp-layers: --engine {tr.engine.name} builds no multi-token-prediction depths as "
                              "modelled here; megatron does (--mtp-num-layers)"),
+    # megatron-core 0.16.1 transformer_config.py __post_init__: "mla_up_proj in recompute_modules is only
+    # supported with multi_latent_attention"
+    _whole("recompute_mla_up_proj", lambda m, cl, tr: "mla_up_proj" in tr.recompute_modules and not m.kv_lora_rank,
+           lambda m, cl, tr: "--recompute-modules: mla_up_proj needs multi-head latent attention (deepseek-v3); "
+                             "this model's attention is not"),
     _whole("deepspeed_moe_blocks_alike",
            lambda m, cl, tr: (m.moe_layers != m.layers or m.kv_lora_rank > 0)
            and tr.engine.moe_capacity is MoeCapacity.DEEPSPEED_MOE,

@@ -39,6 +39,7 @@ from planner.dp_comm import (dp_collective_s, grad_reductions_per_step, held_par
                              rank_tensors, zero3_exposed_s, zero3_gather_s, zero3_gather_total_s)
 from planner.engines.deepspeed.timing import zero3_rank_copies_s
 from planner.engines.fsdp.timing import fsdp_copies_s
+from planner.engines.megatron.recompute import recompute_s as megatron_recompute_s
 from planner.engines.megatron.timing import chunked_sync_exposed_s
 from planner.mp_comm import (checkpoint_restore_s, cp_ring_exposed_s, ep_all_to_all_s, moe_count_sync_s,
                               tp_all_reduce_s, tp_pass_exposed_s, tp_pass_units)
@@ -82,8 +83,8 @@ def block_s(ctx: Step) -> dict:
         cp_ring_exposed_s(ctx, core_fwd, core_bwd)
     if training.engine.selective_policy is SelectivePolicy.OP_SAC:  # every op but attention and kept matmuls
         out["sel"], out["sel_comm"] = C.op_sac_recompute_s(ctx), out["tp_fwd"] / 2.0
-    else:  # Megatron: the attention core alone, no communication
-        out["sel"], out["sel_comm"] = core_fwd, 0.0
+    else:  # Megatron: the attention core, and the --recompute-modules beside it
+        out["sel"], out["sel_comm"] = megatron_recompute_s(ctx, core_fwd, out["a2a"], out["counts"])
     return out
 
 

@@ -119,6 +119,8 @@ def test_megatron_lm_parses_the_layout(case):
     assert (a["cross_entropy_loss_fusion"], a["cross_entropy_fusion_impl"]) == (True, "native")
     granularity, full = _recompute(row)
     assert a["recompute_granularity"] == config["recompute_granularity"] == granularity
+    # selective reruns the modules the plan lists (TransformerConfig.recompute_modules, default core_attn)
+    assert granularity != "selective" or config["recompute_modules"] == list(training.recompute_modules)
     if full:
         assert (a["recompute_method"], a["recompute_num_layers"]) == full
         assert (config["recompute_method"], config["recompute_num_layers"]) == full

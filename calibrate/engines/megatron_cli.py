@@ -94,6 +94,9 @@ CASES = [  # (engine, catalog model, precision, Training changes, row changes); 
     # 61 blocks on 4 x 4 virtual stages (NVIDIA's GB200 recipe) and on 16 stages: --pipeline-model-parallel-layout
     ("megatron", "deepseek-v3", "bf16", {}, {"pp": 4, "vpp": 4, "dp": 8, "ep": 8, "gas": 16, "schedule": "interleaved"}),
     ("megatron", "deepseek-v3", "bf16", {"pipeline_edge_layers": 1}, {"pp": 16, "dp": 2, "ep": 2, "gas": 16}),
+    # NeMo's DeepSeek-V3 H100 recipe recomputes MLA's up projections, the dense MLPs and the MoE layers
+    ("megatron", "deepseek-v3", "bf16", {"recompute_modules": ["mla_up_proj", "mlp", "moe"]},
+     {"ep": 8, "dp": 8, "recompute": "selective"}),
     # one multi-token-prediction depth (--mtp-num-layers), alone and on the last of 4 x 4 virtual stages
     ("megatron", ("deepseek-v3", {"mtp_layers": 1}), "bf16", {}, {"ep": 8, "dp": 8}),
     ("megatron", ("deepseek-v3", {"mtp_layers": 1}), "bf16", {}, {"pp": 4, "vpp": 4, "dp": 8, "ep": 8, "gas": 16,
@@ -147,7 +150,8 @@ MLM_FIELDS = (
     "world_size", "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
     "virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage", "expert_model_parallel_size",
     "expert_tensor_parallel_size", "data_parallel_size", "sequence_parallel", "use_distributed_optimizer",
-    "recompute_granularity", "recompute_method", "recompute_num_layers", "bf16", "fp16", "params_dtype", "fp8",
+    "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules", "bf16", "fp16",
+    "params_dtype", "fp8",
     "fp8_recipe", "fp8_param_gather", "micro_batch_size", "global_batch_size", "seq_length", "num_layers",
     "hidden_size", "num_attention_heads", "group_query_attention", "num_query_groups", "kv_channels",
     "ffn_hidden_size", "swiglu", "normalization", "position_embedding_type", "add_bias_linear",
@@ -161,6 +165,7 @@ MLM_FIELDS = (
     "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
     "attention_backend")
 CONFIG_FIELDS = ("mtp_num_layers", "sequence_parallel", "recompute_granularity", "recompute_method", "recompute_num_layers",
+                 "recompute_modules",
                  "virtual_pipeline_model_parallel_size", "context_parallel_size", "fp8", "fp8_recipe", "fp8_param",
                  "num_moe_experts", "moe_layer_freq", "gated_linear_unit", "normalization")
 MDS_FIELDS = (

@@ -332,6 +332,9 @@ class Engine:
     """Context parallelism runs beside Megatron's sequence parallelism. Not under Megatron-DeepSpeed, whose
     --cp is DeepSpeed's sequence parallelism (--ds-sequence-parallel-size): megatron/initialize.py
     _initialize_distributed raises where both are set (microsoft/Megatron-DeepSpeed f4157bea)."""
+    recompute_modules_choice: bool = False
+    """--recompute selective recomputes the modules the user lists (Megatron-LM --recompute-modules,
+    megatron-core 0.16.1 transformer_config.py recompute_modules): Training.recompute_modules."""
     grad_reduce_bf16_choice: bool = False
     """The user can keep and reduce the gradients in bf16 instead of fp32 main grads: Megatron-LM
     --grad-reduce-in-bf16 (training/arguments.py; megatron-core DistributedDataParallelConfig

@@ -27,6 +27,10 @@ class Saved:
     """TP or SP."""
     core: bool = False
     """Attention-core internals that selective recompute drops (Korthikanti section 5)."""
+    dropped_by: tuple = ()
+    """Megatron's --recompute-modules that leave it unsaved (Training.recompute_modules): the
+    module's internals under its checkpoint, or an output-discarding checkpoint's output; the
+    attention core's internals are `core`."""
     gemm_input: str = ""
     """A block linear layer's input, which Transformer Engine's FP8 layers keep as FP8
     (planner/fp8.py saved_input_scale): 'own' where the linear layer alone keeps it, 'shared' where

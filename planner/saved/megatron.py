@@ -3,6 +3,8 @@ section 4, tensor by tensor: GQA, SwiGLU, RMSNorm, MoE routing, FlashAttention).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from planner.engines import MoeCapacity
 from planner.layout import Training
 from planner.model import ModelSpec
@@ -19,10 +21,19 @@ def megatron_saved(model: ModelSpec, training: Training, seq: float, routed) -> 
     e = training.precision.element_bytes
     h, q, kv, a = model.hidden, model.q_width, model.kv_width, model.heads
     dropout = model.dropout
+    # what --recompute-modules drops (megatron-core 0.16.1; get_gpt_layer_with_transformer_engine_spec:
+    # the attention norm is its own TENorm only under MLA, fused into linear_qkv otherwise; the MLP
+    # norm its own only before an MoE layer, fused into linear_fc1 before a dense MLP). 'layernorm' and
+    # 'mla_up_proj' are output-discarding checkpoints (tensor_parallel/random.py CheckpointWithoutOutput:
+    # the function runs under no_grad, its inputs kept, its output freed once consumed); 'mlp', 'moe'
+    # and 'shared_experts' checkpoint the module (its input kept, nothing inside saved)
+    mla, moe = bool(model.kv_lora_rank), model.experts > 1
+    up = ("mla_up_proj",) if mla else ()
     out = [
         Saved("attention norm input", e * h, SP),
-        Saved("qkv input", e * h, SP, gemm_input="own"),
-        Saved("q", e * q, TP), Saved("k", e * kv, TP), Saved("v", e * model.v_width, TP),
+        Saved("qkv input", e * h, SP, gemm_input="own", dropped_by=("layernorm",) if mla else ()),
+        Saved("q", e * q, TP, dropped_by=up), Saved("k", e * kv, TP, dropped_by=up),
+        Saved("v", e * model.v_width, TP, dropped_by=up),
     ]
     if not training.flash_attention and model.kv_heads < model.heads and not model.kv_lora_rank:
         # megatron-core 0.16.1 dot_product_attention.py DotProductAttention.forward (unfused): key and
@@ -36,12 +47,14 @@ def megatron_saved(model: ModelSpec, training: Training, seq: float, routed) -> 
         # q_layernorm and kv_layernorm keep their input and an fp32 rstd, the column-parallel up
         # projections their input; q and k are heads x (qk_head_dim + qk_pos_emb_head_dim) wide, v
         # heads x v_head_dim (the widths above)
+        # (mla_up_proj: multi_latent_attention.py qkv_up_proj_and_rope_apply checkpoints the norms and
+        # up projections fused in linear_q/kv_up_proj, keeping the down projections' outputs)
         r, c = model.q_lora_rank, model.kv_lora_rank
         if r:
-            out += [Saved("q_layernorm input", e * r, SP), Saved("q_layernorm rstd (fp32)", 4.0, SP),
-                    Saved("q up-projection input", e * r, SP)]
-        out += [Saved("kv_layernorm input", e * c, SP), Saved("kv_layernorm rstd (fp32)", 4.0, SP),
-                Saved("kv up-projection input", e * c, SP)]
+            out += [Saved("q_layernorm input", e * r, SP), Saved("q_layernorm rstd (fp32)", 4.0, SP, dropped_by=up),
+                    Saved("q up-projection input", e * r, SP, dropped_by=up)]
+        out += [Saved("kv_layernorm input", e * c, SP), Saved("kv_layernorm rstd (fp32)", 4.0, SP, dropped_by=up),
+                Saved("kv up-projection input", e * c, SP, dropped_by=up)]
     if model.qk_norm:  # megatron-core qk_layernorm (TENorm): each norm keeps its input and an fp32 rstd per row
         out += [Saved("q norm input", e * q, TP), Saved("q norm rstd (fp32)", 4.0 * a, TP),
                 Saved("k norm input", e * kv, TP), Saved("k norm rstd (fp32)", 4.0 * model.kv_heads, TP)]
@@ -55,14 +68,19 @@ def megatron_saved(model: ModelSpec, training: Training, seq: float, routed) -> 
     out.append(Saved("output-projection input", e * model.attention_out_width, TP, gemm_input="shared"))
     if dropout:
         out.append(Saved("attention-output dropout mask", 1.0 * h, SP))
-    out += [Saved("mlp norm input", e * h, SP), Saved("mlp input", e * h, SP, gemm_input="own")]
-    if model.experts > 1:
-        out += megatron_moe_routing_saved(model, training, routed)
-    w = model.mlp_width(routed)  # each token's rows in the routed experts (padding included) and a shared one
-    if model.ffn_kind == "swiglu":
-        out += [Saved("fc1 output [gate|up]", e * 2 * w, TP), Saved("fc2 input", e * w, TP, gemm_input="own")]
-    else:
-        out += [Saved("activation input", e * w, TP), Saved("fc2 input", e * w, TP, gemm_input="own")]
+    # the MLP norm's output: the MoE layer's checkpointed input, the dense MLP's own (fused) internal
+    out += [Saved("mlp norm input", e * h, SP),
+            Saved("mlp input", e * h, SP, gemm_input="own", dropped_by=("layernorm",) if moe else ("mlp",))]
+    if moe:
+        out += [replace(x, dropped_by=("moe",)) for x in megatron_moe_routing_saved(model, training, routed)]
+    # each token's rows in the routed experts (padding included), and the shared expert's apart
+    widths = [(routed * model.ffn, ("moe",))] if moe else [(model.mlp_width(routed), ("mlp",))]
+    if moe and model.shared_expert_ffn:
+        widths.append((model.shared_expert_ffn, ("moe", "shared_experts")))
+    for w, by in widths:
+        first = "fc1 output [gate|up]" if model.ffn_kind == "swiglu" else "activation input"
+        out += [Saved(first, e * (2 if model.ffn_kind == "swiglu" else 1) * w, TP, dropped_by=by),
+                Saved("fc2 input", e * w, TP, gemm_input="own", dropped_by=by)]
     if dropout:
         out.append(Saved("mlp dropout mask", 1.0 * h, SP))
     return out
@@ -97,3 +115,21 @@ def megatron_moe_routing_saved(model: ModelSpec, training: Training, routed) -> 
                 Saved("dispatch source row per expert slot (int64)", 8.0 * routed, SP),
                 Saved("combine: gathered expert rows, gates (fp32), slots (int64)", (e * h + 12.0) * k, SP)]
     return out
+
+
+def recomputed_gemms(model: ModelSpec, modules) -> frozenset:
+    """The forward GEMMs (Gemm.name) the listed modules rerun in one block of this kind: 'mlp' the
+    dense MLP (transformer_layer.py recompute_mlp: not in an MoE layer), 'moe' the whole MoE layer
+    with its router and shared expert (moe/moe_layer.py moe_layer_recompute), 'shared_experts' the
+    shared expert alone, 'mla_up_proj' MLA's up projections (multi_latent_attention.py
+    qkv_up_proj_and_rope_apply); 'core_attn' and 'layernorm' no GEMM."""
+    moe, names = model.experts > 1, set()
+    if "mlp" in modules and not moe:
+        names |= {"fc1", "fc2"}
+    if "moe" in modules and moe:
+        names |= {"router", "fc1", "fc2", "shared_fc1", "shared_fc2"}
+    if "shared_experts" in modules and moe:
+        names |= {"shared_fc1", "shared_fc2"}
+    if "mla_up_proj" in modules and model.kv_lora_rank:
+        names |= {"q_up", "kv_up"}
+    return frozenset(names)

@@ -95,6 +95,7 @@ MEGATRON = Engine(
     moe_counts=MoeCounts.TP_EP_ALL_GATHER,  # --moe-expert-capacity-factor, --moe-pad-expert-input-to-capacity
     sequence_parallel_with_tp=True,
     grad_reduce_bf16_choice=True,
+    recompute_modules_choice=True,  # training/arguments.py --recompute-modules (TransformerConfig's field)
     dp_sync_per_chunk=True,  # with --overlap-grad-reduce / --overlap-param-gather, as export.py launches it
     # Megatron-LM d98e8a6 core/transformer/transformer_config.py fp8_recipe: 'delayed' by default,
     # 'tensorwise' (current scaling), 'mxfp8' (Blackwell), all through Transformer Engine

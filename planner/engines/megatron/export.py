@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from planner.engines import Launcher
 from planner.hardware import Cluster
-from planner.layout import Training
+from planner.layout import DEFAULT_RECOMPUTE_MODULES, Training
 from planner.model import ModelSpec
 from planner.pipeline import chunk_slots, interleaved_layers
 
@@ -181,6 +181,8 @@ def _recompute_and_precision_args(training: Training, row: dict, mds: bool) -> l
     a = []
     if row["recompute"] == "selective":
         a.append("--recompute-granularity selective")
+        if training.recompute_modules != DEFAULT_RECOMPUTE_MODULES:  # TransformerConfig.recompute_modules
+            a.append("--recompute-modules " + " ".join(training.recompute_modules))
     elif row["recompute"] == "full":
         method, layers = recompute_method_args(row)
         a += ["--recompute-granularity full", f"--recompute-method {method}", f"--recompute-num-layers {layers}"]
