@@ -66,6 +66,12 @@ def test_fp8_rows_run_the_recipe_they_name(row_id, recipe):
     assert reading.training.precision == "fp8" and reading.training.fp8_recipe == recipe
 
 
+def test_nvidias_deepseek_v3_row_recomputes_what_its_launch_script_lists():
+    # dgxc-benchmarking v25.05 deepseek_v3/pretraining/launch.sh, h100: RM='mla_up_proj' (selective)
+    reading = corpus_rows.read(BY_ID["dgxc-deepseekv3-671B-bf16-1024gpu"])
+    assert reading.layout.recompute == "selective" and list(reading.training.recompute_modules) == ["mla_up_proj"]
+
+
 @pytest.mark.parametrize("row_id", ["mem-torchao-h100-llama3-8b-bf16", "mem-torchao-mi300x-llama3-8b-bf16",
                                     "mem-torchao-b200-llama3-8b-bf16"])
 def test_a_stated_bf16_row_runs_bf16_though_its_notes_name_the_fp8_rows_beside_it(row_id):
