@@ -21,12 +21,10 @@ data/references/megatron_recompute_cpu.json (atomically), read by tests/test_meg
 from __future__ import annotations
 
 import contextlib
-import json
-import subprocess
 import sys
 from pathlib import Path
 
-from calibrate.harness.worker_io import one_gloo_rank
+from calibrate.harness.worker_io import counted_in_child, one_gloo_rank
 
 OUT = Path(__file__).resolve().parents[2] / "data" / "references" / "megatron_recompute_cpu.json"
 HIDDEN, FFN, SEQ, BATCH, HEADS = 64, 128, 16, 2, 4
@@ -142,15 +140,9 @@ def count(name: str) -> dict:
 def measure(one_process: bool = False) -> list[dict]:
     """A row for every configuration, each counted in a fresh process (parallel_state is global);
     one_process: all of them in one child."""
-    rows = []
-    for names in [list(CONFIGS)] if one_process else [[name] for name in CONFIGS]:
-        proc = subprocess.run([sys.executable, "-m", "calibrate.engines.megatron_recompute", "--config", ",".join(names)],
-                              capture_output=True, text=True, cwd=str(Path(__file__).resolve().parents[2]),
-                              timeout=600 * len(names))
-        if proc.returncode:
-            raise SystemExit(f"megatron_recompute {','.join(names)}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-        rows += [json.loads(line) for line in proc.stdout.strip().splitlines()[-len(names):]]
-    return rows
+    groups = [list(CONFIGS)] if one_process else [[name] for name in CONFIGS]
+    return [row for names in groups
+            for row in counted_in_child("calibrate.engines.megatron_recompute", names, 600 * len(names))]
 
 
 def main(argv=None) -> int:
