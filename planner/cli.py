@@ -47,6 +47,7 @@ def training_input(args):
                          overlap_p2p=args.overlap_p2p, pipeline_edge_layers=args.pp_edge_layers,
                          loss_chunks=args.loss_chunks, expandable_segments=args.expandable_segments, partition_activations=args.partition_activations, cpu_checkpointing=args.cpu_checkpointing,
                          moe_capacity_factor=args.moe_capacity_factor, moe_pad_to_capacity=args.moe_pad_to_capacity,
+                         moe_grouped_gemm=args.moe_grouped_gemm,
                          optimizer_offload_fraction=args.optimizer_offload_fraction,
                          tokens=args.tokens, price_per_gpu_hour=args.price_per_gpu_hour,
                          **{k: getattr(args, k) for k in ZERO_FLAGS})

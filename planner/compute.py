@@ -150,7 +150,7 @@ def gemm_fwd_s(ctx: Step, only: frozenset | None = None) -> np.ndarray:
     is (F + F_half)/(peak emax) (small-matrix fall-off, data/coefficients.json). TP splits all but
     the router; each local expert runs its own GEMMs on T k ep/E routed tokens (Lepikhin et al.
     2020, GShard), i.e. T k FLOPs-worth in total; T k C padded to an expert capacity
-    (planner/moe.py routed_per_token). A grouped GEMM (Engine.grouped_experts) is one kernel over
+    (planner/moe.py routed_per_token). A grouped GEMM (Training.moe_grouped_gemm) is one kernel over
     the local experts' rows: one fall-off for their summed FLOPs. Under FP8 (block_gemm_rate) the
     router stays 16-bit (a plain linear in every engine), and so do torchao's grouped experts
     (torchtitan 0.3.0's Float8LinearConverter converts Linear layers; its experts take a converter
@@ -159,7 +159,7 @@ def gemm_fwd_s(ctx: Step, only: frozenset | None = None) -> np.ndarray:
     fp8_peak, fp8_c = block_gemm_rate(cluster, training, c)
     peak = compute_flops_per_s(cluster, training, c)
     T, t = tokens_per_microbatch(training, lay), lay.tp.astype(np.float64)
-    expert_kernels = 1 if training.engine.grouped_experts else np.maximum(model.experts // lay.ep, 1)
+    expert_kernels = 1 if training.moe_grouped_gemm else np.maximum(model.experts // lay.ep, 1)
     routed = routed_per_token(model, training, lay, T)  # k dropless, E capacity / T padded
     seconds = 0.0
     for g in model.gemms(fused=training.engine.fused_gemms, fused_qkv=training.engine.fused_qkv):

@@ -78,7 +78,8 @@ def gpu_name(row: dict) -> str | None:
 
 
 RECIPES = {"dgxc-nemotron4-340B-bf16": {"precision": "bf16-pure", "overlap_p2p": False},
-           "dgxc-deepseekv3-671B-bf16": {"recompute": "selective", "recompute_modules": ["mla_up_proj"]}}
+           "dgxc-deepseekv3-671B-bf16": {"recompute": "selective", "recompute_modules": ["mla_up_proj"],
+                                         "moe_grouped_gemm": True}}
 """What a row's recipe sets that its row does not state, by row id prefix. NVIDIA dgxc-benchmarking
 v24.11.1 (35a9aec) nemotron/nemotron4-340b-synth.yaml: optim.dtype and grad_sync_dtype bf16, so
 NeMo's megatron_base_model.py setup_optimization gives Apex's DistributedFusedAdam bf16 moments and
@@ -86,7 +87,8 @@ store_params False (apex/contrib/optimizers/distributed_fused_adam.py StateBucke
 bf16-pure (whose megatron record keeps a 2-byte master remainder besides, sharding.py: the reading
 books slightly more than the recipe held); overlap_p2p_comm False, its interleaved sends waited.
 dgxc-benchmarking v25.05 (68eaf7e) deepseek_v3/pretraining/launch.sh on h100: --recompute_modules
-mla_up_proj (NeMo's pretrain_deepseek_v3.py: selective granularity over that list alone)."""
+mla_up_proj (NeMo's pretrain_deepseek_v3.py: selective granularity over that list alone), through
+NeMo's DeepSeekV3Config (nemo/collections/llm/gpt/model/deepseek.py: moe_grouped_gemm True)."""
 
 
 def recipe(row: dict) -> dict:
@@ -201,7 +203,8 @@ def read(row: dict) -> Reading:
         return replace(base, command="estimate", model=ModelInput(name=name),
                        cluster=ClusterInput(gpu=g, gpus=row["num_gpus"]),
                        training=TrainingInput(seq_len=row["seq_len"] or 4096, gbs=row["gbs"], precision=p,
-                                              recompute_modules=recipe(row).get("recompute_modules")),
+                                              recompute_modules=recipe(row).get("recompute_modules"),
+                                              moe_grouped_gemm=recipe(row).get("moe_grouped_gemm")),
                        layout=LayoutInput(tp=tp, pp=row["pp"] or 1, cp=row["cp"] or 1, mbs=row["mbs"] or 1, zero=1,
                                           recompute=recipe(row).get("recompute", "none"),
                                           ep=int(ep.group(1)) if ep else 1, etp=int(etp.group(1)) if etp else None,

@@ -238,6 +238,9 @@ def _add_memory_setting_flags(g):
     g.add_argument("--moe-pad-to-capacity", action="store_true", default=None,
                    help="with --moe-capacity-factor under --engine megatron: pad every expert's input to its "
                         "capacity (Megatron --moe-pad-expert-input-to-capacity)")
+    g.add_argument("--moe-grouped-gemm", action="store_true", default=None,
+                   help="under --engine megatron: each expert matrix of the local experts as one grouped GEMM "
+                        "(Megatron --moe-grouped-gemm, as NVIDIA's MoE recipes run; needed by --recompute-modules moe_act)")
     g.add_argument("--optimizer-offload-fraction", type=number, metavar="F",
                    help=_h("with --offload-optimizer cpu under --engine megatron: the share of the optimizer partition "
                            "on the host, the rest stepping on the GPU (megatron-core --optimizer-offload-fraction; "

@@ -273,6 +273,8 @@ class TrainingInput:
     megatron-deepspeed, dropless under the others; planner/moe.py)."""
     moe_pad_to_capacity: bool | None = None
     """Megatron --moe-pad-expert-input-to-capacity (default off; needs moe_capacity_factor)."""
+    moe_grouped_gemm: bool | None = None
+    """Megatron --moe-grouped-gemm (default: the engine's; Training.moe_grouped_gemm)."""
     optimizer_offload_fraction: float | None = None
     """Share of the optimizer partition --offload-optimizer cpu moves to the host under Megatron
     (default 1.0; Training.optimizer_offload_fraction)."""
@@ -294,6 +296,7 @@ class TrainingInput:
         _boolean(self.partition_activations, "activation_checkpointing.partition_activations")
         _boolean(self.cpu_checkpointing, "activation_checkpointing.cpu_checkpointing")
         _boolean(self.moe_pad_to_capacity, "--moe-pad-to-capacity")
+        _boolean(self.moe_grouped_gemm, "--moe-grouped-gemm")
         _boolean(self.fp8_param_gather, "--fp8-param-gather")
         _boolean(self.expandable_segments, "--expandable-segments")
         if self.gbs is not None and self.tokens_per_step is not None:
@@ -315,6 +318,7 @@ class TrainingInput:
                         moe_capacity_factor=self.moe_capacity_factor,
                         overlap_p2p=self.overlap_p2p is not False, pipeline_edge_layers=self.pipeline_edge_layers,
                         loss_chunks=self.loss_chunks, moe_pad_to_capacity=bool(self.moe_pad_to_capacity),
+                        moe_grouped_gemm=self.moe_grouped_gemm,
                         fp8_recipe=self.fp8_recipe, fp8_param_gather=self.fp8_param_gather,
                         expandable_segments=self.expandable_segments,
                         optimizer_offload_fraction=1.0 if self.optimizer_offload_fraction is None

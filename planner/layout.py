@@ -19,9 +19,8 @@ from planner.modules import FSDP_MIXED_PRECISION, check as modules_check, choice
 from planner.options import Fp8Recipe, Offload, Optimizer, Precision, RankOrder, Recompute, RecomputeMethod, Schedule
 
 # megatron-core 0.16.1 transformer_config.py recompute_modules choices the planner models, in Megatron's
-# order; moe_act is left out: it needs moe_grouped_gemm (TransformerConfig.__post_init__ raises
-# without it), and the planner runs Megatron's experts as SequentialMLP (Engine.grouped_experts)
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+# order (moe_act needs moe_grouped_gemm: TransformerConfig.__post_init__ raises without it)
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 
 
@@ -125,6 +124,9 @@ class Training:
     capacity_settings: DeepSpeed-MoE 1.0 under megatron-deepspeed, dropless elsewhere)."""
     moe_pad_to_capacity: bool = False
     """Megatron --moe-pad-expert-input-to-capacity: every expert runs exactly its capacity."""
+    moe_grouped_gemm: bool | None = None
+    """The local experts' GEMMs run as one grouped GEMM each (Megatron --moe-grouped-gemm; None: the
+    engine's, Engine.grouped_experts)."""
     optimizer_offload_fraction: float = 1.0
     """Share of the optimizer partition a layout with --offload-optimizer cpu keeps on the host, where
     the engine offloads part of it (Engine.offload_hybrid_optimizer: megatron-core's
@@ -265,8 +267,8 @@ class Training:
         if isinstance(words, str):
             words = [w for w in words.replace(",", " ").split() if w]
         if not isinstance(words, (list, tuple)) or not words or any(w not in RECOMPUTE_MODULES for w in words):
-            raise InputError(f"--recompute-modules: a comma-separated list of {', '.join(RECOMPUTE_MODULES)} "
-                             f"(moe_act needs grouped-GEMM experts, not modelled), got {self.recompute_modules!r}")
+            raise InputError(f"--recompute-modules: a comma-separated list of {', '.join(RECOMPUTE_MODULES)}, "
+                             f"got {self.recompute_modules!r}")
         chosen = tuple(w for w in RECOMPUTE_MODULES if w in words)
         object.__setattr__(self, "recompute_modules", chosen)
         if chosen != DEFAULT_RECOMPUTE_MODULES and not self.engine.recompute_modules_choice:
@@ -298,6 +300,15 @@ class Training:
         if self.moe_pad_to_capacity and kind is not MoeCapacity.MEGATRON:
             raise InputError(f"--moe-pad-to-capacity: --engine {self.engine.name} has no such choice (DeepSpeed-MoE "
                              "always pads, Hugging Face and torchtitan MoE are dropless); --engine megatron takes it")
+        grouped = self.moe_grouped_gemm
+        if grouped is None:
+            object.__setattr__(self, "moe_grouped_gemm", self.engine.grouped_experts)
+        elif not isinstance(grouped, bool):
+            raise InputError(f"--moe-grouped-gemm: must be true or false, got {grouped!r}")
+        elif grouped != self.engine.grouped_experts and not self.engine.grouped_experts_choice:
+            raise InputError(f"--moe-grouped-gemm: --engine {self.engine.name} runs its experts "
+                             f"{'grouped' if self.engine.grouped_experts else 'one GEMM each'}; --engine megatron "
+                             "takes the choice")
         if self.moe_pad_to_capacity and self.moe_capacity_factor is None:
             raise InputError("--moe-pad-to-capacity: needs --moe-capacity-factor C (Megatron pads to that capacity)")
 
@@ -323,6 +334,8 @@ class Training:
                        else self.expandable_segments,
                        moe_capacity_factor=None if other.moe_capacity is MoeCapacity.DROPLESS else self.moe_capacity_factor,
                        moe_pad_to_capacity=self.moe_pad_to_capacity and other.moe_capacity is MoeCapacity.MEGATRON,
+                       moe_grouped_gemm=self.moe_grouped_gemm if other.grouped_experts_choice
+                       and self.moe_grouped_gemm != self.engine.grouped_experts else None,
                        optimizer_offload_fraction=self.optimizer_offload_fraction if other.offload_hybrid_optimizer else 1.0)
 
     def overlaps_grad_reduce(self, zero) -> np.ndarray:
@@ -352,6 +365,8 @@ class Training:
             out["recompute_modules"] = list(self.recompute_modules)
         else:
             del out["recompute_modules"]
+        if not self.engine.grouped_experts_choice:  # the others' experts run as their code runs them
+            del out["moe_grouped_gemm"]
         return out
 
 

@@ -242,6 +242,14 @@ RULES: tuple[Rule, ...] = (
     _whole("recompute_mla_up_proj", lambda m, cl, tr: "mla_up_proj" in tr.recompute_modules and not m.kv_lora_rank,
            lambda m, cl, tr: "--recompute-modules: mla_up_proj needs multi-head latent attention (deepseek-v3); "
                              "this model's attention is not"),
+    # transformer_config.py __post_init__: "moe_act in recompute_modules is only supported with
+    # moe_grouped_gemm"; "Delayed scaling does not support moe_act and layernorm recompute for fp8"
+    _whole("recompute_moe_act", lambda m, cl, tr: "moe_act" in tr.recompute_modules and not tr.moe_grouped_gemm,
+           lambda m, cl, tr: "--recompute-modules: moe_act needs --moe-grouped-gemm (megatron-core refuses it without)"),
+    _whole("recompute_fp8_delayed",
+           lambda m, cl, tr: tr.fp8_recipe is Fp8Recipe.DELAYED and not {"moe_act", "layernorm"}.isdisjoint(tr.recompute_modules),
+           lambda m, cl, tr: "--recompute-modules: moe_act and layernorm recompute need --fp8-recipe tensorwise or "
+                             "mxfp8, not delayed (megatron-core refuses delayed scaling with them)"),
     _whole("deepspeed_moe_blocks_alike",
            lambda m, cl, tr: (m.moe_layers != m.layers or m.kv_lora_rank > 0)
            and tr.engine.moe_capacity is MoeCapacity.DEEPSPEED_MOE,

@@ -242,9 +242,9 @@ for command in ("estimate", "recommend"):
 # multi-token-prediction depths (DeepSeek-V3, GLM-4.5), on every command that takes a model
 for command in ("estimate", "recommend", "check"):
     FROZEN[command] = FROZEN[command] + ["--mtp-layers"]
-# what Megatron's selective recompute reruns (--recompute-modules)
+# what Megatron's selective recompute reruns (--recompute-modules), its experts' grouped GEMMs
 for command in ("estimate", "recommend"):
-    FROZEN[command] = FROZEN[command] + ["--recompute-modules"]
+    FROZEN[command] = FROZEN[command] + ["--recompute-modules", "--moe-grouped-gemm"]
 FROZEN = {command: sorted(flags) for command, flags in FROZEN.items()}
 
 

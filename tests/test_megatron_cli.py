@@ -121,6 +121,8 @@ def test_megatron_lm_parses_the_layout(case):
     assert a["recompute_granularity"] == config["recompute_granularity"] == granularity
     # selective reruns the modules the plan lists (TransformerConfig.recompute_modules, default core_attn)
     assert granularity != "selective" or config["recompute_modules"] == list(training.recompute_modules)
+    # the experts' GEMMs as the plan times them: one grouped GEMM, or one per local expert
+    assert model.experts == 1 or a["moe_grouped_gemm"] == training.moe_grouped_gemm
     if full:
         assert (a["recompute_method"], a["recompute_num_layers"]) == full
         assert (config["recompute_method"], config["recompute_num_layers"]) == full

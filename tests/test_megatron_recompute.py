@@ -96,3 +96,49 @@ def test_the_modules_change_memory_and_time_as_nvidia_runs_deepseek_v3():
     with pytest.raises(Exception, match="^--recompute-modules: mla_up_proj needs multi-head latent attention"):
         api.estimate("llama-3-8b", {"gpus": 8}, {"engine": "megatron", "recompute_modules": "mla_up_proj"},
                      {"recompute": "selective"})
+
+
+def test_moe_act_drops_the_routed_experts_activation_output():
+    # moe/experts.py TEGroupedMLP: the activation runs under a CheckpointWithoutOutput whose output, the
+    # k rows' fc2 input (e f k = 2 x 128 x 2), goes once fc2 used it; the shared expert keeps its own
+    # (TEGroupedMLP needs Transformer Engine: read from the code, not counted here)
+    assert planned_drop(True, "moe_act") == 2 * 128 * 2
+    assert planned_drop(False, "moe_act") == 0
+
+
+def test_moe_act_needs_grouped_experts_and_not_delayed_fp8():
+    cluster, lay = {"gpus": 16}, {"ep": 8, "recompute": "selective"}
+    training = {"engine": "megatron", "recompute_modules": "moe_act,layernorm"}
+    with pytest.raises(Exception, match="^--recompute-modules: moe_act needs --moe-grouped-gemm"):
+        api.estimate("qwen3-30b-a3b", cluster, training, lay)
+    grouped = {**training, "moe_grouped_gemm": True}
+    est = api.estimate("qwen3-30b-a3b", cluster, grouped, lay)
+    assert list(est.training.recompute_modules) == ["moe_act", "layernorm"]
+    # transformer_config.py: "Delayed scaling does not support moe_act and layernorm recompute for fp8"
+    with pytest.raises(Exception, match="^--recompute-modules: moe_act and layernorm recompute need"):
+        api.estimate("qwen3-30b-a3b", cluster, {**grouped, "precision": "fp8", "fp8_recipe": "delayed"}, lay)
+    api.estimate("qwen3-30b-a3b", cluster, {**grouped, "precision": "fp8", "fp8_recipe": "tensorwise"}, lay)
+
+
+def test_grouped_experts_run_their_gemms_as_one_kernel():
+    # Qwen3-30B-A3B on 8 expert ranks: 16 local experts, each taking 8 ranks x 4,096 tokens x 8 routes / 128
+    # = 2,048 rows of a 4,096-token micro-batch. SequentialMLP runs a GEMM per expert and matrix, each
+    # paying the small-GEMM fall-off (compute.gemm_s: F + F_half); one grouped GEMM (TEGroupedMLP) pays
+    # it once over all 16
+    from planner import compute, hardware, model as M, timing
+    from planner.stage import Step
+
+    qwen, gpu = M.lookup("qwen3-30b-a3b"), hardware.lookup_gpu("h100-sxm")
+    cluster = hardware.Cluster(gpu, 8, 8)
+    lay = layout.single(ep=8, dp=8, mbs=1, gas=1)
+    c = timing.time_coefficients(cluster)
+    seconds = {g: compute.gemm_fwd_s(Step(qwen, cluster, layout.Training(engine="megatron", seq_len=4096,
+                                                                            moe_grouped_gemm=g), lay, c),
+                                     frozenset({"fc1", "fc2"}))
+               for g in (False, True)}
+    f1, f2, half = 2 * 2048 * 2048 * 1536, 2 * 2048 * 768 * 2048, c["gemm_half_efficiency_flops"]  # [gate|up], down
+    assert seconds[True] / seconds[False] == pytest.approx((16 * (f1 + f2) + 2 * half) / (16 * (f1 + f2 + 2 * half)),
+                                                           rel=1e-9)  # 0.84
+    with pytest.raises(Exception, match="^--moe-grouped-gemm: --engine megatron-deepspeed runs its experts"):
+        api.estimate("qwen3-30b-a3b", {"gpus": 8}, {"engine": "megatron-deepspeed", "moe_grouped_gemm": True},
+                     {"ep": 8})

@@ -24,6 +24,11 @@ def gap(row) -> str | None:
     return None
 
 
+# NeMo's model configs that set moe_grouped_gemm True (nemo/collections/llm/gpt/model/deepseek.py,
+# qwen3.py, llama.py Llama4Config); its Mixtral config leaves megatron-core's default, False
+GROUPED = {"deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b", "llama-4-scout", "llama-4-maverick"}
+
+
 def row_id(row) -> str:
     return f"{row['model']}-{row['gpu']}-{row['precision']}-{row['gpus']}"
 
@@ -32,7 +37,7 @@ def row_id(row) -> str:
 def test_nvidias_layout_is_answered(row):
     training = {"engine": "megatron", "precision": row["precision"], "seq_len": row["seq_len"], "gbs": row["gbs"],
                 # scripts/performance/helpers.py set_precision_configs: grad_reduce_in_fp32 False
-                "grad_reduce_in_bf16": True}
+                "grad_reduce_in_bf16": True, "moe_grouped_gemm": row["model"] in GROUPED or None}
     lay = {k: row[k] for k in ("tp", "pp", "cp", "ep", "vpp", "mbs")}
     lay.update(zero=1, etp=row["etp"], sequence_parallel=row["tp"] > 1 or None)
     if row["recompute_layers"]:  # set_recompute_configs: full granularity, block method, that many layers

@@ -70,6 +70,7 @@ def test_nvidias_deepseek_v3_row_recomputes_what_its_launch_script_lists():
     # dgxc-benchmarking v25.05 deepseek_v3/pretraining/launch.sh, h100: RM='mla_up_proj' (selective)
     reading = corpus_rows.read(BY_ID["dgxc-deepseekv3-671B-bf16-1024gpu"])
     assert reading.layout.recompute == "selective" and list(reading.training.recompute_modules) == ["mla_up_proj"]
+    assert reading.training.moe_grouped_gemm  # NeMo's DeepSeekV3Config
 
 
 @pytest.mark.parametrize("row_id", ["mem-torchao-h100-llama3-8b-bf16", "mem-torchao-mi300x-llama3-8b-bf16",

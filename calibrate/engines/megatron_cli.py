@@ -26,7 +26,8 @@ data/references/megatron_cli.json (atomically), read by tests/test_megatron_cli.
 Stubbed, because they need a GPU, a GPU library or a newer Python, nothing else:
   * Megatron-LM needs Python >= 3.12: typing.override is typing_extensions.override on 3.11;
   * training/utils/common_utils.py get_device_arch_version (reads cuda:0) returns the case's GPU's
-    compute capability major, so validate_args' CUDA_DEVICE_MAX_CONNECTIONS check runs as on it;
+    compute capability major, so validate_args' CUDA_DEVICE_MAX_CONNECTIONS check runs as on it, and
+    torch.cuda.get_device_capability its capability, for the --moe-grouped-gemm check;
   * Transformer Engine is absent: core/utils.py's cached TE version reads 2.20.2 and
     rope_utils.fused_apply_rotary_pos_emb (TE's fused RoPE) is a placeholder, for TransformerConfig;
   * Megatron-DeepSpeed: DeepSpeed's accelerator (DS_ACCELERATOR=cpu here) names itself 'cuda' during
@@ -97,6 +98,9 @@ CASES = [  # (engine, catalog model, precision, Training changes, row changes); 
     # NeMo's DeepSeek-V3 H100 recipe recomputes MLA's up projections, the dense MLPs and the MoE layers
     ("megatron", "deepseek-v3", "bf16", {"recompute_modules": ["mla_up_proj", "mlp", "moe"]},
      {"ep": 8, "dp": 8, "recompute": "selective"}),
+    # grouped experts, the norms and the experts' activation recomputed (as Megatron-Bridge's GPT-OSS H100 recipe)
+    ("megatron", "qwen3-30b-a3b", "bf16", {"moe_grouped_gemm": True, "recompute_modules": ["moe_act", "layernorm"]},
+     {"pp": 2, "ep": 8, "dp": 8, "recompute": "selective"}),
     # one multi-token-prediction depth (--mtp-num-layers), alone and on the last of 4 x 4 virtual stages
     ("megatron", ("deepseek-v3", {"mtp_layers": 1}), "bf16", {}, {"ep": 8, "dp": 8}),
     ("megatron", ("deepseek-v3", {"mtp_layers": 1}), "bf16", {}, {"pp": 4, "vpp": 4, "dp": 8, "ep": 8, "gas": 16,
@@ -157,7 +161,7 @@ MLM_FIELDS = (
     "ffn_hidden_size", "swiglu", "normalization", "position_embedding_type", "add_bias_linear",
     "untie_embeddings_and_output_weights", "attention_dropout", "hidden_dropout", "qk_layernorm",
     "multi_latent_attention", "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_layer_freq",
-    "moe_token_dispatcher_type", "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity", "optimizer",
+    "moe_token_dispatcher_type", "moe_grouped_gemm", "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity", "optimizer",
     "optimizer_cpu_offload", "optimizer_offload_fraction", "use_precision_aware_optimizer", "main_grads_dtype",
     "exp_avg_dtype", "exp_avg_sq_dtype", "accumulate_allreduce_grads_in_fp32", "overlap_grad_reduce",
     "overlap_param_gather", "overlap_p2p_comm", "tp_comm_overlap", "use_tp_pp_dp_mapping",
@@ -248,6 +252,9 @@ def parse_megatron_lm(cases: list[dict]) -> list[dict]:
     for case in cases:
         major = int(case["compute_capability"])
         arguments.get_device_arch_version = lambda: major  # reads cuda:0's properties
+        # validate_args' --moe-grouped-gemm check reads cuda:0's capability too
+        arguments.torch.cuda.get_device_capability = lambda device=None, c=case["compute_capability"]: (
+            int(c), round(10 * (c - int(c))))
         rows.append(_run(case, lambda: arguments.parse_args(ignore_unknown_args=False), validate(case), MLM_FIELDS))
     return rows
 

@@ -300,6 +300,9 @@ class Engine:
     models/common/moe.py GroupedExperts._grouped_mm. Else a GEMM per local expert: megatron-core's
     SequentialMLP without --moe-grouped-gemm, as exported, and DeepSpeed-MoE's Experts ModuleList
     (planner/compute.py gemm_fwd_s)."""
+    grouped_experts_choice: bool = False
+    """The user can switch grouped expert GEMMs on: Megatron-LM --moe-grouped-gemm (off by default;
+    megatron-core 0.16.1 TEGroupedMLP, which NVIDIA's MoE recipes and Megatron-LM's MoE README run)."""
     moe_counts: MoeCounts = MoeCounts.NONE
     """How its MoE dispatcher exchanges the routed rows' counts and waits for them on the host."""
     cp_gathers_kv: bool = False

@@ -77,10 +77,13 @@ def megatron_saved(model: ModelSpec, training: Training, seq: float, routed) -> 
     widths = [(routed * model.ffn, ("moe",))] if moe else [(model.mlp_width(routed), ("mlp",))]
     if moe and model.shared_expert_ffn:
         widths.append((model.shared_expert_ffn, ("moe", "shared_experts")))
-    for w, by in widths:
+    for i, (w, by) in enumerate(widths):
         first = "fc1 output [gate|up]" if model.ffn_kind == "swiglu" else "activation input"
+        # moe_act: the routed experts' activation output, discarded once fc2 used it (moe/experts.py
+        # TEGroupedMLP activation_checkpoint, a CheckpointWithoutOutput)
+        act_out = by + ("moe_act",) if moe and i == 0 else by
         out += [Saved(first, e * (2 if model.ffn_kind == "swiglu" else 1) * w, TP, dropped_by=by),
-                Saved("fc2 input", e * w, TP, gemm_input="own", dropped_by=by)]
+                Saved("fc2 input", e * w, TP, gemm_input="own", dropped_by=act_out)]
     if dropout:
         out.append(Saved("mlp dropout mask", 1.0 * h, SP))
     return out

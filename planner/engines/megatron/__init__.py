@@ -96,6 +96,7 @@ MEGATRON = Engine(
     sequence_parallel_with_tp=True,
     grad_reduce_bf16_choice=True,
     recompute_modules_choice=True,  # training/arguments.py --recompute-modules (TransformerConfig's field)
+    grouped_experts_choice=True,  # --moe-grouped-gemm (TransformerConfig.moe_grouped_gemm, default False)
     dp_sync_per_chunk=True,  # with --overlap-grad-reduce / --overlap-param-gather, as export.py launches it
     # Megatron-LM d98e8a6 core/transformer/transformer_config.py fp8_recipe: 'delayed' by default,
     # 'tensorwise' (current scaling), 'mxfp8' (Blackwell), all through Transformer Engine

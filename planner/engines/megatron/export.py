@@ -68,6 +68,8 @@ def _parallel_args(model: ModelSpec, training: Training, row: dict, mds: bool) -
             # planner times MoEAlltoAllTokenDispatcher (mp_comm.ep_all_to_all_s, mp_comm.moe_count_sync_s),
             # which NVIDIA's own MoE recipes set (megatron-bridge 0.3.1 recipes/qwen/qwen3_moe.py, deepseek_v3.py)
             a.append("--moe-token-dispatcher-type alltoall")
+            if training.moe_grouped_gemm:  # TransformerConfig.moe_grouped_gemm: TEGroupedMLP experts
+                a.append("--moe-grouped-gemm")
         if model.moe_layers != model.layers and not mds:
             # megatron-core 0.16.1 TransformerConfig moe_layer_freq (a per-layer 0/1 pattern, which
             # Megatron-LM's --moe-layer-freq evaluates); --ffn-hidden-size is then the dense blocks'

@@ -34,8 +34,9 @@ def recompute_s(ctx: Step, core_fwd_s, a2a_s, counts_s) -> tuple:
     act = 0.0
     if ("mlp" in modules and not moe) or ("moe" in modules and moe):
         act = per_row * model.mlp_width(routed)
-    elif "shared_experts" in modules and moe:
-        act = per_row * model.shared_expert_ffn
+    else:  # the shared expert's or the routed rows' activation alone
+        act = per_row * (("shared_experts" in modules and moe) * model.shared_expert_ffn
+                         + ("moe_act" in modules and moe) * routed * model.ffn)
     rope = 2 * e * (model.q_width + model.kv_width) if "mla_up_proj" in modules and model.kv_lora_rank else 0.0
     t = lay.tp.astype(np.float64)
     sp = np.where(lay.sequence_parallel > 0, t, 1.0)
