@@ -20,7 +20,8 @@ from planner.pipeline import interleaved_layers
 from planner.modules import block_modules, word_of
 from planner.records import band_of, cluster_dict, layout_record, stage_records
 from planner.refine import (batch_proposals, engine_best, fastest_clear_fit, pin_codes, raise_contradiction,
-                            search_edges, search_offload_share, search_overlap_comm, search_tp_overlap,
+                            search_edges, search_offload_share, search_overlap_comm, search_recompute_modules,
+                            search_tp_overlap,
                             search_zero3_knobs)
 from planner.timing import time_to_train
 
@@ -419,6 +420,10 @@ def _searched(spec, clus, train: Training, tin: TrainingInput, headroom: float, 
     train, result = search_tp_overlap(spec, clus, train, headroom, max_mbs, pins, result, overlap_free)
     if train.tp_comm_overlap and overlap_free:
         defaults["tp_comm_overlap"] = True  # searched
+    modules_free = tin.recompute_modules is None
+    train, result = search_recompute_modules(spec, clus, train, headroom, max_mbs, pins, result, modules_free)
+    if modules_free and train.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
+        defaults["recompute_modules"] = list(train.recompute_modules)  # searched
     train, result = search_offload_share(spec, clus, train, headroom, result, share_free)
     if train.optimizer_offload_fraction != 1.0:
         defaults["optimizer_offload_fraction"] = train.optimizer_offload_fraction  # searched
@@ -443,7 +448,7 @@ def _assumptions(spec, clus, train: Training, gbs: int, headroom: float, default
         "peak_memory_band": band_of(clus, "peak_memory"),
     }
     for knob in ("stage3_max_live_parameters", "stage3_max_reuse_distance", "optimizer_offload_fraction",
-                 "tp_comm_overlap", "overlap_comm"):
+                 "tp_comm_overlap", "overlap_comm", "recompute_modules"):
         if knob in defaults:  # chosen by search_zero3_knobs, search_offload_share, search_tp_overlap: estimate
             # needs them to agree
             assumptions[knob] = defaults[knob]

@@ -154,6 +154,23 @@ def search_tp_overlap(spec, clus, train: Training, headroom: float, max_mbs: int
     return overlapped, search.merged(result, found, result.valid.sequence_parallel == 0)
 
 
+def search_recompute_modules(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict,
+                             result: SearchResult, free: bool) -> tuple:
+    """(training, search result): where the user left --recompute-modules alone, the selective layouts
+    searched again under each wider list (variants.recompute_module_trainings), the fastest list kept
+    with the first search's other layouts where its fastest layout beats the first search's."""
+    if not free or pins.get("recompute", Recompute.SELECTIVE) != Recompute.SELECTIVE:
+        return train, result
+    best_train, best = train, None
+    for wider in variants.recompute_module_trainings(spec, train):
+        found = search.search(spec, clus, wider, headroom, max_mbs, pinned={**pins, "recompute": Recompute.SELECTIVE})
+        if _faster(found, best if best is not None else result):
+            best_train, best = wider, found
+    if best is None:
+        return train, result
+    return best_train, search.merged(result, best, result.valid.recompute != Recompute.SELECTIVE)
+
+
 def _fastest_tokens_per_s(result: SearchResult) -> float:
     """Tokens/s of a search result's fastest fitting layout (-1 where none fits)."""
     order = result.order
@@ -229,6 +246,7 @@ def searched_settings(training: Training) -> dict:
     """The training settings recommend's searches may change, by their flag names."""
     zc = training.zero_config
     return {"tp_comm_overlap": training.tp_comm_overlap, "optimizer_offload_fraction": training.optimizer_offload_fraction,
+            "recompute_modules": ",".join(training.recompute_modules),
             "stage3_max_live_parameters": zc.stage3_max_live_parameters,
             "stage3_max_reuse_distance": zc.stage3_max_reuse_distance, "overlap_comm": zc.overlap_comm}
 

@@ -108,6 +108,8 @@ def assumed_text(defaults: dict, layout: dict | None) -> str:
                 if ENGINES[value].deepspeed and ENGINES[value].megatron else f"engine {value} (for {' '.join(axes) or 'the layout'})"
         if key == "tokens_per_step":
             return f"tokens_per_step {value:,}"
+        if isinstance(value, (list, tuple)):  # recompute_modules: as the flag takes it
+            return f"{key} {','.join(map(str, value))}"
         return f"{key} {value}"
 
     text = "assumed: " + (", ".join(shown(k, v) for k, v in defaults.items()) or "nothing (every input given)")

@@ -1,6 +1,7 @@
 """The training settings recommend tries beside its first search (planner/refine.py runs them): the
 pipeline's edge split, DeepSpeed's ZeRO-3 live-parameter knobs lowered or raised, TP communication
-overlap, DeepSpeed's overlap_comm for ZeRO-1/2, and the smallest offloaded optimizer share."""
+overlap, Megatron's recompute modules, DeepSpeed's overlap_comm for ZeRO-1/2, and the smallest
+offloaded optimizer share."""
 
 from __future__ import annotations
 
@@ -93,6 +94,21 @@ def tp_overlap_training(model: ModelSpec, training: Training, result: SearchResu
     if not np.any((valid.tp > 1) & (valid.sequence_parallel > 0) & np.asarray(result.eval.fits)):
         return None
     return replace(training, tp_comm_overlap=True)
+
+
+def recompute_module_trainings(model: ModelSpec, training: Training) -> list[Training]:
+    """`training` with Megatron's selective recompute widened beyond the attention core, where the
+    user left --recompute-modules alone and the model has modules of the kinds it lists (MLA, MoE):
+    first the output-discarding ones, which rerun no GEMM but MLA's up projections (the norms and MLA's
+    up projections: layernorm, mla_up_proj; NVIDIA's DeepSeek-V3 H100 launch recomputes mla_up_proj),
+    then the routed and dense MLPs too (moe, mlp: NeMo's DeepSeek-V3 H100 recipe lists
+    mla_up_proj, mlp, moe), each a search of the selective layouts of its own. None without them."""
+    if not training.engine.recompute_modules_choice or training.recompute_modules != layout.DEFAULT_RECOMPUTE_MODULES \
+            or not (model.experts > 1 or model.kv_lora_rank):
+        return []
+    cheap = ("core_attn", "layernorm") + (("mla_up_proj",) if model.kv_lora_rank else ())
+    heavy = cheap + (("moe",) if model.experts > 1 else ()) + (("mlp",) if model.moe_layers != model.layers else ())
+    return [replace(training, recompute_modules=m) for m in (cheap, heavy)]
 
 
 def overlap_comm_rows(training: Training, result: SearchResult) -> tuple:
