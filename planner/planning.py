@@ -385,10 +385,11 @@ class _OtherEngines:
 
 def free_settings(tin: TrainingInput) -> tuple:
     """Which settings recommend searches because the user left them alone: the pipeline split, the
-    ZeRO-3 live-parameter knobs, the offloaded optimizer share, --tp-comm-overlap."""
+    ZeRO-3 live-parameter knobs, the offloaded optimizer share, --tp-comm-overlap, Megatron's
+    --recompute-modules."""
     knobs_free = tin.stage3_max_live_parameters is None and tin.stage3_max_reuse_distance is None
     return (tin.pipeline_edge_layers is None, knobs_free, tin.optimizer_offload_fraction is None,
-            tin.tp_comm_overlap is None)
+            tin.tp_comm_overlap is None, tin.recompute_modules is None)
 
 
 def _other_engines(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, best: float | None,
@@ -409,7 +410,7 @@ def _searched(spec, clus, train: Training, tin: TrainingInput, headroom: float, 
     """(training, search result, ZeRO-3 search under other knobs or None, which settings were free):
     the first search and recommend's searches of the settings no layout field holds (planner/refine.py),
     each where the user left it alone; `defaults` gets what they chose."""
-    edges_free, knobs_free, share_free, overlap_free = frees = free_settings(tin)
+    edges_free, knobs_free, share_free, overlap_free, modules_free = frees = free_settings(tin)
     train, result = search_edges(spec, clus, train, headroom, max_mbs, pins, edges_free)
     if edges_free and train.pipeline_edge_layers != train.engine.pipeline_edge_layers:
         defaults["pp_edge_layers"] = train.pipeline_edge_layers  # chosen: variants.edge_layers_choice
@@ -420,7 +421,6 @@ def _searched(spec, clus, train: Training, tin: TrainingInput, headroom: float, 
     train, result = search_tp_overlap(spec, clus, train, headroom, max_mbs, pins, result, overlap_free)
     if train.tp_comm_overlap and overlap_free:
         defaults["tp_comm_overlap"] = True  # searched
-    modules_free = tin.recompute_modules is None
     train, result = search_recompute_modules(spec, clus, train, headroom, max_mbs, pins, result, modules_free)
     if modules_free and train.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
         defaults["recompute_modules"] = list(train.recompute_modules)  # searched

@@ -196,16 +196,18 @@ def search_offload_share(spec, clus, train: Training, headroom: float, result: S
 
 def engine_best(spec, clus, training: Training, engine: str, headroom: float, max_mbs: int, pins: dict,
                  best_tokens_per_s: float | None, free_edges: bool, free_knobs: bool, free_share: bool,
-                 free_overlap: bool) -> dict:
+                 free_overlap: bool, free_modules: bool) -> dict:
     """The fastest fitting layout of the same model, cluster, batch and pins under another engine
     (the settings it does not take dropped: Training.for_engine; its pipeline split, ZeRO-3 knobs,
-    --tp-comm-overlap and offloaded share chosen as its own recommend would, those that differ from
-    the first search's in `settings`), with its speed relative to the recommended one (> 1: faster)."""
+    --tp-comm-overlap, recompute modules and offloaded share chosen as its own recommend would, those
+    that differ from the first search's in `settings`), with its speed relative to the recommended one
+    (> 1: faster)."""
     first, result = search_edges(spec, clus, training.for_engine(engine), headroom, max_mbs, pins, free_edges)
     # a search under other ZeRO-3 knobs comes back only where its fastest beats the first's
     knobs, _, knobbed = search_zero3_knobs(spec, clus, first, headroom, max_mbs, pins, result, free_knobs)
     train, result = (knobs, knobbed) if knobbed else (first, result)
     train, result = search_tp_overlap(spec, clus, train, headroom, max_mbs, pins, result, free_overlap)
+    train, result = search_recompute_modules(spec, clus, train, headroom, max_mbs, pins, result, free_modules)
     train, result = search_offload_share(spec, clus, train, headroom, result, free_share)
     train, result = search_overlap_comm(spec, clus, train, headroom, result)
     if not result.order.size:
