@@ -146,9 +146,9 @@ def gemm_s(flops, peak_flops_per_s: float, c: dict, count=1):
 
 
 def gemm_fwd_s(ctx: Step, only: frozenset | None = None) -> np.ndarray:
-    """Forward GEMMs of one block (those named in `only`, where given: Gemm.name). Each GEMM runs at eff = emax F/(F + F_half) of peak, so its time
-    is (F + F_half)/(peak emax) (small-matrix fall-off, data/coefficients.json). TP splits all but
-    the router; each local expert runs its own GEMMs on T k ep/E routed tokens (Lepikhin et al.
+    """Forward GEMMs of one block (those named in `only`, where given: Gemm.name). Each GEMM runs at
+    eff = emax F/(F + F_half) of peak, so its time is (F + F_half)/(peak emax) (small-matrix fall-off,
+    data/coefficients.json). TP splits all but the router; each local expert runs its own GEMMs on T k ep/E routed tokens (Lepikhin et al.
     2020, GShard), i.e. T k FLOPs-worth in total; T k C padded to an expert capacity
     (planner/moe.py routed_per_token). A grouped GEMM (Training.moe_grouped_gemm) is one kernel over
     the local experts' rows: one fall-off for their summed FLOPs. Under FP8 (block_gemm_rate) the

@@ -195,8 +195,8 @@ def _add_engine_setting_flags(g):
     g.add_argument("--grad-reduce-in-bf16", action="store_true", default=None,
                    help="Megatron: keep and reduce gradients in bf16, not fp32 main grads (NeMo's performance recipes)")
     g.add_argument("--recompute-modules", default=None, metavar="M1,M2",
-                   help="Megatron: what --recompute selective recomputes, of core_attn, layernorm, mla_up_proj, mlp, "
-                        "moe, shared_experts (default core_attn; NVIDIA's MoE recipes list several)")
+                   help="Megatron: what --recompute selective recomputes, of core_attn, moe_act, layernorm, "
+                        "mla_up_proj, mlp, moe, shared_experts (default core_attn; NVIDIA's MoE recipes list several)")
     g.add_argument("--fsdp-mixed-precision", choices=("default", "pure"), default=None,
                    help="with --modules llm-foundry, Composer's FSDP mixed_precision: default (fp32 parameters under "
                         "autocast, llm-foundry's benchmark harness; the default) or pure (16-bit parameters, its yamls)")

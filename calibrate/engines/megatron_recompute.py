@@ -113,8 +113,8 @@ def count(name: str) -> dict:
                   persist_layer_norm=False, apply_rope_fusion=False, bias_dropout_fusion=False, hidden_dropout=0.0,
                   attention_dropout=0.0, recompute_granularity="selective", recompute_modules=list(modules))
     if moe:
-        kwargs.update(num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=FFN, moe_shared_expert_intermediate_size=FFN,
-                      moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False, moe_permute_fusion=False,
+        kwargs.update(num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=FFN,
+                      moe_shared_expert_intermediate_size=FFN, moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False, moe_permute_fusion=False,
                       moe_router_fusion=False)
     config = TransformerConfig(**kwargs)
     spec = get_gpt_layer_local_spec(num_experts=8 if moe else None, moe_grouped_gemm=False, normalization="RMSNorm")

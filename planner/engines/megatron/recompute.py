@@ -31,7 +31,6 @@ def recompute_s(ctx: Step, core_fwd_s, a2a_s, counts_s) -> tuple:
     # norms: MLA's attention norm and an MoE layer's MLP norm are modules of their own (layernorm);
     # a dense MLP's norm is fused into its fc1 (mlp)
     norms = ("layernorm" in modules) * (int(model.kv_lora_rank > 0) + int(moe)) + int("mlp" in modules and not moe)
-    act = 0.0
     if ("mlp" in modules and not moe) or ("moe" in modules and moe):
         act = per_row * model.mlp_width(routed)
     else:  # the shared expert's or the routed rows' activation alone
