@@ -240,7 +240,9 @@ def _add_memory_setting_flags(g):
                         "capacity (Megatron --moe-pad-expert-input-to-capacity)")
     g.add_argument("--moe-grouped-gemm", action="store_true", default=None,
                    help="under --engine megatron: each expert matrix of the local experts as one grouped GEMM "
-                        "(Megatron --moe-grouped-gemm, as NVIDIA's MoE recipes run; needed by --recompute-modules moe_act)")
+                        "(Megatron --moe-grouped-gemm, as NVIDIA's MoE recipes run; the default)")
+    g.add_argument("--no-moe-grouped-gemm", dest="moe_grouped_gemm", action="store_false",
+                   help="under --engine megatron: a GEMM per local expert (SequentialMLP, Megatron-LM's bare default)")
     g.add_argument("--optimizer-offload-fraction", type=number, metavar="F",
                    help=_h("with --offload-optimizer cpu under --engine megatron: the share of the optimizer partition "
                            "on the host, the rest stepping on the GPU (megatron-core --optimizer-offload-fraction; "

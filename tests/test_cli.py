@@ -244,7 +244,7 @@ for command in ("estimate", "recommend", "check"):
     FROZEN[command] = FROZEN[command] + ["--mtp-layers"]
 # what Megatron's selective recompute reruns (--recompute-modules), its experts' grouped GEMMs
 for command in ("estimate", "recommend"):
-    FROZEN[command] = FROZEN[command] + ["--recompute-modules", "--moe-grouped-gemm"]
+    FROZEN[command] = FROZEN[command] + ["--recompute-modules", "--moe-grouped-gemm", "--no-moe-grouped-gemm"]
 FROZEN = {command: sorted(flags) for command, flags in FROZEN.items()}
 
 

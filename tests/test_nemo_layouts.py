@@ -37,7 +37,7 @@ def row_id(row) -> str:
 def test_nvidias_layout_is_answered(row):
     training = {"engine": "megatron", "precision": row["precision"], "seq_len": row["seq_len"], "gbs": row["gbs"],
                 # scripts/performance/helpers.py set_precision_configs: grad_reduce_in_fp32 False
-                "grad_reduce_in_bf16": True, "moe_grouped_gemm": row["model"] in GROUPED or None}
+                "grad_reduce_in_bf16": True, "moe_grouped_gemm": row["model"] in GROUPED}
     lay = {k: row[k] for k in ("tp", "pp", "cp", "ep", "vpp", "mbs")}
     lay.update(zero=1, etp=row["etp"], sequence_parallel=row["tp"] > 1 or None)
     if row["recompute_layers"]:  # set_recompute_configs: full granularity, block method, that many layers

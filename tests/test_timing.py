@@ -248,7 +248,10 @@ def test_grouped_experts_pay_one_fall_off():
     gap = compute.gemm_fwd_s(Step(m, node(H100), each, lay, C))[0] - compute.gemm_fwd_s(Step(m, node(H100), grouped, lay, C))[0]
     assert gap == pytest.approx(2 * 127 * 2e9 / (989.4e12 * 0.8), rel=1e-9)
     assert layout.Training(engine="torchtitan").engine.grouped_experts and layout.Training(engine="deepspeed").engine.grouped_experts
-    assert not layout.Training(engine="megatron").engine.grouped_experts
+    # megatron's MoE users run --moe-grouped-gemm (its MoE README, NVIDIA's recipes); --no-moe-grouped-gemm
+    # is SequentialMLP, a GEMM per expert, as DeepSpeed-MoE runs its experts under megatron-deepspeed
+    assert layout.Training(engine="megatron").moe_grouped_gemm
+    assert not layout.Training(engine="megatron", moe_grouped_gemm=False).moe_grouped_gemm
     assert not layout.Training(engine="megatron-deepspeed").engine.grouped_experts
 
 

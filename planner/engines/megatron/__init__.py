@@ -96,7 +96,11 @@ MEGATRON = Engine(
     sequence_parallel_with_tp=True,
     grad_reduce_bf16_choice=True,
     recompute_modules_choice=True,  # training/arguments.py --recompute-modules (TransformerConfig's field)
-    grouped_experts_choice=True,  # --moe-grouped-gemm (TransformerConfig.moe_grouped_gemm, default False)
+    # --moe-grouped-gemm (TransformerConfig.moe_grouped_gemm, False unless set): what its MoE users run
+    # (megatron-core 0.16.1 moe/README.md "Enable kernel fusions: --moe-router-fusion --moe-grouped-gemm
+    # --moe-permute-fusion"; NeMo 2's DeepSeek, Qwen3, Llama 4 and GPT-OSS configs and Megatron-Bridge's MoE
+    # recipes set it); --no-moe-grouped-gemm runs SequentialMLP
+    grouped_experts=True, grouped_experts_choice=True,
     dp_sync_per_chunk=True,  # with --overlap-grad-reduce / --overlap-param-gather, as export.py launches it
     # Megatron-LM d98e8a6 core/transformer/transformer_config.py fp8_recipe: 'delayed' by default,
     # 'tensorwise' (current scaling), 'mxfp8' (Blackwell), all through Transformer Engine
