@@ -1,7 +1,8 @@
 """NVIDIA's own pre-training layouts (NeMo 2's performance scripts: data/references/
-nemo_recommended_layouts.json, from NeMo 8cfedd7203 recommended_model_configs) must be expressible:
-every one of a catalog model that uses only what the planner models answers, with the settings those
-scripts add (bf16 gradient reduction, their recompute), and the rest are the known gap below."""
+nemo_recommended_layouts.json, from NeMo 8cfedd7203 recommended_model_configs) must be expressible
+and must not be called out of memory: every one of a catalog model that uses only what the planner
+models answers, with the settings those scripts add (bf16 gradient reduction, grouped experts, their
+recompute), and the rest are the known gap below."""
 
 import json
 from pathlib import Path
@@ -47,6 +48,9 @@ def test_nvidias_layout_is_answered(row):
         lay.update(recompute="selective")
     est = api.estimate(row["model"], {"gpu": row["gpu"], "gpus": row["gpus"]}, training, lay)
     assert est.record["time"]["step_s"] > 0 and est.memory["gpu_bytes"] > 0
+    # NVIDIA launches and benchmarks these: none may be called out of memory (one, Llama 3 8B FP8 on
+    # GB200 at mbs 4, is borderline: 200 GiB planned against 185)
+    assert est.memory["verdict"] != "oom"
     # blocks that split evenly over pp x vpp only with the embedding and the loss counted as layers
     # run that way, as NeMo's recipes set it (llama31_405b.py and qwen3_235b_a22b.py:
     # account_for_embedding/loss_in_pipeline_split=True): 126 + 2 over 8 x 8, 94 + 2 over 8 x 12
