@@ -289,6 +289,8 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
                                                           pins.get("ep", 1)))
     if tin.engine is None:
         defaults["engine"] = train.engine.name
+    elif (why := rules.refused(spec, clus, train)) is not None:
+        raise InputError(why)  # the engine asked for cannot take these settings or this model at all
     defaults.update(_training_defaults(tin, cin, train, spec))
     # the other engines start from the user's settings, as their own recommend would, searched while
     # this one's search runs where there are workers for them

@@ -158,3 +158,13 @@ def test_recommend_searches_wider_recompute_where_it_pays():
     # a dense model without MLA has nothing beyond the attention core to list: no extra search
     dense = api.recommend("llama-3-8b", {"gpus": 8}, {"engine": "megatron"}, top=1)
     assert "recompute_modules" not in dense.defaults
+
+
+def test_recommend_refuses_what_the_named_engine_refuses_in_one_line(capsys):
+    # every layout breaks the rule, so the answer is the rule's own line (exit 2), not "no layout fits"
+    from planner import cli
+
+    assert cli.main(["recommend", "--model", "llama-3-8b", "--gpus", "8", "--engine", "megatron",
+                     "--recompute-modules", "mla_up_proj"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("planner: error: --recompute-modules: mla_up_proj needs")
