@@ -99,14 +99,18 @@ def tp_overlap_training(model: ModelSpec, training: Training, result: SearchResu
 def recompute_module_trainings(model: ModelSpec, training: Training) -> list[Training]:
     """`training` with Megatron's selective recompute widened beyond the attention core, where the
     user left --recompute-modules alone and the model has modules of the kinds it lists (MLA, MoE):
-    first the output-discarding ones, which rerun no GEMM but MLA's up projections (the norms and MLA's
-    up projections: layernorm, mla_up_proj; NVIDIA's DeepSeek-V3 H100 launch recomputes mla_up_proj),
+    first the output-discarding ones, which rerun no GEMM but MLA's up projections (the experts'
+    activation, the norms and MLA's up projections: moe_act, layernorm, mla_up_proj; NVIDIA's
+    DeepSeek-V3 H100 launch recomputes mla_up_proj, Megatron-Bridge's GPT-OSS H100 recipe layernorm
+    and moe_act),
     then the routed and dense MLPs too (moe, mlp: NeMo's DeepSeek-V3 H100 recipe lists
     mla_up_proj, mlp, moe), each a search of the selective layouts of its own. None without them."""
     if not training.engine.recompute_modules_choice or training.recompute_modules != layout.DEFAULT_RECOMPUTE_MODULES \
             or not (model.experts > 1 or model.kv_lora_rank):
         return []
-    cheap = ("core_attn", "layernorm") + (("mla_up_proj",) if model.kv_lora_rank else ())
+    moe_act = model.experts > 1 and training.moe_grouped_gemm  # megatron-core needs grouped experts for it
+    cheap = ("core_attn",) + (("moe_act",) if moe_act else ()) + ("layernorm",) \
+        + (("mla_up_proj",) if model.kv_lora_rank else ())
     heavy = cheap + (("moe",) if model.experts > 1 else ()) + (("mlp",) if model.moe_layers != model.layers else ())
     return [replace(training, recompute_modules=m) for m in (cheap, heavy)]
 

@@ -146,12 +146,13 @@ def test_grouped_experts_run_their_gemms_as_one_kernel():
 
 def test_recommend_searches_wider_recompute_where_it_pays():
     # DeepSeek-V3 on 256 H100s: Megatron's attention-core recompute alone leaves the fitting layouts to
-    # full recompute; recomputing MLA's up projections and the norms too (NVIDIA's DeepSeek-V3 H100
-    # launch recomputes mla_up_proj) fits faster selective layouts, which recommend finds and reports
+    # full recompute; recomputing the experts' activation, the norms and MLA's up projections too
+    # (NVIDIA's DeepSeek-V3 H100 launch recomputes mla_up_proj) fits faster selective layouts, which
+    # recommend finds and reports
     rec = api.recommend("deepseek-v3", {"gpu": "h100-sxm", "gpus": 256}, {"engine": "megatron"}, top=1)
     core = api.recommend("deepseek-v3", {"gpu": "h100-sxm", "gpus": 256},
                          {"engine": "megatron", "recompute_modules": "core_attn"}, top=1)
-    assert rec.defaults["recompute_modules"] == ["core_attn", "layernorm", "mla_up_proj"]
+    assert rec.defaults["recompute_modules"] == ["core_attn", "moe_act", "layernorm", "mla_up_proj"]
     assert "recompute_modules" not in core.defaults
     speed = lambda r: r.layouts[0]["throughput"]["tokens_per_s"]  # noqa: E731
     assert speed(rec) > speed(core) and rec.layouts[0]["layout"]["recompute"] == "selective"
