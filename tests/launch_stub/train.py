@@ -85,6 +85,9 @@ if __name__ == "__main__":
     if args.deepspeed:
         deepspeed_main(args.deepspeed_config)
         dist.barrier()
+        # torch's own advice: the process group torn down before exit, not by the interpreter's teardown
+        # (gloo's threads then die with "terminate called without an active exception" now and then)
+        dist.destroy_process_group()
     else:
         accelerate_main()
     sys.exit(0)
