@@ -4,22 +4,21 @@ answer's `defaults`."""
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from planner import forked, fp8, results, rules, search
+from planner import fp8, results, rules, search, variants
 from planner.engines import ENGINES, NAMES as ENGINE_NAMES
 from planner.errors import InputError
 from planner.hardware import Cluster, lookup_gpu
 from planner.inputs import DEFAULTS, ClusterInput, LayoutInput, ModelInput, TrainingInput, coerce, model_input, resolve_model
 from planner.layout import DEFAULT_RECOMPUTE_MODULES, Training, ZeroConfig, single
 from planner.model import ModelSpec
-from planner.pipeline import interleaved_layers
 from planner.modules import block_modules, word_of
 from planner.records import band_of, cluster_dict, layout_record, stage_records
-from planner.refine import (batch_proposals, engine_best, fastest_clear_fit, pin_codes, raise_contradiction,
+from planner.comparison import OtherEngines, free_settings, other_engines
+from planner.refine import (batch_proposals, fastest_clear_fit, pin_codes, raise_contradiction,
                             search_edges, search_offload_share, search_overlap_comm, search_recompute_modules,
                             search_tp_overlap,
                             search_zero3_knobs)
@@ -194,7 +193,7 @@ def estimate(model, cluster=None, training=None, layout=None, *, ds_estimator: b
         # tp_comm_overlap=True; the Megatron-LM README's runs): --no-tp-comm-overlap turns it off
         train = replace(train, tp_comm_overlap=True)
         defaults["tp_comm_overlap"] = True
-    train = _edges_the_layout_needs(spec, clus, train, lay, tin.pipeline_edge_layers is None)
+    train = variants.edges_the_layout_needs(spec, clus, train, lay, tin.pipeline_edge_layers is None)
     if train.pipeline_edge_layers != train.engine.pipeline_edge_layers:
         defaults["pp_edge_layers"] = train.pipeline_edge_layers
     rules.check_single(spec, clus, train, lay)
@@ -214,31 +213,6 @@ def _check_recompute_modules(recompute, train: Training) -> None:
     if train.recompute_modules != DEFAULT_RECOMPUTE_MODULES and str(recompute) != "selective":
         raise InputError(f"--recompute-modules: Megatron recomputes them under --recompute selective, not "
                          f"{recompute} (add --recompute selective)")
-
-
-def _edges_the_layout_needs(spec, clus, train: Training, lay, free: bool) -> Training:
-    """`train` with the embedding and the loss counted as pipeline layers where the user left the
-    split free and the stated pp x vpp divides the blocks evenly only that way, or runs only that
-    way: Megatron-LM asserts that the layers plus one each for --account-for-embedding/loss-in-
-    pipeline-split divide by the stages (training/arguments.py); NVIDIA's recipes set both for such
-    layouts (NeMo 2 recipes/llama31_405b.py pretrain_recipe defaults, 126 blocks over pp 8 x vpp 8;
-    qwen3_235b_a22b.py, 94 blocks over pp 8 x vpp 12). Without them an uneven split needs a
-    --pipeline-model-parallel-layout of its own."""
-    if not free or not train.engine.pipeline_edge_choice or train.pipeline_edge_layers:
-        return train
-    edges = replace(train, pipeline_edge_layers=1)
-    chunks = int(lay.pp[0] * lay.vpp[0])
-    if chunks > 1 and spec.layers % chunks and interleaved_layers(spec, edges) % chunks == 0:
-        return edges
-    try:
-        rules.check_single(spec, clus, train, lay)
-        return train
-    except InputError:
-        try:
-            rules.check_single(spec, clus, edges, lay)
-        except InputError:
-            return train  # the first rule's message stands
-        return edges
 
 
 def recommend(model, cluster=None, training=None, *, top: int | None = None, memory_headroom: float | None = None,
@@ -274,30 +248,19 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
     top, headroom, max_mbs = (check(k, DEFAULTS[k] if v is None else v) for k, v in given.items())
     spec = resolve_model(model)
     defaults.update(_model_defaults(model))
-    tokens = tin.tokens_per_step or DEFAULTS["tokens_per_step"]
-    gbs = tin.gbs or default_gbs(tin)
-    if tin.gbs is None:
-        defaults["gbs"] = gbs
-        if tin.tokens_per_step is None:
-            defaults["tokens_per_step"] = tokens
+    gbs = _recommend_batch(tin, defaults)
     if cin.gpus is None:
         raise InputError("--gpus: required for recommend (total GPUs, e.g. --gpus 16)")
     clus = cin.resolve(tin.precision or ("fp8" if tin.fp8_recipe else DEFAULTS["precision"]), cin.gpus)
     pins = pin_codes(pinned or {}, clus.num_gpus)
-    train = tin.resolve(gbs, tin.engine or default_engine(pins.get("tp", 1), pins.get("cp", 1), pins.get("vpp", 1),
-                                                          bool(pins.get("sequence_parallel", 0)), _wants_fp8(tin),
-                                                          pins.get("ep", 1)))
-    if tin.engine is None:
-        defaults["engine"] = train.engine.name
-    elif (why := rules.refused(spec, clus, train)) is not None:
-        raise InputError(why)  # the engine asked for cannot take these settings or this model at all
+    train = _recommend_training(spec, clus, tin, gbs, pins, defaults)
     defaults.update(_training_defaults(tin, cin, train, spec))
     # the other engines start from the user's settings, as their own recommend would, searched while
     # this one's search runs where there are workers for them
     unsearched = replace(train, zero_config=replace(train.zero_config, overlap_comm=tin.overlap_comm))
     frees = free_settings(tin)
     names = [name for name in ENGINE_NAMES if name != train.engine.name] if compare_engines and _engines is None else []
-    others_search = _OtherEngines(spec, clus, unsearched, headroom, max_mbs, pins, frees, names, workers)
+    others_search = OtherEngines(spec, clus, unsearched, headroom, max_mbs, pins, frees, names, workers)
     try:
         train, result, assumptions, records, clear = _this_engine(spec, clus, train, tin, gbs, headroom, max_mbs, pins,
                                                                   pinned, defaults, top)
@@ -307,7 +270,7 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
             _engines = others_search.result()
     finally:
         others_search.close()
-    others = _other_engines(spec, clus, unsearched, headroom, max_mbs, pins, best, frees, compare_engines, _engines)
+    others = other_engines(spec, clus, unsearched, headroom, max_mbs, pins, best, frees, compare_engines, _engines)
     proposals, batch_note = ([], None) if records else batch_proposals(spec, clus, unsearched, headroom, max_mbs, pins,
                                                                          result, frees)
     fitting = [e for e in others if e["layout"] is not None]
@@ -328,6 +291,30 @@ def recommend(model, cluster=None, training=None, *, top: int | None = None, mem
                           records, hints, result.elapsed_s, points, clear, others, [], proposals, batch_note)
 
 
+def _recommend_batch(tin: TrainingInput, defaults: dict) -> int:
+    """The global batch in sequences: --gbs, else recommend's tokens a step (defaults noted)."""
+    tokens = tin.tokens_per_step or DEFAULTS["tokens_per_step"]
+    gbs = tin.gbs or default_gbs(tin)
+    if tin.gbs is None:
+        defaults["gbs"] = gbs
+        if tin.tokens_per_step is None:
+            defaults["tokens_per_step"] = tokens
+    return gbs
+
+
+def _recommend_training(spec, clus, tin: TrainingInput, gbs: int, pins: dict, defaults: dict) -> Training:
+    """The settings of the search: the engine named, else the default for the pinned axes (noted);
+    a named engine that refuses the whole job answers with its rule's line."""
+    train = tin.resolve(gbs, tin.engine or default_engine(pins.get("tp", 1), pins.get("cp", 1), pins.get("vpp", 1),
+                                                          bool(pins.get("sequence_parallel", 0)), _wants_fp8(tin),
+                                                          pins.get("ep", 1)))
+    if tin.engine is None:
+        defaults["engine"] = train.engine.name
+    elif (why := rules.refused(spec, clus, train)) is not None:
+        raise InputError(why)  # the engine asked for cannot take these settings or this model at all
+    return train
+
+
 def _this_engine(spec, clus, train: Training, tin: TrainingInput, gbs: int, headroom: float, max_mbs: int, pins: dict,
                  pinned: dict | None, defaults: dict, top: int) -> tuple:
     """(training, search result, assumptions, the top records, the clear fit under a borderline #1 or
@@ -341,70 +328,6 @@ def _this_engine(spec, clus, train: Training, tin: TrainingInput, gbs: int, head
     records = _records(clus, train, tin, gbs, sources, top)
     clear = fastest_clear_fit(clus, sources, records) if records and records[0]["memory"]["verdict"] != "fits" else None
     return train, result, assumptions, records, clear
-
-
-def _engine_groups(own_engine: str, names: list, workers: int) -> list[list]:
-    """`names` in `workers` groups, the last one this process's, which also runs `own_engine`'s
-    search: longest first to the least loaded (Engine.search_ms)."""
-    workers = max(1, min(int(workers), len(names) + 1))
-    groups, loads = [[] for _ in range(workers)], [0.0] * (workers - 1) + [ENGINES[own_engine].search_ms]
-    for name in sorted(names, key=lambda n: -ENGINES[n].search_ms):
-        i = loads.index(min(loads))
-        groups[i].append(name)
-        loads[i] += ENGINES[name].search_ms
-    return [g for g in groups[:-1] if g] + [[n for n in names if n in groups[-1]]]
-
-
-def _engines_best(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, frees: tuple,
-                  names: list) -> dict:
-    """{engine: refine.engine_best} of `names`, each without a speed to compare with yet."""
-    return {name: engine_best(spec, clus, train, name, headroom, max_mbs, pins, None, *frees) for name in names}
-
-
-class _OtherEngines:
-    """The other engines' searches (_engines_best) in groups: forked children started on creation
-    (planner/forked.py), this process's group run by result(), which then gathers the children's."""
-
-    def __init__(self, spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, frees: tuple,
-                 names: list, workers: int):
-        self.args = (spec, clus, train, headroom, max_mbs, pins, frees)
-        *children, self.own = _engine_groups(train.engine.name, names, workers)
-        self.pending = [forked.start(_engines_best, *self.args, group) for group in children]
-
-    def result(self) -> dict:
-        found = _engines_best(*self.args, self.own)
-        while self.pending:
-            found.update(self.pending.pop(0)())
-        order = {name: i for i, name in enumerate(ENGINE_NAMES)}
-        return dict(sorted(found.items(), key=lambda kv: order[kv[0]]))
-
-    def close(self) -> None:
-        """Reap the children not gathered (an error before result())."""
-        while self.pending:
-            with contextlib.suppress(Exception):
-                self.pending.pop(0)()
-
-
-def free_settings(tin: TrainingInput) -> tuple:
-    """Which settings recommend searches because the user left them alone: the pipeline split, the
-    ZeRO-3 live-parameter knobs, the offloaded optimizer share, --tp-comm-overlap, Megatron's
-    --recompute-modules."""
-    knobs_free = tin.stage3_max_live_parameters is None and tin.stage3_max_reuse_distance is None
-    return (tin.pipeline_edge_layers is None, knobs_free, tin.optimizer_offload_fraction is None,
-            tin.tp_comm_overlap is None, tin.recompute_modules is None)
-
-
-def _other_engines(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, best: float | None,
-                   frees: tuple, compare: bool, searched: dict | None) -> list[dict]:
-    """The other engines' fastest fitting layouts against `best` (refine.engine_best), none where not
-    `compare`; `searched`: a first answer's searches of them, re-read against this one's best."""
-    names = [name for name in ENGINE_NAMES if name != train.engine.name]
-    if not compare:
-        return []
-    if searched is None:
-        return [engine_best(spec, clus, train, name, headroom, max_mbs, pins, best, *frees) for name in names]
-    return [{**searched[name], "relative_speed": None if best is None or searched[name]["tokens_per_s"] is None
-             else searched[name]["tokens_per_s"] / best} for name in names]
 
 
 def _searched(spec, clus, train: Training, tin: TrainingInput, headroom: float, max_mbs: int, pins: dict,

@@ -161,6 +161,12 @@ def search_recompute_modules(spec, clus, train: Training, headroom: float, max_m
     with the first search's other layouts where its fastest layout beats the first search's."""
     if not free or pins.get("recompute", Recompute.SELECTIVE) != Recompute.SELECTIVE:
         return train, result
+    # a wider list reruns more and keeps less: it can only win where a selective layout faster than the
+    # best did not fit (none fits at all: full recompute, which keeps less than any list, fit nowhere)
+    speed, fits = np.asarray(result.eval.tokens_per_s), np.asarray(result.eval.fits)
+    blocked = ~fits & (result.valid.recompute == Recompute.SELECTIVE) & (speed > _fastest_tokens_per_s(result))
+    if not blocked.any() or (not result.order.size and "recompute" not in pins):
+        return train, result
     best_train, best = train, None
     for wider in variants.recompute_module_trainings(spec, train):
         found = search.search(spec, clus, wider, headroom, max_mbs, pinned={**pins, "recompute": Recompute.SELECTIVE})

@@ -1,7 +1,7 @@
 """The training settings recommend tries beside its first search (planner/refine.py runs them): the
 pipeline's edge split, DeepSpeed's ZeRO-3 live-parameter knobs lowered or raised, TP communication
 overlap, Megatron's recompute modules, DeepSpeed's overlap_comm for ZeRO-1/2, and the smallest
-offloaded optimizer share."""
+offloaded optimizer share; and the pipeline split a layout estimate is given needs."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from dataclasses import replace
 
 import numpy as np
 
-from planner import layout, memory
+from planner import layout, memory, rules
 from planner.engines import Buffers, Modules
+from planner.errors import InputError
 from planner.hardware import Cluster
 from planner.layout import Training
 from planner.model import ModelSpec
+from planner.pipeline import interleaved_layers
 from planner.options import Offload
 from planner.sharding import block_params
 from planner.search import SearchResult, VPP_CHOICES, divisors
@@ -40,6 +42,31 @@ def edge_layers_choice(model: ModelSpec, cluster: Cluster, training: Training) -
     default = engine.pipeline_edge_layers
     best = 1 - default if pairs(1 - default) > pairs(default) else default
     return training if best == training.pipeline_edge_layers else replace(training, pipeline_edge_layers=best)
+
+
+def edges_the_layout_needs(spec: ModelSpec, clus: Cluster, train: Training, lay, free: bool) -> Training:
+    """`train` with the embedding and the loss counted as pipeline layers where the user left the
+    split free and the stated pp x vpp divides the blocks evenly only that way, or runs only that
+    way: Megatron-LM asserts that the layers plus one each for --account-for-embedding/loss-in-
+    pipeline-split divide by the stages (training/arguments.py); NVIDIA's recipes set both for such
+    layouts (NeMo 2 recipes/llama31_405b.py pretrain_recipe defaults, 126 blocks over pp 8 x vpp 8;
+    qwen3_235b_a22b.py, 94 blocks over pp 8 x vpp 12). Without them an uneven split needs a
+    --pipeline-model-parallel-layout of its own."""
+    if not free or not train.engine.pipeline_edge_choice or train.pipeline_edge_layers:
+        return train
+    edges = replace(train, pipeline_edge_layers=1)
+    chunks = int(lay.pp[0] * lay.vpp[0])
+    if chunks > 1 and spec.layers % chunks and interleaved_layers(spec, edges) % chunks == 0:
+        return edges
+    try:
+        rules.check_single(spec, clus, train, lay)
+        return train
+    except InputError:
+        try:
+            rules.check_single(spec, clus, edges, lay)
+        except InputError:
+            return train  # the first rule's message stands
+        return edges
 
 
 def lean_zero3_training(model: ModelSpec, training: Training) -> Training | None:

@@ -9,7 +9,7 @@ import pytest
 
 from planner import api, forked
 from planner.engines import NAMES
-from planner.planning import _engine_groups
+from planner.comparison import engine_groups as _engine_groups
 
 fork_only = pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
 

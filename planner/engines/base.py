@@ -382,7 +382,7 @@ class Engine:
     search_ms: float = 20.0
     """The planner's own recommend searches for this engine, warm, for a 70B model on 16 H100s on a
     2-core CPU (measured): a weight that only splits the engines evenly over recommend's workers
-    (planner/planning.py _engine_groups); no answer reads it."""
+    (planner/comparison.py engine_groups); no answer reads it."""
 
     @property
     def pipeline(self) -> bool:
