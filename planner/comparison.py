@@ -26,7 +26,7 @@ def engine_groups(own_engine: str, names: list, workers: int) -> list[list]:
 
 
 def engines_best(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, frees: tuple,
-                  names: list) -> dict:
+                 names: list) -> dict:
     """{engine: refine.engine_best} of `names`, each without a speed to compare with yet."""
     return {name: engine_best(spec, clus, train, name, headroom, max_mbs, pins, None, *frees) for name in names}
 
@@ -65,7 +65,7 @@ def free_settings(tin: TrainingInput) -> tuple:
 
 
 def other_engines(spec, clus, train: Training, headroom: float, max_mbs: int, pins: dict, best: float | None,
-                   frees: tuple, compare: bool, searched: dict | None) -> list[dict]:
+                  frees: tuple, compare: bool, searched: dict | None) -> list[dict]:
     """The other engines' fastest fitting layouts against `best` (refine.engine_best), none where not
     `compare`; `searched`: a first answer's searches of them, re-read against this one's best."""
     names = [name for name in ENGINE_NAMES if name != train.engine.name]
