@@ -65,8 +65,10 @@ planner's inputs and asks `planner.api` in-process, the same reading for every r
   `mem-` rows nor BLOOM's) is called fits / borderline / oom by the estimate's memory verdict
   (its error band against capacity); a published OOM must be called oom.
 - **Leave-one-source-out**: every coefficient of `data/coefficients.json` declared
-  `"fitted_to": "corpus"` is refitted on all trusted sources but one (the throughput MAPE,
-  over its `fit_range`) and the held-out source's error reported.
+  `"fitted_to": "corpus"` is refitted, over its `fit_range`, on the rows that read it from all
+  trusted sources but one (the throughput MAPE; a memory coefficient on the measured peaks) and
+  the held-out source's error reported; where a single source reads it, each of its GPUs is held
+  out in turn.
 """
 
 
@@ -90,8 +92,8 @@ def loso_md(fits: list) -> list[str]:
         if "folds" not in f:
             out += [f"{name}: {f['note']}.", ""]
             continue
-        out += [f"{name}: prior {f['value']:.4g}, range {f['low']:.4g}-{f['high']:.4g}; fitted on every trusted "
-                f"source {f['value_all']:.4g} (MAPE {pct(f['mape_all'])}).", "",
+        out += [f"{name}: prior {f['value']:.4g}, range {f['low']:.4g}-{f['high']:.4g}; fitted on "
+                f"{report.fit_rows_text(f)} {f['value_all']:.4g} (MAPE {pct(f['mape_all'])}).", "",
                 md_table(["held out", "cases", "fitted", "MAPE of the rest", "held-out MAPE", "held-out mean error"],
                          [[x["held_out"], str(x["cases"]), f"{x['value']:.4g}", pct(x["fit_mape"]), pct(x["mape"]),
                            f"{x['mean_error']:+.1%}"] for x in f["folds"]]), ""]

@@ -210,25 +210,36 @@ def attention_efficiency(cluster: Cluster, c: dict) -> float:
     return cluster.gpu.attention_efficiency or c["attention_efficiency"]
 
 
-def attention_kernel_slowdown(model: ModelSpec, training: Training, c: dict) -> float:
-    """How much slower than FlashAttention-2 the job's fused attention kernel runs. llm-foundry's MPT
-    blocks as MosaicML benchmarked them (scripts/train/benchmarking/submit_benchmarks.py: --attn_impl
-    default 'triton' and image mosaicml/pytorch:1.13.1 from the tables' commits b2a43a147, 2023-10, and
-    5e85bd62d, 2024-01, until 4952183 made 'flash' the default) run llmfoundry/models/layers/
-    flash_attn_triton.py, HazyResearch's Triton FlashAttention on triton-pre-mlir, which FlashAttention-2
-    outruns 1.3-2.5x (Dao 2023, FlashAttention-2, section 4.1; triton_flash_attention_slowdown).
-    Every other engine's modules run FlashAttention-2 or faster kernels: 1."""
+def attention_kernel_slowdown(model: ModelSpec, training: Training, c: dict) -> tuple:
+    """(forward, backward): how much slower than FlashAttention-2 the job's fused attention kernel runs
+    each pass. llm-foundry's MPT blocks as MosaicML benchmarked them (scripts/train/benchmarking/
+    submit_benchmarks.py: --attn_impl default 'triton' and image mosaicml/pytorch:1.13.1 from the tables'
+    commits b2a43a147, 2023-10, and 5e85bd62d, 2024-01, until 4952183 made 'flash' the default) run
+    llmfoundry/models/layers/flash_attn_triton.py, HazyResearch's Triton FlashAttention on
+    triton-pre-mlir, which FlashAttention-2 outruns 1.3-2.5x forward and backward together (Dao 2023,
+    FlashAttention-2, section 4.1; triton_flash_attention_slowdown). The two passes do not share
+    it: 'Triton forward is generally faster than CUDA forward, while Triton backward is generally
+    slower than CUDA backward' (the same file's docstring at b2a43a147; CUDA: FlashAttention), so its
+    forward runs at
+    triton_flash_attention_fwd_slowdown and its backward, 2.5x the forward's matmul work
+    (attention_matmuls_s), takes the rest of the total. Every other engine's modules run
+    FlashAttention-2 or faster kernels: 1."""
     if training.flash_attention and block_modules(model, training) is Modules.LLM_FOUNDRY:
-        return float(c["triton_flash_attention_slowdown"])
-    return 1.0
+        total, fwd = float(c["triton_flash_attention_slowdown"]), float(c["triton_flash_attention_fwd_slowdown"])
+        return fwd, (total * (1.0 + FLASH_BWD_WORK) - fwd) / FLASH_BWD_WORK
+    return 1.0, 1.0
+
+
+FLASH_BWD_WORK = 2.5
+"""FlashAttention's backward runs 5 matmuls to its forward's 2 (Dao 2023, FlashAttention-2 section 3.1.2)."""
 
 
 def attention_matmuls_s(flops_fwd, peak_flops_per_s, efficiency, flash: bool = True) -> tuple:
     """(forward, backward) seconds of the attention core's matmuls, `flops_fwd` forward at
-    `efficiency` of peak: FlashAttention's backward runs 5 matmuls to its forward's 2 (Dao 2023,
-    FlashAttention-2 section 3.1.2), an unfused one 4 to 2."""
+    `efficiency` of peak: FlashAttention's backward runs 5 matmuls to its forward's 2 (FLASH_BWD_WORK),
+    an unfused one 4 to 2."""
     fwd = flops_fwd / (peak_flops_per_s * efficiency)
-    return fwd, fwd * (2.5 if flash else 2.0)
+    return fwd, fwd * (FLASH_BWD_WORK if flash else 2.0)
 
 
 def attention_core_s(ctx: Step) -> tuple:
@@ -247,8 +258,9 @@ def attention_core_s(ctx: Step) -> tuple:
     # FlashAttention computes the causal (and windowed) keys only; unfused attention every score
     keys = model.attended_keys(s, causal=True) if flash else float(s)
     flops = 2.0 * T * keys * (model.q_width + model.attention_out_width) / t  # QK^T + AV
-    efficiency = attention_efficiency(cluster, c) / attention_kernel_slowdown(model, training, c)
-    fwd, bwd = attention_matmuls_s(flops, compute_flops_per_s(cluster, training, c), efficiency, flash)
+    slow_fwd, slow_bwd = attention_kernel_slowdown(model, training, c)
+    fwd, bwd = attention_matmuls_s(flops, compute_flops_per_s(cluster, training, c), attention_efficiency(cluster, c), flash)
+    fwd, bwd = fwd * slow_fwd, bwd * slow_bwd
     if not flash:
         drop = 1.0 if model.dropout else 0.0
         scores = lay.mbs * (model.heads / t) * (s / lay.cp) * s

@@ -13,6 +13,7 @@ from planner.calibration import Calibration
 from planner.corpus_rows import Answer, ask, load_rows, read
 from planner.corpus_score import LOW_TRUST, MEMORY_METRIC, fit_calls, groups, score, summary
 from planner.data import catalog
+from planner.modules import Modules, block_modules
 
 FIT_POINTS = 9
 """Coefficient values a leave-one-source-out fit evaluates each throughput row at."""
@@ -21,7 +22,7 @@ FIT_POINTS = 9
 def fitted_coefficients() -> list[dict]:
     """Coefficients of data/coefficients.json declared `"fitted_to": "corpus"`: {section, name,
     value, low, high, rows}; the range is the entry's `fit_range`, else half to twice its value;
-    `fit_rows` 'fp8' fits it to the rows with FP8 GEMMs alone (the others do not read it). The
+    `fit_rows` names the rows that read it (_reads: 'fp8', 'expandable', 'triton'; the others do not). The
     refit reaches a value through a calibration override (planner/calibration.py), so it must be
     a `memory` or `time` coefficient the model reads through memory.coefficients."""
     out = []
@@ -32,6 +33,15 @@ def fitted_coefficients() -> list[dict]:
                 out.append({"section": section, "name": name, "value": entry["value"], "low": low, "high": high,
                             "rows": entry.get("fit_rows", "all")})
     return out
+
+
+def _reads(rows: str, ans: Answer) -> bool:
+    """Whether a row reads a coefficient whose `fit_rows` is `rows`: 'fp8' the rows with FP8 GEMMs,
+    'expandable' those launched with expandable segments, 'triton' those whose attention is
+    llm-foundry's Triton kernel (compute.attention_kernel_slowdown), 'all' every one."""
+    model, _, train, _ = ans.setup
+    return {"all": True, "fp8": train.fp8_recipe is not None, "expandable": train.expandable_segments,
+            "triton": train.flash_attention and block_modules(model, train) is Modules.LLM_FOUNDRY}[rows]
 
 
 def loso(sources: list[str], published, predict, low: float, high: float, points: int = FIT_POINTS) -> dict:
@@ -109,18 +119,20 @@ def validate(rows: list[dict] | None = None) -> dict:
     fits = []
     for c in fitted_coefficients():
         if c["section"] == "memory":  # fitted to the measured peaks of the runs that read it
-            chosen = [(s, a) for s, a in measured if c["rows"] != "expandable" or a.setup[2].expandable_segments]
+            chosen = [(s, a) for s, a in measured if _reads(c["rows"], a)]
             figs, predict = [next(f for f in s["figures"] if f["metric"] == MEMORY_METRIC) for s, _ in chosen], \
                 _memory_at(chosen, c["section"], c["name"])
         else:
-            chosen = [(s, a) for s, a in timed_all if c["rows"] != "fp8" or a.setup[2].fp8_recipe is not None]
+            chosen = [(s, a) for s, a in timed_all if _reads(c["rows"], a)]
             figs, predict = [next(f for f in s["figures"] if f["metric"] != MEMORY_METRIC) for s, _ in chosen], \
                 _throughput_at(chosen, c["section"], c["name"])
-        if len({s["source"] for s, _ in chosen}) < 2:
-            fits.append({**c, "note": "leave-one-source-out needs two sources with figures it reads"})
+        folds = [s["source"] for s, _ in chosen]
+        if len(set(folds)) < 2:  # one source: its GPUs are the folds
+            folds = [f"{s['source']}/{a.setup[1].gpu.name}" for s, a in chosen]
+        if len(set(folds)) < 2:
+            fits.append({**c, "note": "leave-one-out needs two sources (or GPUs) with figures it reads"})
             continue
-        fits.append({**c, **loso([s["source"] for s, _ in chosen], [f["published"] for f in figs], predict,
-                                 c["low"], c["high"])})
+        fits.append({**c, **loso(folds, [f["published"] for f in figs], predict, c["low"], c["high"])})
     return {"rows": scored, "groups": groups(scored), "fit_calls": fit_calls(scored), "summary": summary(rows, scored),
             "not_expressed": [{"id": s["id"], "reason": s["reason"]} for s in scored if s["call"] == "not_expressed"],
             "loso": fits}

@@ -458,12 +458,19 @@ def loso_text(fits: list) -> list:
             lines += [f"leave-one-source-out {name}: {f['note']}", ""]
             continue
         lines.append(f"leave-one-source-out {name} (prior {f['value']:.4g}, range {f['low']:.4g}-{f['high']:.4g}; "
-                     f"fitted on every trusted source {f['value_all']:.4g}, MAPE {_pct(f['mape_all'])}):")
+                     f"fitted on {fit_rows_text(f)} {f['value_all']:.4g}, MAPE {_pct(f['mape_all'])}):")
         body = [[x["held_out"], str(x["cases"]), f"{x['value']:.4g}", _pct(x["fit_mape"]), _pct(x["mape"]),
                  f"{x['mean_error']:+.1%}"] for x in f["folds"]]
         lines += ["  " + x for x in table(["held out", "cases", "fitted", "MAPE of the rest", "held-out MAPE",
                                            "held-out mean error"], body).splitlines()] + [""]
     return lines
+
+
+def fit_rows_text(fit: dict) -> str:
+    """The rows a corpus-fitted coefficient was fitted to (corpus._reads)."""
+    return {"all": "every trusted source", "fp8": "the trusted rows with FP8 GEMMs",
+            "expandable": "the measured peaks under expandable segments",
+            "triton": "the rows with llm-foundry's Triton attention"}[fit["rows"]]
 
 
 def corpus_summary_text(s: dict) -> str:

@@ -1353,15 +1353,19 @@ def test_llm_foundry_benchmarks_ran_triton_flash_attention():
                     norm="layernorm", architecture="llama")
     foundry = layout.Training(seq_len=8192, engine="fsdp", modules="llm-foundry")
     fa2 = layout.Training(seq_len=8192, engine="megatron")
-    slow = compute.attention_core_s(Step(mpt, node(H100), foundry, layout.single(), C))
-    fast = compute.attention_core_s(Step(mpt, node(H100), fa2, layout.single(), C))
-    for s, f in zip(slow, fast):
-        assert 1.3 <= float(s[0] / f[0]) <= 2.5
-    # and the published run it governs: MPT-7B at 65,536 tokens, where attention is 3/4 of the FLOPs, on
-    # 8 A100-80GB: 1,013 tokens/s per GPU (llm-foundry 4952183 scripts/train/benchmarking/README.md, A100 80GB
-    # table); FlashAttention-2's speed (slowdown 1) would give ~1.5x that, a 10x slower kernel ~1/4
+    (slow_fwd, slow_bwd), (fast_fwd, fast_bwd) = (compute.attention_core_s(Step(mpt, node(H100), t, layout.single(), C))
+                                                  for t in (foundry, fa2))
+    total = (slow_fwd + slow_bwd) / (fast_fwd + fast_bwd)
+    assert np.all((1.3 <= total) & (total <= 2.5))
+    # the file's own docstring (llm-foundry b2a43a147 flash_attn_triton.py): 'Triton forward is generally
+    # faster than CUDA forward, while Triton backward is generally slower': the backward bears the slowdown
+    assert np.all(slow_fwd / fast_fwd < slow_bwd / fast_bwd)
+    # and the published run it governs: MPT-7B at 65,536 tokens, where attention is 3/4 of the FLOPs, with
+    # full recompute (which reruns the forward alone) on 8 A100-80GB: 1,013 tokens/s per GPU (llm-foundry
+    # 4952183 scripts/train/benchmarking/README.md, A100 80GB table); FlashAttention-2's speed (slowdown 1)
+    # would give ~1.5x that, a 10x slower kernel ~1/4, the slowdown shared evenly by the passes 0.93x
     predicted = _published_tokens_per_gpu(MPT_7B + " --gpu a100-80gb")
-    assert predicted == pytest.approx(1013, rel=0.15)
+    assert predicted == pytest.approx(1013, rel=0.05)
 
 
 def test_llm_foundry_block_moves_its_casts_norms_and_adds():

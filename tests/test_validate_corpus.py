@@ -290,6 +290,15 @@ def test_loso_refits_a_declared_coefficient(monkeypatch):
     assert "leave-one-source-out time.gemm_efficiency_max" in "\n".join(report.loso_text(v["loso"]))
 
 
+def test_a_coefficient_one_source_reads_holds_out_its_gpus(monkeypatch):
+    """llm-foundry's Triton attention is MosaicML's tables' alone: with one source the folds are its
+    GPUs, each fitted on the others."""
+    _declare(monkeypatch, {("time", "gemm_efficiency_max"): [0.4, 1.0]})
+    rows = [BY_ID["mpt-7b-h100-amp_bf16-8gpu-seq2048-mbs6-gbs48"], BY_ID["mpt-7b-a100-amp_bf16-8gpu-seq4096-mbs16-gbs256"]]
+    (fit,) = corpus.validate(rows)["loso"]
+    assert sorted(f["held_out"] for f in fit["folds"]) == ["mpt/a100-80gb", "mpt/h100-sxm"]
+
+
 def test_no_declared_coefficient_says_so(monkeypatch):
     _declare(monkeypatch, {})
     assert corpus.fitted_coefficients() == []
