@@ -16,7 +16,7 @@ from planner.engines import Buffers, Modules, SelectivePolicy
 from planner.layout import Layouts, Training
 from planner.model import ModelSpec
 from planner.moe import routed_per_token
-from planner.options import Recompute, RecomputeMethod
+from planner.options import Fp8Recipe, Recompute, RecomputeMethod
 from planner.pipeline import blocks_on_stage, microbatches_in_flight, p2p_buffers
 from planner.sharding import expert_tp
 from planner.saved import saved_tensors
@@ -156,7 +156,10 @@ def op_sac_bytes(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarr
     Llama3Model, Qwen3 MoE model and DeepSeekV3Model (MLA) leave allocated per block (python -m
     calibrate.engines.torchtitan_sac, calibrate.engines.torchtitan_moe, calibrate.engines.torchtitan_mla;
     tests/test_activations_real.py, tests/test_activations_torchtitan_moe.py,
-    tests/test_activations_torchtitan_mla.py)."""
+    tests/test_activations_torchtitan_mla.py). torchao's float8 linears change none of it (their
+    autograd function saves the 16-bit input, and the policy sees their matmul as aten.mm) but
+    for tensorwise scaling's amax scalars on the save list (aten.max: TORCHAO_TENSORWISE_AMAX_BYTES;
+    python -m calibrate.engines.torchtitan_float8)."""
     e, t = training.precision.element_bytes, lay.tp.astype(np.float64)
     sp = np.where(lay.sequence_parallel > 0, t, 1.0)
     tokens = training.seq_len / lay.cp * lay.mbs
@@ -166,7 +169,17 @@ def op_sac_bytes(model: ModelSpec, training: Training, lay: Layouts) -> np.ndarr
         per_token = per_token + kept * e * width / (t if split else 1.0)
     if model.experts > 1:
         per_token = per_token + sum(x.bytes_per_token for x in torchtitan_topk_saved(model))
-    return tokens * per_token
+    tensorwise = fp8.library(training) == fp8.TORCHAO and training.fp8_recipe is Fp8Recipe.TENSORWISE
+    amax = tensorwise * TORCHAO_TENSORWISE_AMAX_BYTES * sum("grouped_mm" not in x[0] for x in op_sac_matmuls(model))
+    return tokens * per_token + amax
+
+
+TORCHAO_TENSORWISE_AMAX_BYTES = 4.0
+"""What SelectiveAC keeps of each torchao tensorwise float8 linear beyond its 16-bit self: fp32 amax
+scalars of its casts (torchao 0.18 float8/float8_utils.py tensor_to_amax: torch.max(torch.abs(x)), an
+aten.max that torchtitan 0.3.0's _get_default_save_ops marks MUST_SAVE: 'always save the absolute
+maximum used to compute the scaling factor'; rowwise takes torch.amax, not on the list). Measured on
+torchtitan's own block: 20 B a Llama block of 5 linears (data/references/torchtitan_float8_cpu.json)."""
 
 
 def kept_per_layer(model: ModelSpec, training: Training, lay: Layouts, recompute=None) -> np.ndarray:

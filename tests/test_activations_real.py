@@ -436,6 +436,37 @@ def test_torchtitan_unchecked_block_on_cuda():
         assert planned == torchtitan_cuda_equivalent(row), row
 
 
+
+def test_torchtitan_float8_blocks_keep_what_the_planner_books():
+    """torchtitan 0.3.0's block with torchao 0.18's float8 linears (its Float8LinearConverter,
+    emulated on the CPU) keeps what the bf16 block keeps under every policy: torchao's autograd
+    function saves the 16-bit input, not an FP8 copy; SelectiveAC adds tensorwise scaling's amax
+    scalars, 20 B a block of 5 linears, and no more (rowwise's torch.amax is not on its save list).
+    Each row against the planner at --precision fp8 with the recipe: checkpointed blocks less the
+    5,056-byte CPU RNG state, the unchecked one translated to CUDA as the bf16 block is."""
+    import json
+    from pathlib import Path
+
+    from planner.model import ModelSpec
+
+    doc = json.loads((Path(__file__).resolve().parent.parent / "data/references/torchtitan_float8_cpu.json").read_text())
+    assert (doc["environment"]["torchtitan"], doc["environment"]["torchao"]) == ("0.3.0", "0.18.0")
+    by = {(r["dim"], r["kv_heads"], r["policy"], r["recipe"]): r["layer_bytes"] for r in doc["rows"]}
+    assert by[(256, 16, "selective", "tensorwise")] - by[(256, 16, "selective", "bf16")] == 5 * 4
+    checked = 0
+    for row in doc["rows"]:
+        if row["recipe"] == "bf16":
+            continue
+        spec = ModelSpec(layers=4, hidden=row["dim"], heads=row["heads"], kv_heads=row["kv_heads"], ffn=row["ffn"],
+                         vocab=2048)
+        train = layout.Training(seq_len=row["seq"], precision="fp8", fp8_recipe=row["recipe"], engine="torchtitan")
+        lay = layout.single(mbs=row["batch"], recompute=row["policy"])
+        planned = float(activations.kept_per_layer(spec, train, lay)[0])
+        measured = torchtitan_cuda_equivalent(row) if row["policy"] == "none" else row["layer_bytes"] - 5056
+        assert planned == measured, row
+        checked += 1
+    assert checked == 12
+
 # ---------------------------------------------------------------------------------------------
 # transformers 5 GPT2Block and GPTNeoXLayer (planner/activations.py hf_gpt2_saved, hf_gpt_neox_saved),
 # counted on the CPU like the Llama layers above and translated to what CUDA keeps

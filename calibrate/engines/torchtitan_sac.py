@@ -33,7 +33,9 @@ SHAPES = [  # (dim, heads, kv_heads, ffn, seq, batch)
 ]
 
 
-def build(layers: int, dim: int, heads: int, kv_heads: int, ffn: int, policy: str):
+def build(layers: int, dim: int, heads: int, kv_heads: int, ffn: int, policy: str, convert=None):
+    """torchtitan's Llama3Model at this shape in bf16 under `policy`; `convert` (a model config to a
+    model config, as torchtitan's converters are) is applied before it is built."""
     from torchtitan.models.common import ComplexRoPE
     from torchtitan.models.llama3 import _build_llama3_layers, llama3_configs
 
@@ -45,6 +47,8 @@ def build(layers: int, dim: int, heads: int, kv_heads: int, ffn: int, policy: st
         base, dim=dim, layers=blocks, tok_embeddings=dataclasses.replace(base.tok_embeddings, embedding_dim=dim),
         norm=dataclasses.replace(base.norm, normalized_shape=dim),
         lm_head=dataclasses.replace(base.lm_head, in_features=dim))
+    if convert is not None:
+        config = convert(config)
     torch.manual_seed(0)
     return apply_policy(config.build().to(torch.bfloat16).train(), policy)
 

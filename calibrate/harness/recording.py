@@ -15,21 +15,22 @@ import types
 from pathlib import Path
 
 
-def write_recording(out: Path, source: str, rows: list, package: str = "torchtitan") -> None:
-    """The recording with the installed torch and `package` (the engine measured) versions, written
-    atomically."""
+def write_recording(out: Path, source: str, rows: list, package: str | tuple = "torchtitan") -> None:
+    """The recording with the installed torch and `package` (the engine measured; a tuple: each of
+    them) versions, written atomically."""
     from importlib.metadata import version
 
     import torch
 
-    doc = {"_source": source, "environment": {"torch": torch.__version__, package: version(package),
+    packages = (package,) if isinstance(package, str) else package
+    doc = {"_source": source, "environment": {"torch": torch.__version__, **{p: version(p) for p in packages},
                                               "device": "cpu"}, "rows": rows}
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     tmp.replace(out)
 
 
-def run_cli(argv, doc: str, default_out: Path, source: str, measure_rows, package: str = "torchtitan",
+def run_cli(argv, doc: str, default_out: Path, source: str, measure_rows, package: str | tuple = "torchtitan",
             names=None) -> int:
     """`python -m calibrate.<room>.<script> [--out PATH]`: measure and write the recording. With `names`
     (the rows the recorder measures, in order) it also takes `--only NAME,...`: those rows alone
