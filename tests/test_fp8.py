@@ -10,7 +10,7 @@ import pytest
 from planner import activations, api, cli, corpus_rows, corpus_score, export, layout, timing
 from planner.errors import InputError
 from planner.engines.torchtitan.export import fp8_module
-from planner.model import lookup
+from planner.model import ModelSpec, lookup
 from planner.stage import Step
 
 GPT = dict(layers=4, hidden=2048, heads=16, ffn=8192, vocab=32000, ffn_kind="gelu")
@@ -222,6 +222,34 @@ def test_torchao_float8_all_gather_moves_the_converted_linears_at_one_byte():
     assert corpus_rows.read(rows["torchtitan-h200-8B-32gpu"]).training.fp8_param_gather is True
     assert corpus_rows.read(rows["mem-torchao-h100-llama3-8b-fp8-tensorwise"]).training.fp8_param_gather is True
     assert corpus_rows.read(rows["mem-torchao-h100-llama3-8b-fp8-rowwise"]).training.fp8_param_gather is None
+
+
+def test_torchao_float8_all_gather_measured_on_fsdp2():
+    """torchtitan's Llama (3 blocks, dim 64, 4 heads, 2 KV heads, ffn 160, vocab 256) under its
+    apply_fsdp_to_decoder on 2 gloo ranks, converted as torchtitan 0.2.2 did (torchao 0.18
+    convert_to_float8_training with enable_fsdp_float8_all_gather, emulated; python -m
+    calibrate.engines.torchtitan_float8): a block unit's all-gather output is 43,264 B = 1 B x 43,008
+    linear elements (wqkv 64 x 128, wo 64 x 64, w1 and w3 64 x 160, w2 160 x 64) + 2 B x 128 norm
+    elements, against 2 B x 43,136 in bf16; the embedding and [norm, lm_head] units gather bf16. The
+    planner's bytes per element over the model's 162,240 move the same 195,456 B a forward."""
+    from pathlib import Path
+
+    from planner.held import gathered_param_bytes
+
+    doc = json.loads((Path(__file__).resolve().parent.parent / "data/references/torchtitan_float8_cpu.json").read_text())
+    runs = {r["recipe"]: r for r in doc["rows"] if r["kind"] == "all_gather"}
+    bf16, fp8_gather = runs["bf16"], runs["tensorwise-fp8-all-gather"]
+    assert fp8_gather["gathered_bytes"]["layers.1"] == 1 * 43_008 + 2 * 128
+    assert bf16["gathered_bytes"]["layers.1"] == 2 * 43_136
+    assert fp8_gather["gathered_bytes"]["embed"] == bf16["gathered_bytes"]["embed"] == 2 * 64 * 256
+    r = bf16
+    m = ModelSpec(layers=r["layers"], hidden=r["dim"], heads=r["heads"], kv_heads=r["kv_heads"], ffn=r["ffn"],
+                  vocab=r["vocab"])
+    assert m.params == sum(r["unit_params"].values()) == 162_240
+    for run, training in ((bf16, layout.Training(engine="torchtitan", precision="fp8", fp8_recipe="tensorwise")),
+                          (fp8_gather, layout.Training(engine="torchtitan", precision="fp8", fp8_recipe="tensorwise",
+                                                       fp8_param_gather=True))):
+        assert gathered_param_bytes(m, training) * m.params == pytest.approx(sum(run["gathered_bytes"].values()))
 
 
 def test_transformer_engine_gathers_sequence_parallel_inputs_in_fp8():
