@@ -32,6 +32,9 @@ planner's inputs and asks `planner.api` in-process, the same reading for every r
   A row whose id or notes name fp8 / float8 is an FP8 run (`--precision fp8`) with the recipe it
   names (tensorwise, rowwise, mxfp8), else the engine's default; torchtitan rows that name none
   ran tensorwise, the default of torchtitan 0.2.2 and earlier.
+- **Composer's FSDP mixed precision** (llm-foundry rows) as the table's MP Mode column states it:
+  `pure` (16-bit parameters gathered and computed on; the A100 40GB table) or `default` (fp32
+  parameters under autocast; the other tables, and the engine's default).
 - **torchtitan's loss**: `--loss-chunks 1` (the whole fp32 logits held) for rows without
   torch.compile or at a commit from before torchtitan compiled its loss (9dec370, 031f73f8),
   else the engine's default.

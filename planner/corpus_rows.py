@@ -148,6 +148,14 @@ def fp8_recipe(row: dict, engine: str) -> str | None:
     return "tensorwise" if engine_lookup(engine).fp8_library == "torchao" and not named else None
 
 
+def composer_mixed_precision(row: dict) -> str | None:
+    """Composer's FSDP mixed precision a MosaicML row states in its table's 'MP Mode' column
+    (llm-foundry 4952183 scripts/train/benchmarking/README.md: PURE for the A100 40GB table, DEFAULT
+    elsewhere), as Training.fsdp_mixed_precision reads it; None (the engine's default) where unstated."""
+    stated = re.search(r"MP mode (PURE|DEFAULT)", notes(row))
+    return stated.group(1).lower() if stated else None
+
+
 def is_moe(row: dict) -> bool:
     return bool(re.search(r"moe|mixtral|deepseek|gptoss|_a3b|_a22b", row["id"].lower())
                 or re.search(r"EP=([2-9]|\d\d)", notes(row)))
@@ -244,6 +252,7 @@ def read(row: dict) -> Reading:
                                           loss_chunks=torchtitan_loss_chunks(row)
                                           if engine_lookup(base.engine).loss_chunks > 1 else None,
                                           flash_attention=row["flash_attention"] is not False,
+                                          fsdp_mixed_precision=composer_mixed_precision(row),
                                           overlap_p2p=recipe(row).get("overlap_p2p")),
                    layout=LayoutInput(tp=tp, pp=pp, dp=dp, cp=cp, vpp=row["vpp"] or 1, mbs=row["mbs"] or 1, zero=zero,
                                       recompute=recompute,

@@ -42,6 +42,21 @@ def test_mpt_rows_run_fsdp_full_shard_with_their_batches():
         assert reading.model.ffn_kind == "gelu"  # MPT's GELU MLP, not Llama's SwiGLU
 
 
+def test_mpt_rows_run_the_mixed_precision_their_table_states():
+    """llm-foundry 4952183 scripts/train/benchmarking/README.md's MP Mode column: PURE for the A100
+    40GB table (16-bit parameters: no fp32 gathers, no autocast weight casts), DEFAULT for the
+    others. The 40GB table's largest micro-batches ran, so the planner, which called them
+    borderline under DEFAULT's fp32 parameters, must call them fits under what they ran."""
+    rows = [r for r in FILE_ROWS if r["id"].startswith("mpt-")]
+    pure = [r for r in rows if "MP mode PURE" in r["notes"]]
+    assert len(pure) == 52 and all("a100" in r["id"] for r in pure)
+    assert {corpus_rows.read(r).training.fsdp_mixed_precision for r in pure} == {"pure"}
+    assert {corpus_rows.read(r).training.fsdp_mixed_precision for r in rows if r not in pure} == {"default"}
+    for row_id in ("mpt-3b-a100-40gb-bf16-32gpu-seq2048-mbs6-gbs192", "mpt-13b-a100-40gb-bf16-8gpu-seq2048-mbs4-gbs512"):
+        scored = corpus_score.score(BY_ID[row_id], corpus_rows.ask(corpus_rows.read(BY_ID[row_id])))
+        assert scored["call"] == "ran_fits", row_id
+
+
 def test_fp8_row_is_listed_with_its_reason_while_fp8_is_refused():
     row = BY_ID["mpt-3b-h100-amp_fp8-8gpu-seq8192-mbs3-gbs144"]
     reading = corpus_rows.read(row)
