@@ -39,8 +39,10 @@ def _reads(rows: str, ans: Answer) -> bool:
     """Whether a row reads a coefficient whose `fit_rows` is `rows`: 'fp8' the rows with FP8 GEMMs,
     'expandable' those launched with expandable segments, 'triton' those whose attention is
     llm-foundry's Triton kernel (compute.attention_kernel_slowdown), 'all' every one."""
+    if rows == "all":
+        return True
     model, _, train, _ = ans.setup
-    return {"all": True, "fp8": train.fp8_recipe is not None, "expandable": train.expandable_segments,
+    return {"fp8": train.fp8_recipe is not None, "expandable": train.expandable_segments,
             "triton": train.flash_attention and block_modules(model, train) is Modules.LLM_FOUNDRY}[rows]
 
 
