@@ -44,7 +44,10 @@ planner's inputs and asks `planner.api` in-process, the same reading for every r
   torchtitan rows without a stated ZeRO stage are FULL_SHARD (3), others ZeRO-1.
 - **Shape**: layers, hidden, heads, kv heads (default: heads), ffn (default 4 h), vocabulary
   (default 51,200); a SwiGLU MLP for Llama, Mistral, Mixtral, Qwen and torchtitan rows, GELU
-  otherwise (Nemotron's squared ReLU has GELU's two matrices).
+  otherwise (Nemotron's squared ReLU has GELU's two matrices). An untied output layer where the
+  row's command line says `--untie-embeddings-and-output-weights` (Megatron-LM's CI); dropout where
+  the recipe keeps it: DGX Cloud's GPT-3 175B (`hidden_dropout` and `attention_dropout` 0.1) and
+  Megatron-LM's CI runs, which set none and so train with Megatron-LM's own 0.1.
 - **MoE rows** (DeepSeek-V3, Qwen3 MoE, gpt-oss, Mixtral, or EP > 1 in the notes) are the catalog
   model of that name with the expert layout of the notes (`EP=`, `ETP=`), ZeRO-1, sequence
   parallel with TP.

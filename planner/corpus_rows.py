@@ -79,7 +79,9 @@ def gpu_name(row: dict) -> str | None:
 
 RECIPES = {"dgxc-nemotron4-340B-bf16": {"precision": "bf16-pure", "overlap_p2p": False},
            "dgxc-deepseekv3-671B-bf16": {"recompute": "selective", "recompute_modules": ["mla_up_proj"],
-                                         "moe_grouped_gemm": True}}
+                                         "moe_grouped_gemm": True},
+           "dgxc-gpt3-175B-bf16": {"dropout": True},
+           "mem-megatron-ci-7b": {"dropout": True}}
 """What a row's recipe sets that its row does not state, by row id prefix. NVIDIA dgxc-benchmarking
 v24.11.1 (35a9aec) nemotron/nemotron4-340b-synth.yaml: optim.dtype and grad_sync_dtype bf16, so
 NeMo's megatron_base_model.py setup_optimization gives Apex's DistributedFusedAdam bf16 moments and
@@ -88,7 +90,11 @@ bf16-pure (whose megatron record keeps a 2-byte master remainder besides, shardi
 books slightly more than the recipe held); overlap_p2p_comm False, its interleaved sends waited.
 dgxc-benchmarking v25.05 (68eaf7e) deepseek_v3/pretraining/launch.sh on h100: --recompute_modules
 mla_up_proj (NeMo's pretrain_deepseek_v3.py: selective granularity over that list alone), through
-NeMo's DeepSeekV3Config (nemo/collections/llm/gpt/model/deepseek.py: moe_grouped_gemm True)."""
+NeMo's DeepSeekV3Config (nemo/collections/llm/gpt/model/deepseek.py: moe_grouped_gemm True).
+Dropout: dgxc-benchmarking v24.11.1 nemo_megatron/gpt3_175b_hydra.yaml hidden_dropout and
+attention_dropout 0.1; Megatron-LM's CI model_config.yaml sets neither, so Megatron-LM's own 0.1
+(d98e8a6 megatron/core/transformer/transformer_config.py TransformerConfig.hidden_dropout,
+attention_dropout)."""
 
 
 def recipe(row: dict) -> dict:
@@ -233,7 +239,9 @@ def read(row: dict) -> Reading:
     kind = "swiglu" if llama_like and "nemotron" not in row["id"] else "gelu"
     model = ModelInput(layers=row["layers"], hidden=row["hidden"], heads=row["heads"],
                        kv_heads=row["kv_heads"] or row["heads"], ffn=row["ffn"] or 4 * row["hidden"], ffn_kind=kind,
-                       vocab=row["vocab"] or DEFAULT_VOCAB)
+                       vocab=row["vocab"] or DEFAULT_VOCAB, dropout=recipe(row).get("dropout"),
+                       # Megatron-LM's launch flag, where the row gives its command line; else the engine's default
+                       tied_embeddings=False if "--untie-embeddings-and-output-weights" in notes(row) else None)
     cluster = ClusterInput(gpu=g.replace("h100-96gb", "h100-sxm"), gpus=row["num_gpus"],
                            gpus_per_node=row["gpus_per_node"] or 8)
     if layoutless(row):

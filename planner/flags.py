@@ -76,7 +76,7 @@ def _h(text: str, key: str | None = None) -> str:
 # flag groups shared by the subcommands (names frozen by tests/test_cli.py)
 
 MODEL_FLAGS = ("model", "params", "layers", "hidden", "heads", "kv_heads", "ffn", "ffn_kind", "vocab", "tied_embeddings",
-               "experts", "experts_per_token", "shared_expert_ffn", "dense_layers", "dense_ffn", "moe_layer_step",
+               "dropout", "experts", "experts_per_token", "shared_expert_ffn", "dense_layers", "dense_ffn", "moe_layer_step",
                "mtp_layers")
 CLUSTER_FLAGS = ("gpu", "gpus", "gpus_per_node", "gpu_memory_gib", "peak_tflops", "hbm_gb_per_s", "intra_node_gb_per_s",
                  "inter_node_gb_per_s", "pcie_gb_per_s", "host_ram_gib", "nvme_gb_per_s", "calibration", "pod_gpus",
@@ -96,6 +96,10 @@ def add_model_flags(p):
     g.add_argument("--tied-embeddings", action=argparse.BooleanOptionalAction, default=None,
                    help="output layer shares the input embedding (default for a shape given by flags: tied for "
                         "--ffn-kind gelu, the GPT family; untied for swiglu, the Llama family)")
+    g.add_argument("--dropout", action=argparse.BooleanOptionalAction, default=None,
+                   help="hidden and attention dropout in training (Megatron-LM's own default, 0.1, and GPT-2/3's; "
+                        "its 1-byte masks kept and the kernels' extra traffic; default: the catalog's or config's, "
+                        "off for a shape given by flags)")
     g.add_argument("--experts", type=positive_int, help=_h("routed MLP experts per block (MoE; --ffn is each expert's width)", "experts"))
     g.add_argument("--experts-per-token", type=positive_int, help=_h("top-k experts per token", "experts_per_token"))
     g.add_argument("--shared-expert-ffn", type=non_negative_int,

@@ -29,7 +29,7 @@ DEFAULTS = {
 }
 """Every default of the planning API, in one place."""
 
-SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "ffn_kind", "vocab", "tied_embeddings", "experts",
+SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "ffn_kind", "vocab", "tied_embeddings", "dropout", "experts",
                 "experts_per_token", "shared_expert_ffn", "dense_layers", "dense_ffn", "moe_layer_step", "mtp_layers")
 ZERO_FIELDS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
                "stage3_max_reuse_distance", "stage3_param_persistence_threshold", "sub_group_size")
@@ -68,6 +68,9 @@ class ModelInput:
     ffn_kind: str | None = None
     vocab: int | None = None
     tied_embeddings: bool | None = None
+    dropout: bool | None = None
+    """Hidden and attention dropout in training (ModelSpec.dropout; default the catalog's or config's, off
+    for a shape given by fields)."""
     experts: int | None = None
     """Routed MLP experts per block (Mixtral/Qwen-MoE style; `ffn` is then each expert's width)."""
     experts_per_token: int | None = None
@@ -88,6 +91,7 @@ class ModelInput:
                         "experts_per_token", "shared_expert_ffn", "dense_layers", "dense_ffn", "moe_layer_step",
                         "mtp_layers"))
         _boolean(self.tied_embeddings, "--tied-embeddings")
+        _boolean(self.dropout, "--dropout")
         if self.ffn_kind is not None and self.ffn_kind not in ("gelu", "swiglu"):
             raise InputError(f"--ffn-kind: must be one of gelu, swiglu, got {self.ffn_kind!r}")
         given = [k for k in ("name", "config", "params") if getattr(self, k) is not None]

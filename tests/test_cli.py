@@ -245,6 +245,9 @@ for command in ("estimate", "recommend", "check"):
 # what Megatron's selective recompute reruns (--recompute-modules), its experts' grouped GEMMs
 for command in ("estimate", "recommend"):
     FROZEN[command] = FROZEN[command] + ["--recompute-modules", "--moe-grouped-gemm", "--no-moe-grouped-gemm"]
+# dropout in training (Megatron-LM's default, GPT-2/3's), on every command that takes a model
+for command in ("estimate", "recommend", "check"):
+    FROZEN[command] = FROZEN[command] + ["--dropout", "--no-dropout"]
 FROZEN = {command: sorted(flags) for command, flags in FROZEN.items()}
 
 
@@ -278,3 +281,37 @@ def test_activation_checkpointing_placement_flags():
     assert whole - split == 32 * 16 * 2**20  # 32 layers x the other rank's half, 16 MiB
     assert split - left == 32 * 16 * 2**20  # the partitioned inputs leave the GPU ...
     assert (host0, host) == (0, 8 * 32 * 16 * 2**20)  # ... for host memory: 8 ranks x 32 x 16 MiB = 4 GiB a node
+
+
+def test_dropout_keeps_its_masks_and_the_export_leaves_megatrons_own():
+    """--dropout: Megatron's two hidden dropouts (after the attention's output projection and after the
+    MLP) keep a 1-byte mask each, sbh per layer (Korthikanti et al. 2022 section 4.1, Table 2's 34sbh
+    counts them), split over TP under sequence parallelism; FlashAttention's own dropout keeps none; the
+    first stage's embedding dropout keeps one more. A GPT-style 32 x 4096 model at seq 8192, mbs 2, tp 2
+    with SP, no recompute, on 8 GPUs, 4 layers a stage (pp 8): 4 layers x 16,384 tokens x 2 x 4096 B / 2 =
+    256 MiB, and the embedding's 16,384 x 4096 / 2 B = 32 MiB x the micro-batches the first stage holds.
+    Without --dropout the Megatron arguments switch Megatron-LM's 0.1 off; with it they leave it on."""
+    base = ["estimate", "--layers", "32", "--hidden", "4096", "--heads", "32", "--ffn-kind", "gelu", "--vocab", "50304",
+            "--gpus", "16", "--seq-len", "8192", "--engine", "megatron", "--tp", "2", "--pp", "8", "--mbs", "2",
+            "--gbs", "32", "--sequence-parallel", "--recompute", "none", "--json"]
+
+    def stage_acts(*flags):
+        code, out = run(*base, *flags)
+        assert code == 0, out
+        return [s["breakdown"]["activations"] for s in json.loads(out)["memory"]["per_stage"]]
+
+    on, off = stage_acts("--dropout"), stage_acts()
+    assert stage_acts("--no-dropout") == off
+    layer_masks = 4 * 16_384 * 2 * 4096 // 2  # per in-flight micro-batch on a stage
+    # stage i holds pp - i micro-batches (1F1B: min(p - i, m)), the first one the embedding's mask too
+    assert [a - b for a, b in zip(on, off)] == [(8 - i) * layer_masks + (16_384 * 4096 // 2) * 8 * (i == 0)
+                                              for i in range(8)]
+    from planner.export import megatron_args
+    from planner.layout import Training, single
+    from planner.model import ModelSpec
+
+    row = single(tp=2, pp=8, dp=1, mbs=2, gas=16, sequence_parallel=True).row(0)
+    for dropout, flags in ((True, []), (False, ["--attention-dropout 0.0", "--hidden-dropout 0.0"])):
+        gpt = ModelSpec(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=16384, vocab=50304, ffn_kind="gelu",
+                        norm="layernorm", dropout=dropout)
+        assert [a for a in megatron_args(gpt, Training(engine="megatron", seq_len=8192), row) if "dropout" in a] == flags

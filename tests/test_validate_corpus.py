@@ -57,6 +57,21 @@ def test_mpt_rows_run_the_mixed_precision_their_table_states():
         assert scored["call"] == "ran_fits", row_id
 
 
+@pytest.mark.parametrize("row_id, steady_bytes", [("mem-megatron-ci-7b-tp4pp1-a100", 20_634_103_808),
+                                                   ("mem-megatron-ci-7b-tp1pp4-a100", 24_511_029_248)])
+def test_megatron_ci_rows_run_their_command_line(row_id, steady_bytes):
+    """Megatron-LM's CI memory tests (gpt3_7b_tp*_memory_speed/model_config.yaml) untie the output layer
+    (--untie-embeddings-and-output-weights) and set no dropout, so Megatron-LM's own 0.1 trains
+    (megatron/core/transformer/transformer_config.py). Their golden values also give what stays
+    allocated after a step (mem-allocated-bytes, the last rank): the parameters, fp32 main gradients
+    and the distributed optimizer's states, which the planner's optimizer-step moment holds, within 5 %
+    (the untied output layer's 134M parameters a rank under TP 4 are 2.1 GB of it)."""
+    reading = corpus_rows.read(BY_ID[row_id])
+    assert (reading.model.tied_embeddings, reading.model.dropout) == (False, True)
+    rec = corpus_rows.ask(reading).record
+    assert rec["memory"]["phases"]["optimizer step"]["allocated_bytes"] == pytest.approx(steady_bytes, rel=0.05)
+
+
 def test_fp8_row_is_listed_with_its_reason_while_fp8_is_refused():
     row = BY_ID["mpt-3b-h100-amp_fp8-8gpu-seq8192-mbs3-gbs144"]
     reading = corpus_rows.read(row)
