@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 from calibrate.engines.torchtitan_sac import build, forward_retained_bytes
-from calibrate.harness.recording import eager_flex_attention, run_cli, stub_triton_kernels
+from calibrate.harness.recording import eager_flex_attention, stub_triton_kernels, worker_or_record
 
 OUT = Path(__file__).resolve().parents[2] / "data" / "references" / "torchtitan_float8_cpu.json"
 SHAPES = [  # (dim, heads, kv_heads, ffn, seq, batch): every linear's dims divisible by 16, as torchao needs
@@ -91,6 +91,8 @@ ALL_GATHER_VOCAB = 256
 
 def all_gather_worker(cfg: dict) -> None:
     """Each unit's all-gather output bytes in one forward, bf16 and with torchao's float8 all-gather."""
+    stub_triton_kernels()  # before torchtitan is imported
+    eager_flex_attention()
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -133,20 +135,12 @@ def all_gather_worker(cfg: dict) -> None:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--worker"]:
-        from calibrate.engines.deepspeed_worker import run_and_leave
-
-        stub_triton_kernels()
-        eager_flex_attention()
-        sys.argv = [sys.argv[0], *argv[1:]]
-        run_and_leave(all_gather_worker)
-        return 0
-    return run_cli(argv, __doc__, OUT, "python -m calibrate.engines.torchtitan_float8: torchtitan's Llama3Model on "
-                   "the CPU in bf16 with torchao's emulated float8 linears (torchtitan's Float8LinearConverter), bytes "
-                   "one forward leaves allocated per block (torch.profiler allocation events, 4 layers minus 2, "
-                   "halved), beside the block without them; each FSDP2 unit's all-gather output on 2 gloo ranks, bf16 and "
-                   "with torchao's float8 all-gather", measure, package=("torchtitan", "torchao"))
+    return worker_or_record(argv, all_gather_worker, __doc__, OUT, "python -m calibrate.engines.torchtitan_float8: "
+                            "torchtitan's Llama3Model on the CPU in bf16 with torchao's emulated float8 linears "
+                            "(torchtitan's Float8LinearConverter), bytes one forward leaves allocated per block "
+                            "(torch.profiler allocation events, 4 layers minus 2, halved), beside the block without "
+                            "them; each FSDP2 unit's all-gather output on 2 gloo ranks, bf16 and with torchao's float8 "
+                            "all-gather", measure, package=("torchtitan", "torchao"))
 
 
 if __name__ == "__main__":

@@ -179,19 +179,12 @@ def measure() -> list[dict]:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--worker"]:
-        from calibrate.engines.deepspeed_worker import run_and_leave
+    from calibrate.harness.recording import worker_or_record
 
-        sys.argv = [sys.argv[0], *argv[1:]]
-        run_and_leave(worker)
-        return 0
-    from calibrate.harness.recording import run_cli
-
-    return run_cli(argv, __doc__, OUT, "python -m calibrate.engines.torchtitan_fsdp: torchtitan 0.3.0's Llama3Model, "
-                   "apply_fsdp_to_decoder and ChunkedLossWrapper on 2 gloo ranks; FSDP's buffers and unsharded "
-                   "gradients beyond the model states, the exact peak per moment "
-                   "(calibrate/engines/fsdp_transient_worker.py BufferTracker)", measure)
+    return worker_or_record(argv, worker, __doc__, OUT, "python -m calibrate.engines.torchtitan_fsdp: torchtitan "
+                            "0.3.0's Llama3Model, apply_fsdp_to_decoder and ChunkedLossWrapper on 2 gloo ranks; FSDP's "
+                            "buffers and unsharded gradients beyond the model states, the exact peak per moment "
+                            "(calibrate/engines/fsdp_transient_worker.py BufferTracker)", measure)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,20 @@ def run_cli(argv, doc: str, default_out: Path, source: str, measure_rows, packag
     return 0
 
 
+def worker_or_record(argv, worker, *record_args, **record_kwargs) -> int:
+    """A recorder whose rows its own ranks measure: `--worker CONFIG` runs `worker` on this rank
+    (calibrate/engines/deepspeed_worker.py run_and_leave: the JSON config, every rank waited for);
+    otherwise run_cli(argv, *record_args, **record_kwargs), which launches them."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        from calibrate.engines.deepspeed_worker import run_and_leave
+
+        sys.argv = [sys.argv[0], *argv[1:]]
+        run_and_leave(worker)
+        return 0
+    return run_cli(argv, *record_args, **record_kwargs)
+
+
 def count_or_record(argv, count, doc: str, default_out: Path, source: str, measure_rows, package: str) -> int:
     """A recorder whose rows are counted in a child of itself: `--config NAME,...` counts them in this
     process (the child: calibrate/harness/worker_io.py print_counts, which exits); otherwise run_cli."""
