@@ -220,9 +220,8 @@ def attention_kernel_slowdown(model: ModelSpec, training: Training, c: dict) -> 
     FlashAttention-2, section 4.1; triton_flash_attention_slowdown). The two passes do not share
     it: 'Triton forward is generally faster than CUDA forward, while Triton backward is generally
     slower than CUDA backward' (the same file's docstring at b2a43a147; CUDA: FlashAttention), so its
-    forward runs at
-    triton_flash_attention_fwd_slowdown and its backward, 2.5x the forward's matmul work
-    (attention_matmuls_s), takes the rest of the total. Every other engine's modules run
+    forward runs at triton_flash_attention_fwd_slowdown and its backward, FLASH_BWD_WORK times the
+    forward's matmul work, takes the rest of the total. Every other engine's modules run
     FlashAttention-2 or faster kernels: 1."""
     if training.flash_attention and block_modules(model, training) is Modules.LLM_FOUNDRY:
         total, fwd = float(c["triton_flash_attention_slowdown"]), float(c["triton_flash_attention_fwd_slowdown"])
