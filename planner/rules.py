@@ -228,6 +228,11 @@ RULES: tuple[Rule, ...] = (
     _whole("torchtitan_no_fp16",
            lambda m, cl, tr: tr.engine.launcher is Launcher.TORCHTITAN and tr.precision == Precision.FP16,
            lambda m, cl, tr: "--precision: torchtitan trains in bf16, bf16-pure or fp32, not fp16"),
+    # torchtitan 0.3.0's language models (models/common decoder, llama3, qwen3, deepseek_v3) have no dropout
+    _whole("torchtitan_no_dropout",
+           lambda m, cl, tr: tr.engine.launcher is Launcher.TORCHTITAN and m.dropout,
+           lambda m, cl, tr: "--dropout: torchtitan's models train without dropout; megatron, megatron-deepspeed, "
+                             "deepspeed and fsdp take it"),
     # calibrate/benches/hf_compiled.py measured transformers' LlamaDecoderLayer compiled (data/references/hf_compiled_cpu.json)
     _whole("compile_measured", lambda m, cl, tr: tr.compile and not compiled_block_measured(m),
            lambda m, cl, tr: "--compile: measured for transformers' Llama-style dense blocks (Llama, Mistral, Qwen2); "

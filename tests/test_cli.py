@@ -315,3 +315,12 @@ def test_dropout_keeps_its_masks_and_the_export_leaves_megatrons_own():
         gpt = ModelSpec(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=16384, vocab=50304, ffn_kind="gelu",
                         norm="layernorm", dropout=dropout)
         assert [a for a in megatron_args(gpt, Training(engine="megatron", seq_len=8192), row) if "dropout" in a] == flags
+
+
+def test_torchtitan_refuses_dropout(capsys):
+    """torchtitan 0.3.0's language models (models/common decoder, llama3, qwen3, deepseek_v3) have no
+    dropout module: --dropout under it is one line naming the flag, exit 2."""
+    code = cli.main(["estimate", "--params", "8e9", "--gpus", "8", "--engine", "torchtitan", "--dropout"],
+                    out=io.StringIO())
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--dropout" in err[0] and "torchtitan" in err[0]
