@@ -231,8 +231,8 @@ RULES: tuple[Rule, ...] = (
     # torchtitan 0.3.0's language models (models/common decoder, llama3, qwen3, deepseek_v3) have no dropout
     _whole("torchtitan_no_dropout",
            lambda m, cl, tr: tr.engine.launcher is Launcher.TORCHTITAN and m.dropout,
-           lambda m, cl, tr: "--dropout: torchtitan's models train without dropout; megatron, megatron-deepspeed, "
-                             "deepspeed and fsdp take it"),
+           lambda m, cl, tr: "--dropout: torchtitan's models train without dropout (--no-dropout plans this model "
+                             "so); megatron, megatron-deepspeed, deepspeed and fsdp keep it"),
     # calibrate/benches/hf_compiled.py measured transformers' LlamaDecoderLayer compiled (data/references/hf_compiled_cpu.json)
     _whole("compile_measured", lambda m, cl, tr: tr.compile and not compiled_block_measured(m),
            lambda m, cl, tr: "--compile: measured for transformers' Llama-style dense blocks (Llama, Mistral, Qwen2); "
