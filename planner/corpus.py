@@ -21,8 +21,9 @@ FIT_POINTS = 9
 
 def fitted_coefficients() -> list[dict]:
     """Coefficients of data/coefficients.json declared `"fitted_to": "corpus"`: {section, name,
-    value, low, high, rows}; the range is the entry's `fit_range`, else half to twice its value;
-    `fit_rows` names the rows that read it (_reads: 'fp8', 'expandable', 'triton'; the others do not). The
+    value, low, high, rows, fold_by}; the range is the entry's `fit_range`, else half to twice its value;
+    `fit_rows` names the rows that read it (_reads: 'fp8', 'expandable', 'triton'; the others do not),
+    `fit_folds` 'gpu' holds out each GPU of its rows where one source alone reads it. The
     refit reaches a value through a calibration override (planner/calibration.py), so it must be
     a `memory` or `time` coefficient the model reads through memory.coefficients."""
     out = []
@@ -31,7 +32,7 @@ def fitted_coefficients() -> list[dict]:
             if isinstance(entry, dict) and entry.get("fitted_to") == "corpus":
                 low, high = entry.get("fit_range") or (entry["value"] / 2, entry["value"] * 2)
                 out.append({"section": section, "name": name, "value": entry["value"], "low": low, "high": high,
-                            "rows": entry.get("fit_rows", "all")})
+                            "rows": entry.get("fit_rows", "all"), "fold_by": entry.get("fit_folds", "source")})
     return out
 
 
@@ -128,11 +129,11 @@ def validate(rows: list[dict] | None = None) -> dict:
             chosen = [(s, a) for s, a in timed_all if _reads(c["rows"], a)]
             figs, predict = [next(f for f in s["figures"] if f["metric"] != MEMORY_METRIC) for s, _ in chosen], \
                 _throughput_at(chosen, c["section"], c["name"])
-        folds = [s["source"] for s, _ in chosen]
-        if len(set(folds)) < 2:  # one source: its GPUs are the folds
-            folds = [f"{s['source']}/{a.setup[1].gpu.name}" for s, a in chosen]
+        # a coefficient one source reads alone (fit_folds "gpu") holds out that source's GPUs in turn
+        folds = [f"{s['source']}/{a.setup[1].gpu.name}" if c["fold_by"] == "gpu" else s["source"] for s, a in chosen]
         if len(set(folds)) < 2:
-            fits.append({**c, "note": "leave-one-out needs two sources (or GPUs) with figures it reads"})
+            fits.append({**c, "note": f"leave-one-out needs two {'GPUs' if c['fold_by'] == 'gpu' else 'sources'} "
+                                      "with figures it reads"})
             continue
         fits.append({**c, **loso(folds, [f["published"] for f in figs], predict, c["low"], c["high"])})
     return {"rows": scored, "groups": groups(scored), "fit_calls": fit_calls(scored), "summary": summary(rows, scored),

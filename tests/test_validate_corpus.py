@@ -277,9 +277,9 @@ def test_loso_on_a_synthetic_coefficient():
     assert folds["a"]["cases"] == 2
 
 
-def _declare(monkeypatch, coefficients):
+def _declare(monkeypatch, coefficients, **extra):
     """data/coefficients.json as the corpus module reads it, with `coefficients` {(section, name):
-    fit_range} declared fitted to the corpus."""
+    fit_range} declared fitted to the corpus (and `extra` fields, such as fit_folds, on each)."""
     real = corpus.catalog
 
     def catalog(name):
@@ -291,7 +291,7 @@ def _declare(monkeypatch, coefficients):
                     if isinstance(entry, dict):
                         entry.pop("fitted_to", None)
             for (section, key), fit_range in coefficients.items():
-                doc[section][key].update(fitted_to="corpus", fit_range=fit_range)
+                doc[section][key].update(fitted_to="corpus", fit_range=fit_range, **extra)
         return doc
 
     monkeypatch.setattr(corpus, "catalog", catalog)
@@ -321,12 +321,17 @@ def test_loso_refits_a_declared_coefficient(monkeypatch):
 
 
 def test_a_coefficient_one_source_reads_holds_out_its_gpus(monkeypatch):
-    """llm-foundry's Triton attention is MosaicML's tables' alone: with one source the folds are its
-    GPUs, each fitted on the others."""
-    _declare(monkeypatch, {("time", "gemm_efficiency_max"): [0.4, 1.0]})
+    """llm-foundry's Triton attention is MosaicML's tables' alone (fit_folds "gpu"): the folds are that
+    source's GPUs, each fitted on the others; a coefficient folded by source says it needs two."""
     rows = [BY_ID["mpt-7b-h100-amp_bf16-8gpu-seq2048-mbs6-gbs48"], BY_ID["mpt-7b-a100-amp_bf16-8gpu-seq4096-mbs16-gbs256"]]
+    _declare(monkeypatch, {("time", "gemm_efficiency_max"): [0.4, 1.0]}, fit_folds="gpu")
     (fit,) = corpus.validate(rows)["loso"]
     assert sorted(f["held_out"] for f in fit["folds"]) == ["mpt/a100-80gb", "mpt/h100-sxm"]
+    monkeypatch.undo()
+    _declare(monkeypatch, {("time", "gemm_efficiency_max"): [0.4, 1.0]})
+    (fit,) = corpus.validate(rows)["loso"]
+    assert "folds" not in fit and "two sources" in fit["note"]
+    assert "two sources" in report.corpus_text(corpus.validate(rows))
 
 
 def test_no_declared_coefficient_says_so(monkeypatch):
